@@ -1,0 +1,139 @@
+"""`finetune-studio train|runs|estimate ...`: the headless client of the same worker the studio uses.
+
+Torch-free: the CLI starts `python -m backend.worker` exactly as the studio does and reads its
+events, so a run from a terminal and one from the window are the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from backend.config import ConfigError, RunConfig
+from backend.errors import JobError
+from backend.runs import RunFolder, RunIndex
+from backend.worker_process import WorkerProcess
+
+
+def _progress(event: dict, out) -> None:
+    kind = event["type"]
+    if kind == "PhaseChanged":
+        out.write(f"\r\033[K[{event['phase']}] {event.get('detail', '')}\n" if out.isatty()
+                  else f"[{event['phase']}] {event.get('detail', '')}\n")
+    elif kind == "MetricsLogged":
+        step, total = event["step"], max(event["max_steps"], 1)
+        width = 30
+        filled = int(width * step / total)
+        loss = event.get("loss")
+        tps = event.get("tokens_per_s")
+        text = (f"[{'#' * filled}{'.' * (width - filled)}] step {step}/{total}"
+                f"  loss {loss:.4f}" if loss is not None else f"step {step}/{total}")
+        if tps:
+            text += f"  {tps:,.0f} tok/s"
+        if out.isatty():
+            out.write("\r\033[K" + text)
+        elif step == total or step % max(1, total // 10) == 0:
+            out.write(text + "\n")
+    elif kind == "CheckpointSaved":
+        out.write(("\r\033[K" if out.isatty() else "") + f"checkpoint saved at step {event['step']}\n")
+    elif kind == "EvalFinished" and event.get("eval_loss") is not None:
+        out.write(("\r\033[K" if out.isatty() else "") + f"eval loss {event['eval_loss']:.4f} at step {event['step']}\n")
+    out.flush()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.resume:
+        folder = RunFolder(args.resume)
+        if not folder.config_path.exists():
+            raise ConfigError(f"{folder.path}: not a run folder (no config.yaml)")
+        config = RunConfig.load(folder.config_path, args.set)
+    elif args.config:
+        config = RunConfig.load(args.config, args.set)
+        folder = RunFolder.create(config)
+    else:
+        raise ConfigError("give a config file (e.g. resources/presets/tiny_lora.yaml) or --resume RUN_DIR")
+    err = sys.stderr
+    err.write(f"run folder: {folder.path}\n")
+    worker = WorkerProcess()
+    terminal = worker.run(folder, config, resume=bool(args.resume), on_event=lambda e: _progress(e, err))
+    err.write("\n" if err.isatty() else "")
+    index = RunIndex()
+    index.update(folder)
+    index.close()
+    if terminal["type"] == "JobFinished":
+        _summary(terminal)
+        return 0
+    print(f"error: {terminal['message']}", file=sys.stderr)
+    if terminal.get("hint"):
+        print(f"hint: {terminal['hint']}", file=sys.stderr)
+    return 1
+
+
+def _summary(event: dict) -> None:
+    def fmt(value, spec):
+        return format(value, spec) if isinstance(value, (int, float)) else "n/a"
+
+    lines = [
+        "stopped early, checkpoint saved" if event.get("stopped") else "finished",
+        f"run folder:  {event['run_dir']}",
+        f"steps:       {event.get('steps')}",
+        f"loss:        {fmt(event.get('first_loss'), '.4f')} -> {fmt(event.get('final_loss'), '.4f')}",
+        f"tokens/s:    {fmt(event.get('tokens_per_s'), ',.0f')} (non-padding tokens the loss sees)",
+        f"time:        {fmt(event.get('seconds'), '.1f')} s",
+        f"adapter:     {event.get('adapter_path')}",
+    ]
+    print("\n".join(lines))
+
+
+def cmd_runs_list(args: argparse.Namespace) -> int:
+    index = RunIndex()
+    runs = index.sync()
+    index.close()
+    if args.json:
+        print(json.dumps([r.__dict__ for r in runs], indent=2))
+        return 0
+    if not runs:
+        print("no runs yet")
+        return 0
+    print(f"{'run':44} {'status':10} {'steps':>6} {'loss':>8} {'tok/s':>8}")
+    for r in runs:
+        loss = f"{r.final_loss:.4f}" if r.final_loss is not None else "-"
+        tps = f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-"
+        print(f"{r.run_id:44} {r.status:10} {r.steps:>6} {loss:>8} {tps:>8}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="finetune-studio", description="Fine-tune a language model.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run a fine-tune headless, with a progress bar")
+    train.add_argument("config", nargs="?", help="RunConfig YAML (the studio saves the same file)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a field, e.g. --set train.max_steps=10 (repeatable)")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
+    train.set_defaults(func=cmd_train)
+    runs = sub.add_parser("runs", help="past runs")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True)
+    listing = runs_sub.add_parser("list", help="list runs, newest first")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_runs_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, JobError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""RunConfig: the one file that the studio saves and the CLI reads.
+
+Every field's docstring is its description: the studio shows it as a tooltip and the CLI as help,
+so it says what the option saves and what it costs. ``extra="forbid"`` makes a typo an error that
+names the field. Torch-free: the studio imports this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from backend.paths import resolve_resource
+
+SCHEMA_VERSION = 1
+
+
+class ConfigError(ValueError):
+    """A config that cannot run, with a one-line message naming the field and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelSection(_Section):
+    path: str = "bundled:tiny"
+    """A local Hugging Face model folder, or `bundled:tiny` for the small model shipped with the studio."""
+    trust_remote_code: bool = False
+    """Run Python code shipped inside the model folder. Off unless you trust its author."""
+    allow_pickle: bool = False
+    """Allow loading .bin/.pt pickle weights, which can run arbitrary code. Off: safetensors only."""
+
+
+class DataSection(_Section):
+    path: str = "bundled:datasets/demo_train.jsonl"
+    """A JSONL or JSON file of examples, or `bundled:datasets/demo_train.jsonl`."""
+    format: Literal["auto", "alpaca", "sharegpt", "messages", "text"] = "auto"
+    """auto detects: alpaca {instruction,input,output}; sharegpt {conversations}; messages; raw text."""
+    validation_split: float = Field(default=0.05, ge=0.0, lt=0.5)
+    """Share of examples held out to measure eval loss (0 to skip evaluation)."""
+    max_examples: int | None = Field(default=None, ge=1)
+    """Use only the first N examples (handy for a quick try)."""
+    truncate: bool = True
+    """Cut examples longer than train.seq_len (and count them); off refuses such examples instead."""
+
+
+class TechniqueSection(_Section):
+    method: Literal["lora"] = "lora"
+    """lora: freeze the base, train small low-rank adapters. Saves the gradients and optimizer state
+    of the base (about 12 of the 16 bytes per parameter); costs a little quality against full tuning."""
+    lora_rank: int = Field(default=8, ge=1, le=1024)
+    """Rank r of each adapter. Higher learns more and costs r*(in+out) parameters per layer."""
+    lora_alpha: float = Field(default=16.0, gt=0)
+    """Adapter scale numerator: the update is multiplied by alpha/r."""
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input; regularises small datasets, slows convergence a little."""
+    lora_targets: str = "all-linear"
+    """Which linear layers get adapters: all-linear, or a comma-separated list like q_proj,v_proj."""
+
+
+class TrainSection(_Section):
+    max_steps: int = Field(default=60, ge=1)
+    """Optimizer steps to run."""
+    micro_batch_size: int = Field(default=8, ge=1)
+    """Examples per forward pass. Memory for activations grows linearly with it."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Forward passes per optimizer step: a larger effective batch without more activation memory."""
+    learning_rate: float = Field(default=2e-3, gt=0, le=1.0)
+    """Peak learning rate (after warmup, then linear decay to zero)."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Steps of linear warmup from zero."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW weight decay."""
+    seq_len: int = Field(default=256, ge=8, le=1_048_576)
+    """Longest example in tokens; longer ones are truncated or refused (see data.truncate)."""
+    save_steps: int = Field(default=50, ge=1)
+    """Write a complete, resumable checkpoint every N steps."""
+    save_total_limit: int | None = Field(default=2, ge=1)
+    """Keep only the newest N checkpoints (None keeps all)."""
+    logging_steps: int = Field(default=1, ge=1)
+    """Report loss every N steps; 1 makes the chart move every step."""
+    eval_steps: int = Field(default=0, ge=0)
+    """Evaluate on the validation split every N steps (0: only at the end)."""
+    seed: int = 42
+    """Seed for weights of new adapters, data order and dropout: same seed, same run."""
+    cpu_threads: int = Field(default=0, ge=0)
+    """Torch CPU threads; 0 means all cores but one, so the desktop stays responsive."""
+
+
+class ExportSection(_Section):
+    formats: list[Literal["adapter"]] = Field(default_factory=lambda: ["adapter"])
+    """What to write when training ends: adapter (the PEFT folder, loadable on top of the base)."""
+
+
+class RunConfig(_Section):
+    schema_version: int = SCHEMA_VERSION
+    """Version of this file's layout; older files are migrated on load."""
+    name: str = "run"
+    """A short label for the run folder and the run list."""
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    technique: TechniqueSection = Field(default_factory=TechniqueSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    export: ExportSection = Field(default_factory=ExportSection)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value > SCHEMA_VERSION:
+            raise ValueError(f"schema_version {value} is newer than this studio ({SCHEMA_VERSION}); upgrade it")
+        return value
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "RunConfig":
+        if self.train.warmup_steps >= self.train.max_steps and self.train.warmup_steps:
+            raise ValueError("train.warmup_steps must be below train.max_steps; lower warmup_steps")
+        return self
+
+    # --- files ------------------------------------------------------------------------------
+
+    def resolved_model_path(self) -> Path:
+        return resolve_resource(self.model.path)
+
+    def resolved_data_path(self) -> Path:
+        return resolve_resource(self.data.path)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "RunConfig":
+        try:
+            return cls.model_validate(migrate(raw))
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not UTF-8 text; save the config as UTF-8 YAML") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (model:, data:, train:, ...)")
+        apply_overrides(raw, overrides or [])
+        return cls.from_dict(raw, source=str(path))
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error as `field.path: what is wrong`, the way a person fixes it."""
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "(file)"
+    if err["type"] == "extra_forbidden":
+        return f"unknown field {field}; check the spelling (see `finetune-studio train --help`)"
+    return f"field {field}: {err['msg']} (got {err.get('input')!r})"
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
+    """Apply `dotted.key=value` strings in place; values are parsed as YAML scalars."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected dotted.key=value, for example train.max_steps=10")
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = _scalar(value)
+
+
+def _scalar(value: str) -> Any:
+    """YAML scalar parsing, plus the floats YAML 1.1 misses (`1e-3` without a dot)."""
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if isinstance(parsed, str):
+        try:
+            return float(parsed)
+        except ValueError:
+            return parsed
+    return parsed
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older file up to SCHEMA_VERSION. Version 1 is the first; nothing to do yet."""
+    raw = dict(raw)
+    raw.setdefault("schema_version", SCHEMA_VERSION)
+    return raw

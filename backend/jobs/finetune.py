@@ -1,0 +1,157 @@
+"""run_finetune: one LoRA fine-tune, from a RunConfig to an adapter folder, reporting as it goes.
+
+Reads top to bottom as the job runs: check inputs, load, tokenize, train with the transformers
+Trainer (no hand-written loop), save the adapter atomically, report. Everything the person sees
+arrives through the Reporter; everything else goes to worker.log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainingArguments
+from transformers.utils import logging as hf_logging
+
+from backend.config import RunConfig
+from backend.errors import JobError
+from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
+from backend.runs import RunFolder
+from backend.training.callbacks import ReportingCallback
+from backend.training.capabilities import default_threads
+from backend.training.counting_trainer import CountingTrainer
+from backend.training.data import PadCollator, build_datasets
+from backend.training.loading import add_lora, check_model_folder, load_model, load_tokenizer
+from backend.worker.reporter import Reporter
+from backend.worker.stop_listener import StopListener
+
+log = logging.getLogger(__name__)
+
+
+def _training_arguments(config: RunConfig, output_dir: Path, use_cpu: bool, has_eval: bool) -> TrainingArguments:
+    train = config.train
+    eval_strategy = "steps" if has_eval and train.eval_steps else "no"
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=train.max_steps,
+        per_device_train_batch_size=train.micro_batch_size,
+        per_device_eval_batch_size=train.micro_batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=train.warmup_steps,
+        weight_decay=train.weight_decay,
+        logging_strategy="steps",
+        logging_steps=train.logging_steps,
+        save_strategy="steps",
+        save_steps=train.save_steps,
+        save_total_limit=train.save_total_limit,
+        eval_strategy=eval_strategy,
+        eval_steps=train.eval_steps or None,
+        seed=train.seed,
+        data_seed=train.seed,
+        use_cpu=use_cpu,
+        report_to=[],
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        log_level="warning",
+    )
+
+
+def run_finetune(
+    config: RunConfig,
+    run_dir: Path,
+    reporter: Reporter,
+    stop: StopListener,
+    *,
+    resume: bool = False,
+    capabilities: Capabilities | None = None,
+) -> None:
+    began = time.monotonic()
+    folder = RunFolder(run_dir)
+    hf_logging.set_verbosity_warning()
+    torch.set_num_threads(config.train.cpu_threads or default_threads())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    resume_from = None
+    if resume:
+        latest = folder.latest_checkpoint()
+        if latest is None:
+            raise JobError("bad_input", f"{run_dir}: no complete checkpoint to resume from",
+                           "start a new run instead")
+        resume_from = str(latest)
+    reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps, resumed_from=resume_from))
+
+    reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
+    model_path = check_model_folder(config)
+    tokenizer = load_tokenizer(model_path, config)
+    dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+
+    reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
+    train_set, eval_set, stats = build_datasets(config, tokenizer)
+    detail = (f"{stats.train_examples} train / {stats.eval_examples} validation examples ({stats.format}), "
+              f"{stats.truncated} truncated to {config.train.seq_len} tokens")
+    reporter.emit(PhaseChanged(phase="tokenize", detail=detail))
+
+    torch.manual_seed(config.train.seed)
+    model = add_lora(load_model(model_path, config, dtype, device), config)
+
+    collator = PadCollator(tokenizer.pad_token_id)
+    callback = ReportingCallback(reporter, stop, device)
+    args = _training_arguments(config, folder.checkpoints_dir, use_cpu=device == "cpu", has_eval=eval_set is not None)
+    trainer = CountingTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        data_collator=collator,
+        callbacks=[callback],
+    )
+    callback.trainer = trainer
+    trainer.train(resume_from_checkpoint=resume_from)
+
+    if callback.stopped and not stop.save:
+        reporter.emit(JobFailed(kind="cancelled", message=f"cancelled at step {trainer.state.global_step}; nothing saved"))
+        return
+
+    if eval_set is not None and not callback.stopped:
+        reporter.emit(PhaseChanged(phase="evaluate", detail=f"{stats.eval_examples} examples"))
+        trainer.evaluate()
+
+    reporter.emit(PhaseChanged(phase="save", detail="adapter"))
+    adapter = save_adapter(model, tokenizer, folder.adapter_dir)
+    reporter.emit(
+        JobFinished(
+            run_dir=str(run_dir),
+            stopped=callback.stopped,
+            steps=trainer.state.global_step,
+            first_loss=callback.losses[0] if callback.losses else None,
+            final_loss=callback.losses[-1] if callback.losses else None,
+            tokens_per_s=callback.tokens_per_s(),
+            seconds=time.monotonic() - began,
+            adapter_path=str(adapter),
+            checkpoint_path=callback.last_checkpoint,
+        )
+    )
+
+
+def save_adapter(model, tokenizer, target: Path) -> Path:
+    """Write into a temporary folder and rename: an adapter folder is whole or absent."""
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        old = target.with_name(target.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    return target

@@ -1,0 +1,233 @@
+"""The typed JSON-lines protocol between a client (studio or CLI) and a worker process.
+
+One message is one JSON object on one line. Commands go to the worker's stdin, events come back on
+its stdout. Every message carries ``type`` (the discriminator) and ``v`` (the protocol version) so
+that a studio never silently misreads a worker from another release: a mismatch is refused at the
+first line, with a sentence naming both versions.
+
+Standard library and pydantic only: the studio imports this module and must stay torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+PROTOCOL_VERSION = 1
+
+JobKind = Literal["finetune"]
+FailureKind = Literal["bad_input", "out_of_memory", "missing_dependency", "crashed", "cancelled"]
+
+
+class ProtocolError(ValueError):
+    """A line that is not a message this version of the protocol understands."""
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    v: int = PROTOCOL_VERSION
+
+
+# --- commands (imperative) -------------------------------------------------------------------
+
+
+class StartJob(_Message):
+    """Start one job; a worker runs exactly one job and then exits."""
+
+    type: Literal["StartJob"] = "StartJob"
+    job: JobKind = "finetune"
+    run_dir: str = Field(description="Run folder already created by the client, holding config.yaml.")
+    config: dict[str, Any] = Field(description="The resolved RunConfig as a plain dict.")
+    resume: bool = False
+
+
+class StopJob(_Message):
+    """Stop at the next step boundary; with ``save`` a complete checkpoint is written first."""
+
+    type: Literal["StopJob"] = "StopJob"
+    save: bool = True
+
+
+Command = Annotated[Union[StartJob, StopJob], Field(discriminator="type")]
+
+
+# --- events (past tense) ---------------------------------------------------------------------
+
+
+class DeviceInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    index: int
+    name: str
+    total_bytes: int
+
+
+class Capabilities(BaseModel):
+    """What this machine can do, probed by the worker (never assumed by the studio)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    torch_version: str = ""
+    cuda: bool = False
+    devices: list[DeviceInfo] = Field(default_factory=list)
+    bf16: bool = False
+    bitsandbytes: str | None = Field(default=None, description="bitsandbytes version, None if absent.")
+    flash_attn: bool = False
+    cpu_threads: int = 1
+
+
+class WorkerReady(_Message):
+    type: Literal["WorkerReady"] = "WorkerReady"
+    protocol_version: int = PROTOCOL_VERSION
+    pid: int = 0
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+
+
+class JobStarted(_Message):
+    type: Literal["JobStarted"] = "JobStarted"
+    job: JobKind = "finetune"
+    run_dir: str
+    max_steps: int = 0
+    resumed_from: str | None = None
+
+
+class PhaseChanged(_Message):
+    type: Literal["PhaseChanged"] = "PhaseChanged"
+    phase: str = Field(description="load_model, load_data, tokenize, train, save, ...")
+    detail: str = ""
+
+
+class MemorySample(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    peak_bytes: int | None = None
+    rss_bytes: int | None = None
+
+
+class MetricsLogged(_Message):
+    type: Literal["MetricsLogged"] = "MetricsLogged"
+    step: int
+    max_steps: int
+    epoch: float | None = None
+    loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    tokens_per_s: float | None = Field(default=None, description="Non-padding tokens per second.")
+    tokens_seen: int | None = None
+    elapsed_s: float | None = None
+    memory: MemorySample = Field(default_factory=MemorySample)
+
+
+class TelemetrySampled(_Message):
+    type: Literal["TelemetrySampled"] = "TelemetrySampled"
+    time: float
+    memory: MemorySample = Field(default_factory=MemorySample)
+    cpu_percent: float | None = None
+
+
+class CheckpointSaved(_Message):
+    type: Literal["CheckpointSaved"] = "CheckpointSaved"
+    step: int
+    path: str
+
+
+class EvalFinished(_Message):
+    type: Literal["EvalFinished"] = "EvalFinished"
+    step: int
+    eval_loss: float | None = None
+
+
+class TokensGenerated(_Message):
+    type: Literal["TokensGenerated"] = "TokensGenerated"
+    text: str
+    done: bool = False
+
+
+class JobFinished(_Message):
+    type: Literal["JobFinished"] = "JobFinished"
+    run_dir: str
+    stopped: bool = Field(default=False, description="True when a StopJob ended the run early.")
+    steps: int = 0
+    final_loss: float | None = None
+    first_loss: float | None = None
+    tokens_per_s: float | None = None
+    seconds: float = 0.0
+    adapter_path: str | None = None
+    checkpoint_path: str | None = None
+
+
+class JobFailed(_Message):
+    type: Literal["JobFailed"] = "JobFailed"
+    kind: FailureKind
+    message: str = Field(description="One line a person can act on.")
+    hint: str = ""
+
+
+Event = Annotated[
+    Union[
+        WorkerReady,
+        JobStarted,
+        PhaseChanged,
+        MetricsLogged,
+        TelemetrySampled,
+        CheckpointSaved,
+        EvalFinished,
+        TokensGenerated,
+        JobFinished,
+        JobFailed,
+    ],
+    Field(discriminator="type"),
+]
+
+TERMINAL_EVENTS = ("JobFinished", "JobFailed")
+
+_command_adapter: TypeAdapter[Any] = TypeAdapter(Command)
+_event_adapter: TypeAdapter[Any] = TypeAdapter(Event)
+_COMMAND_TYPES = {"StartJob", "StopJob"}
+_EVENT_TYPES = {
+    "WorkerReady", "JobStarted", "PhaseChanged", "MetricsLogged", "TelemetrySampled",
+    "CheckpointSaved", "EvalFinished", "TokensGenerated", "JobFinished", "JobFailed",
+}
+
+
+def encode(message: _Message) -> str:
+    """One message as one line, newline included."""
+    return message.model_dump_json() + "\n"
+
+
+def _parse(line: str, adapter: TypeAdapter[Any], known: set[str], what: str) -> Any:
+    text = line.strip()
+    if not text:
+        raise ProtocolError(f"empty {what} line")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"{what} line is not JSON ({exc.msg} at column {exc.colno}): {text[:80]!r}") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{what} line is not a JSON object: {text[:80]!r}")
+    kind = raw.get("type")
+    if kind not in known:
+        raise ProtocolError(f"unknown {what} type {kind!r}; this studio knows {sorted(known)}")
+    version = raw.get("v", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{what} {kind} speaks protocol v{version} but this side speaks v{PROTOCOL_VERSION}; "
+            "install the studio and worker from the same release"
+        )
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"][1:]) or "(message)"
+        raise ProtocolError(f"{what} {kind}: field {field}: {err['msg']}") from None
+
+
+def decode_event(line: str) -> Any:
+    """Parse one event line, raising ProtocolError with a readable sentence on anything odd."""
+    return _parse(line, _event_adapter, _EVENT_TYPES, "event")
+
+
+def decode_command(line: str) -> Any:
+    """Parse one command line, raising ProtocolError with a readable sentence on anything odd."""
+    return _parse(line, _command_adapter, _COMMAND_TYPES, "command")

@@ -1,0 +1,260 @@
+"""Run folders and the SQLite index of runs. Torch-free: the studio and CLI use it.
+
+The folders are the truth; the index is a cache for the Runs page that `RunIndex.sync()` rebuilds
+from them, so a crashed studio or a hand-deleted folder never leaves the list lying.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from backend.config import RunConfig
+from backend.paths import runs_dir, studio_home
+
+CHECKPOINT_MARKER = "checkpoint_complete.json"
+"""Written last, after an fsync of everything else: a checkpoint without it does not count."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    path: str
+    name: str
+    created: float
+    status: str
+    steps: int
+    final_loss: float | None
+    tokens_per_s: float | None
+    model: str
+    method: str
+
+
+class RunFolder:
+    """One run: config.yaml, events.jsonl, worker.log, checkpoints/, adapter/, exports/."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # --- layout -----------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / "worker.log"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.path / "adapter"
+
+    # --- creation ---------------------------------------------------------------------------
+    @classmethod
+    def create(cls, config: RunConfig, root: Path | None = None) -> "RunFolder":
+        root = root or runs_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name).strip("-")[:40] or "run"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = root / f"{stamp}-{slug}-{secrets.token_hex(2)}"
+        path.mkdir()
+        folder = cls(path)
+        config.save(folder.config_path)
+        folder.events_path.touch()
+        return folder
+
+    def load_config(self) -> RunConfig:
+        return RunConfig.load(self.config_path)
+
+    # --- events -----------------------------------------------------------------------------
+    def iter_events(self) -> Iterator[dict[str, Any]]:
+        """Events as dicts; a torn last line (the worker died mid-write) is skipped."""
+        try:
+            with self.events_path.open(encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        item = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if isinstance(item, dict):
+                        yield item
+        except FileNotFoundError:
+            return
+
+    def append_event(self, event: dict[str, Any]) -> None:
+        """Used by a client to record what the worker could not (it died before its last word)."""
+        with self.events_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(event) + "\n")
+
+    def terminal_event(self) -> dict[str, Any] | None:
+        last = None
+        for event in self.iter_events():
+            if event.get("type") in ("JobFinished", "JobFailed"):
+                last = event
+            elif event.get("type") == "JobStarted":
+                last = None  # a resume starts a new attempt
+        return last
+
+    def status(self) -> str:
+        """finished | stopped | failed | cancelled | incomplete (no final event: running or lost)."""
+        event = self.terminal_event()
+        if event is None:
+            return "incomplete"
+        if event["type"] == "JobFinished":
+            return "stopped" if event.get("stopped") else "finished"
+        return "cancelled" if event.get("kind") == "cancelled" else "failed"
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return [e for e in self.iter_events() if e.get("type") == "MetricsLogged"]
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def complete_checkpoints(self) -> list[Path]:
+        """Checkpoints whose marker exists, oldest first."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        found = []
+        for child in self.checkpoints_dir.iterdir():
+            match = re.fullmatch(r"checkpoint-(\d+)", child.name)
+            if match and (child / CHECKPOINT_MARKER).is_file():
+                found.append((int(match.group(1)), child))
+        return [p for _, p in sorted(found)]
+
+    def latest_checkpoint(self) -> Path | None:
+        complete = self.complete_checkpoints()
+        return complete[-1] if complete else None
+
+    def tail_log(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def summary(self) -> RunSummary:
+        steps, final_loss, tps = 0, None, None
+        for event in self.iter_events():
+            if event.get("type") == "MetricsLogged":
+                steps = event.get("step", steps)
+                final_loss = event.get("loss", final_loss) if event.get("loss") is not None else final_loss
+            elif event.get("type") == "JobFinished":
+                tps = event.get("tokens_per_s")
+                final_loss = event.get("final_loss", final_loss)
+        model = method = ""
+        try:
+            config = self.load_config()
+            model, method, name = config.model.path, config.technique.method, config.name
+        except Exception:  # a broken config still lists, by folder name
+            name = self.run_id
+        created = self.path.stat().st_mtime if self.path.exists() else 0.0
+        try:
+            created = self.config_path.stat().st_mtime
+        except OSError:
+            pass
+        return RunSummary(self.run_id, str(self.path), name, created, self.status(), steps,
+                          final_loss, tps, model, method)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file (and folder entry) under path to disk before a marker is written."""
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        try:
+            fd = os.open(root, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def mark_checkpoint_complete(path: Path, step: int) -> None:
+    fsync_tree(path)
+    marker = path / CHECKPOINT_MARKER
+    tmp = path / (CHECKPOINT_MARKER + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        json.dump({"step": step, "time": time.time()}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, marker)
+
+
+class RunIndex:
+    """SQLite cache of run summaries under the studio home; rebuilt from folders by sync()."""
+
+    def __init__(self, home: Path | None = None):
+        self.home = home or studio_home()
+        self.root = self.home / "runs"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.home / "runs.sqlite"
+        self._db = sqlite3.connect(self.db_path)
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, path TEXT, name TEXT,"
+            " created REAL, status TEXT, steps INTEGER, final_loss REAL, tokens_per_s REAL,"
+            " model TEXT, method TEXT)"
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def update(self, folder: RunFolder) -> RunSummary:
+        s = folder.summary()
+        with self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (s.run_id, s.path, s.name, s.created, s.status, s.steps, s.final_loss,
+                 s.tokens_per_s, s.model, s.method),
+            )
+        return s
+
+    def sync(self) -> list[RunSummary]:
+        """Re-read every folder; drop rows whose folder is gone."""
+        present = []
+        if self.root.is_dir():
+            for child in self.root.iterdir():
+                if child.is_dir() and (child / "config.yaml").exists():
+                    present.append(self.update(RunFolder(child)))
+        ids = {s.run_id for s in present}
+        with self._db:
+            for (run_id,) in self._db.execute("SELECT run_id FROM runs").fetchall():
+                if run_id not in ids:
+                    self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+        return self.list()
+
+    def list(self) -> list[RunSummary]:
+        rows = self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC").fetchall()
+        return [RunSummary(*row) for row in rows]
+
+    def delete(self, run_id: str) -> None:
+        row = self._db.execute("SELECT path FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row:
+            shutil.rmtree(row[0], ignore_errors=True)
+        with self._db:
+            self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))

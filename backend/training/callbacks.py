@@ -1,0 +1,133 @@
+"""ReportingCallback: the Trainer's events turned into protocol events, and the stop request obeyed.
+
+The Trainer owns the loop; this callback only watches it. Stops land on a step boundary (on_step_end),
+so a stop-and-save checkpoint is the same as any scheduled one. A checkpoint counts only once its
+marker is written after an fsync of the rest (on_save runs after the Trainer has written it all).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from transformers import TrainerCallback
+
+from backend.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged, PhaseChanged
+from backend.runs import mark_checkpoint_complete
+from backend.worker.reporter import Reporter
+from backend.worker.stop_listener import StopListener
+
+log = logging.getLogger(__name__)
+
+
+def memory_sample(device: str) -> MemorySample:
+    rss = psutil.Process().memory_info().rss
+    if device.startswith("cuda"):
+        return MemorySample(
+            allocated_bytes=torch.cuda.memory_allocated(),
+            reserved_bytes=torch.cuda.memory_reserved(),
+            peak_bytes=torch.cuda.max_memory_allocated(),
+            rss_bytes=rss,
+        )
+    return MemorySample(rss_bytes=rss)
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+class ReportingCallback(TrainerCallback):
+    """Reports each logged step; throughput is wall time between step ends, saves and evals excluded."""
+
+    def __init__(self, reporter: Reporter, stop: StopListener, device: str):
+        self.reporter = reporter
+        self.stop = stop
+        self.device = device
+        self.trainer: Any = None  # set after the Trainer exists: its token counter is read here
+        self.stopped = False
+        self.losses: list[float] = []
+        self.last_checkpoint: str | None = None
+        self._started = 0.0
+        self._last_end = 0.0
+        self._train_seconds = 0.0
+        self._tokens_at_start = 0
+        self._window: list[tuple[float, int]] = []
+
+    def _tokens(self) -> int:
+        return getattr(self.trainer, "trained_tokens", 0)
+
+    # --- throughput -------------------------------------------------------------------------
+    def tokens_per_s(self) -> float | None:
+        """Average useful tokens/s over the run (time saving checkpoints or evaluating excluded)."""
+        tokens = self._tokens() - self._tokens_at_start
+        return tokens / self._train_seconds if self._train_seconds > 0 else None
+
+    def _recent_tokens_per_s(self) -> float | None:
+        if len(self._window) < 2:
+            return self.tokens_per_s()
+        (t0, n0), (t1, n1) = self._window[0], self._window[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else None
+
+    # --- Trainer hooks ----------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.reporter.emit(PhaseChanged(phase="train", detail=f"{state.max_steps} steps"))
+        self._started = self._last_end = time.monotonic()
+        self._tokens_at_start = self._tokens()
+        self._window = [(0.0, self._tokens_at_start)]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.monotonic()
+        self._train_seconds += now - self._last_end
+        self._last_end = now
+        self._window.append((self._train_seconds, self._tokens()))
+        self._window = self._window[-20:]
+        if self.stop.requested and not self.stopped:
+            self.stopped = True
+            control.should_training_stop = True
+            control.should_save = self.stop.save
+            log.info("stopping at step %d (save=%s)", state.global_step, self.stop.save)
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" in logs:
+            loss = _finite(logs.get("loss"))
+            if loss is not None:
+                self.losses.append(loss)
+            self.reporter.emit(
+                MetricsLogged(
+                    step=state.global_step,
+                    max_steps=state.max_steps,
+                    epoch=_finite(state.epoch),
+                    loss=loss,
+                    learning_rate=_finite(logs.get("learning_rate")),
+                    grad_norm=_finite(logs.get("grad_norm")),
+                    tokens_per_s=self._recent_tokens_per_s(),
+                    tokens_seen=self._tokens(),
+                    elapsed_s=time.monotonic() - self._started,
+                    memory=memory_sample(self.device),
+                )
+            )
+        self._last_end = time.monotonic()  # reporting is not training either
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics = metrics or {}
+        self.reporter.emit(EvalFinished(step=state.global_step, eval_loss=_finite(metrics.get("eval_loss"))))
+        self._last_end = time.monotonic()
+
+    def on_save(self, args, state, control, **kwargs):
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if path.is_dir():
+            mark_checkpoint_complete(path, state.global_step)
+            self.last_checkpoint = str(path)
+            self.reporter.emit(CheckpointSaved(step=state.global_step, path=str(path)))
+        self._last_end = time.monotonic()

@@ -1,0 +1,146 @@
+"""Tokenized training data: chat template, loss masks, truncation and the train/validation split.
+
+Only the assistant's tokens carry labels: the prompt is masked with -100, so the loss (and the
+tokens/s we report) count what the model is actually taught. The mask comes from rendering growing
+prefixes of the conversation through the model's own chat template, which works for any template
+whose render of messages[:k] is a prefix of the render of the whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+
+from backend.config import RunConfig
+from backend.errors import bad_input
+from backend.training.records import Message, detect_format, read_records, to_conversation
+
+log = logging.getLogger(__name__)
+IGNORE = -100
+
+
+@dataclass
+class DataStats:
+    examples: int
+    train_examples: int
+    eval_examples: int
+    truncated: int
+    format: str
+    trained_tokens: int
+
+
+def _render(tokenizer: Any, messages: list[Message], generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def encode_conversation(tokenizer: Any, messages: list[Message]) -> tuple[list[int], list[int]]:
+    """-> (input_ids, labels) with labels only on assistant turns (and on raw text)."""
+    if messages and messages[0]["role"] == "text":
+        ids = tokenizer(messages[0]["content"], add_special_tokens=False)["input_ids"]
+        ids = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
+        ids.append(tokenizer.eos_token_id)
+        return ids, list(ids)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("no assistant turn to learn from")
+    segments: list[tuple[str, bool]] = []
+    done = ""
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:k], generation_prompt=True)
+        full = _render(tokenizer, messages[: k + 1])
+        if not prompt.startswith(done) or not full.startswith(prompt):
+            raise ValueError("the chat template is not prefix-stable; cannot mask prompts")
+        segments += [(prompt[len(done):], False), (full[len(prompt):], True)]
+        done = full
+    ids: list[int] = []
+    labels: list[int] = []
+    for text, trained in segments:
+        if not text:
+            continue
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        labels += piece if trained else [IGNORE] * len(piece)
+    return ids, labels
+
+
+def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset | None, DataStats]:
+    path: Path = config.resolved_data_path()
+    records = read_records(path)
+    if config.data.max_examples:
+        records = records[: config.data.max_examples]
+    fmt = config.data.format if config.data.format != "auto" else detect_format(records, path)
+    if fmt != "text" and not getattr(tokenizer, "chat_template", None):
+        raise bad_input(
+            f"{config.model.path}: the tokenizer has no chat template, needed for {fmt} data",
+            "use a model with a chat template, or text-format data",
+        )
+    seq_len = config.train.seq_len
+    rows: list[dict[str, list[int]]] = []
+    truncated = 0
+    for index, record in enumerate(records):
+        where = f"{path} record {index + 1}"
+        messages = to_conversation(record, fmt, where)
+        try:
+            ids, labels = encode_conversation(tokenizer, messages)
+        except ValueError as exc:
+            raise bad_input(f"{where}: {exc}") from None
+        if len(ids) > seq_len:
+            if not config.data.truncate:
+                raise bad_input(
+                    f"{where}: {len(ids)} tokens, longer than train.seq_len={seq_len}",
+                    "raise train.seq_len, or set data.truncate: true",
+                )
+            truncated += 1
+            ids, labels = ids[:seq_len], labels[:seq_len]
+        if all(label == IGNORE for label in labels):
+            continue  # truncation cut every answer token: nothing to learn from this example
+        rows.append({"input_ids": ids, "labels": labels})
+    if not rows:
+        raise bad_input(f"{path}: no example has tokens to train on", "check the format and train.seq_len")
+    if truncated:
+        log.warning("%d of %d examples were truncated to %d tokens", truncated, len(rows), seq_len)
+
+    order = list(range(len(rows)))
+    random.Random(config.train.seed).shuffle(order)
+    n_eval = int(len(rows) * config.data.validation_split)
+    if config.data.validation_split > 0 and n_eval == 0 and len(rows) >= 4:
+        n_eval = 1
+    eval_rows = [rows[i] for i in order[:n_eval]]
+    train_rows = [rows[i] for i in sorted(order[n_eval:])]
+    stats = DataStats(
+        examples=len(rows),
+        train_examples=len(train_rows),
+        eval_examples=len(eval_rows),
+        truncated=truncated,
+        format=fmt,
+        trained_tokens=sum(sum(1 for x in r["labels"] if x != IGNORE) for r in train_rows),
+    )
+    train = Dataset.from_list(train_rows)
+    evaluation = Dataset.from_list(eval_rows) if eval_rows else None
+    return train, evaluation, stats
+
+
+class PadCollator:
+    """Pads to the longest example in the batch (not to seq_len): no compute spent on empty rows."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        width = max(len(f["input_ids"]) for f in features)
+        ids = torch.full((len(features), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.long)
+        for row, feature in enumerate(features):
+            n = len(feature["input_ids"])
+            ids[row, :n] = torch.tensor(feature["input_ids"])
+            labels[row, :n] = torch.tensor(feature["labels"])
+            mask[row, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}

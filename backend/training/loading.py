@@ -1,0 +1,104 @@
+"""Loading a model and tokenizer safely, and putting LoRA adapters on it.
+
+Safety first: no remote code and no pickle weights unless the user ticked them for this model, and
+every refusal is one sentence naming the folder and the switch that allows it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backend.config import RunConfig
+from backend.errors import bad_input
+
+log = logging.getLogger(__name__)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def check_model_folder(config: RunConfig) -> Path:
+    """Refuse a model folder that cannot be loaded safely, before torch touches it."""
+    path = config.resolved_model_path()
+    field = "model.path"
+    if not path.exists():
+        raise bad_input(f"{field}: {path} does not exist", "pick a Hugging Face model folder or bundled:tiny")
+    if not path.is_dir():
+        raise bad_input(f"{field}: {path} is a file; pick the folder that holds config.json")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise bad_input(f"{field}: {path} has no config.json; it is not a Hugging Face model folder")
+    try:
+        model_config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_input(f"{config_file}: not valid JSON ({exc})") from None
+    if model_config.get("auto_map") and not config.model.trust_remote_code:
+        raise bad_input(
+            f"{field}: {path} needs code shipped with the model (auto_map in config.json)",
+            "tick model.trust_remote_code only if you trust its author",
+        )
+    files = [p.name for p in path.iterdir()]
+    has_safetensors = any(n.endswith(".safetensors") for n in files)
+    has_pickle = any(n.endswith(PICKLE_SUFFIXES) and "training_args" not in n for n in files)
+    if not has_safetensors:
+        if has_pickle and not config.model.allow_pickle:
+            raise bad_input(
+                f"{field}: {path} has only pickle weights (.bin), which can run arbitrary code",
+                "convert it to safetensors, or tick model.allow_pickle for this model",
+            )
+        if not has_pickle:
+            raise bad_input(f"{field}: {path} has no weights (*.safetensors)")
+    if not any(n in files for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")):
+        raise bad_input(f"{field}: {path} has no tokenizer files", "copy the tokenizer into the model folder")
+    return path
+
+
+def load_tokenizer(path: Path, config: RunConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=config.model.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: Path, config: RunConfig, dtype: torch.dtype, device: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=dtype,
+        trust_remote_code=config.model.trust_remote_code,
+        use_safetensors=not config.model.allow_pickle,
+        attn_implementation="sdpa",
+    )
+    model.config.use_cache = False
+    return model.to(device)
+
+
+def add_lora(model: Any, config: RunConfig) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    technique = config.technique
+    targets: Any = technique.lora_targets
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    lora = LoraConfig(
+        r=technique.lora_rank,
+        lora_alpha=technique.lora_alpha,
+        lora_dropout=technique.lora_dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        model = get_peft_model(model, lora)
+    except ValueError as exc:
+        raise bad_input(f"technique.lora_targets: {exc}".splitlines()[0], "use all-linear or names like q_proj,v_proj") from None
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    log.info("LoRA r=%d: %d trainable of %d parameters (%.2f%%)", technique.lora_rank, trainable, total,
+             100 * trainable / max(total, 1))
+    return model

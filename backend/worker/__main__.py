@@ -1,0 +1,32 @@
+"""`python -m backend.worker`: one process, one job.
+
+Order matters here. The protocol stream is taken from fd 1 before anything else runs, and fd 1 is
+then pointed at stderr, so that no library print (C or Python) can corrupt the JSON lines. Thread
+settings go into the environment before torch is imported, because OpenMP reads them only once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _take_protocol_stream():
+    stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return stream
+
+
+def main() -> int:
+    protocol_out = _take_protocol_stream()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from backend.worker.runner import run_worker
+
+    return run_worker(sys.stdin, protocol_out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

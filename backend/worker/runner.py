@@ -1,0 +1,112 @@
+"""run_worker: handshake, one StartJob, the job, and the one-line failure for anything that breaks.
+
+Every exception ends here. The person sees `JobFailed{kind, message, hint}` with one sentence; the
+traceback goes to worker.log in the run folder, where a bug report can pick it up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+from typing import IO
+
+from backend.config import ConfigError, RunConfig
+from backend.errors import JobError
+from backend.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
+from backend.worker.reporter import Reporter
+from backend.worker.stop_listener import StopListener
+
+log = logging.getLogger("backend.worker")
+
+
+def _log_to_run_folder(run_dir: Path) -> None:
+    """Point fd 2 (and so fd 1's chatter) at worker.log: library noise is kept, not shown."""
+    handle = os.open(run_dir / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(handle, 2)
+    os.dup2(handle, 1)
+    os.close(handle)
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    logging.captureWarnings(True)
+    warnings.simplefilter("default")
+
+
+def run_worker(stdin: IO[str], protocol_out: IO[str]) -> int:
+    _configure_logging()
+    reporter = Reporter(protocol_out)
+    from backend.training.capabilities import probe_capabilities
+
+    capabilities = probe_capabilities()
+    reporter.emit(WorkerReady(pid=os.getpid(), capabilities=capabilities))
+
+    line = stdin.readline()
+    if not line:
+        log.error("stdin closed before a StartJob arrived")
+        return 2
+    try:
+        command = decode_command(line)
+        if not isinstance(command, StartJob):
+            raise ProtocolError(f"expected StartJob first, got {command.type}")
+    except ProtocolError as exc:
+        reporter.emit(JobFailed(kind="bad_input", message=str(exc), hint="start the worker from the studio or CLI"))
+        return 2
+
+    run_dir = Path(command.run_dir)
+    if not run_dir.is_dir():
+        reporter.emit(JobFailed(kind="bad_input", message=f"run folder {run_dir} does not exist"))
+        return 2
+    _log_to_run_folder(run_dir)
+    _configure_logging()
+    reporter.attach_run(run_dir)
+    stop = StopListener(stdin).start()
+    log.info("worker %s starting %s job in %s (resume=%s)", os.getpid(), command.job, run_dir, command.resume)
+
+    try:
+        config = RunConfig.from_dict(command.config, source=str(run_dir / "config.yaml"))
+        from backend.jobs.finetune import run_finetune
+
+        run_finetune(config, run_dir, reporter, stop, resume=command.resume, capabilities=capabilities)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one JobFailed line
+        failure = classify_failure(exc)
+        log.error("job failed: %s\n%s", failure.message, traceback.format_exc())
+        reporter.emit(failure)
+        return 1
+    finally:
+        reporter.close()
+
+
+def classify_failure(exc: BaseException) -> JobFailed:
+    """Map an exception to the kind a person can act on."""
+    if isinstance(exc, JobError):
+        return JobFailed(kind=exc.kind, message=exc.message, hint=exc.hint)
+    if isinstance(exc, ConfigError):
+        return JobFailed(kind="bad_input", message=str(exc), hint="fix the field named and start again")
+    if isinstance(exc, KeyboardInterrupt):
+        return JobFailed(kind="cancelled", message="the worker was interrupted")
+    name = type(exc).__name__
+    if name == "OutOfMemoryError" or isinstance(exc, MemoryError):
+        return JobFailed(
+            kind="out_of_memory",
+            message=f"ran out of memory: {str(exc).splitlines()[0] if str(exc) else name}",
+            hint="halve train.micro_batch_size and double gradient_accumulation_steps, or lower seq_len",
+        )
+    if isinstance(exc, ImportError):
+        return JobFailed(kind="missing_dependency", message=f"{exc}", hint="reinstall with the README's command")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return JobFailed(
+        kind="crashed",
+        message=f"{name}: {first}"[:300],
+        hint="the full traceback is in worker.log in the run folder",
+    )

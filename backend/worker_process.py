@@ -1,0 +1,110 @@
+"""WorkerProcess: the CLI's way to run one job in a worker subprocess and follow its events.
+
+The worker gets its own session so that Ctrl-C in the terminal reaches only the CLI, which turns it
+into a StopJob(save=True) (first press), a cancel (second) and a kill (third): the three levels a
+person expects, and a checkpoint is never cut in half by a stray signal.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import subprocess
+import threading
+from typing import Any, Callable
+
+from backend.config import RunConfig
+from backend.launch import start_line, worker_command, worker_env
+from backend.protocol import PROTOCOL_VERSION, JobFailed, ProtocolError, StopJob, decode_event, encode
+from backend.runs import RunFolder
+
+
+class WorkerProcess:
+    def __init__(self, command: list[str] | None = None):
+        self.command = command or worker_command()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._proc: subprocess.Popen[str] | None = None
+        self._interrupts = 0
+
+    def _drain_stderr(self) -> None:
+        assert self._proc and self._proc.stderr
+        for line in self._proc.stderr:
+            self.stderr_tail.append(line.rstrip())
+
+    def stop(self, save: bool = True) -> None:
+        if self._proc and self._proc.poll() is None and self._proc.stdin:
+            try:
+                self._proc.stdin.write(encode(StopJob(save=save)))
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass
+
+    def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        self._interrupts += 1
+        if self._interrupts == 1:
+            print("\nstopping at the next step and saving a checkpoint (Ctrl-C again to cancel)", flush=True)
+            self.stop(save=True)
+        elif self._interrupts == 2:
+            print("\ncancelling without saving (Ctrl-C again to kill)", flush=True)
+            self.stop(save=False)
+        elif self._proc:
+            self._proc.kill()
+
+    def run(
+        self,
+        folder: RunFolder,
+        config: RunConfig,
+        resume: bool = False,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Run to the end; returns the terminal event as a dict (synthesised if the worker died)."""
+        self._proc = subprocess.Popen(
+            self.command, env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, encoding="utf-8", start_new_session=True,
+        )
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        terminal: dict[str, Any] | None = None
+        try:
+            assert self._proc.stdout and self._proc.stdin
+            for line in self._proc.stdout:
+                try:
+                    event = decode_event(line)
+                except ProtocolError as exc:
+                    self.stderr_tail.append(f"protocol error: {exc}")
+                    continue
+                data = json.loads(event.model_dump_json())
+                if event.type == "WorkerReady":
+                    if event.protocol_version != PROTOCOL_VERSION:
+                        self._proc.kill()
+                        break
+                    self._proc.stdin.write(start_line(folder, config, resume))
+                    self._proc.stdin.flush()
+                    continue
+                if on_event:
+                    on_event(data)
+                if event.type in ("JobFinished", "JobFailed"):
+                    terminal = data
+            code = self._proc.wait()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if terminal is None:
+            terminal = self._crashed(folder, code)
+        return terminal
+
+    def _crashed(self, folder: RunFolder, code: int) -> dict[str, Any]:
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        tail = folder.tail_log(5) or "\n".join(list(self.stderr_tail)[-5:])
+        last = tail.strip().splitlines()[-1] if tail.strip() else "no log output"
+        failure = JobFailed(
+            kind="crashed",
+            message=f"the worker stopped unexpectedly ({how}); last log line: {last[:200]}",
+            hint=f"see {folder.log_path}; resume with --resume {folder.path} if a checkpoint was saved",
+        )
+        data = json.loads(failure.model_dump_json())
+        folder.append_event(data)
+        return data
