@@ -49,9 +49,12 @@ class DataSection(_Section):
 
 
 class TechniqueSection(_Section):
-    method: Literal["lora"] = "lora"
-    """lora: freeze the base, train small low-rank adapters. Saves the gradients and optimizer state
-    of the base (about 12 of the 16 bytes per parameter); costs a little quality against full tuning."""
+    method: Literal["lora", "dora", "qlora", "lora8", "full"] = "lora"
+    """lora freezes the base and trains small adapters (saves ~12 of the 16 bytes/parameter of full
+    tuning, costs a little quality); dora adds a magnitude vector (a little closer to full tuning, costs
+    ~1.5x the adapter time and extra activations); qlora stores the base in 4-bit NF4 (~0.52 byte/
+    parameter instead of 2, costs dequantization time); lora8 stores it in 8-bit LLM.int8 (1 byte/
+    parameter, slower still); full trains every weight (best quality, costs 16 bytes/parameter)."""
     lora_rank: int = Field(default=8, ge=1, le=1024)
     """Rank r of each adapter. Higher learns more and costs r*(in+out) parameters per layer."""
     lora_alpha: float = Field(default=16.0, gt=0)
@@ -60,6 +63,39 @@ class TechniqueSection(_Section):
     """Dropout on the adapter input; regularises small datasets, slows convergence a little."""
     lora_targets: str = "all-linear"
     """Which linear layers get adapters: all-linear, or a comma-separated list like q_proj,v_proj."""
+    gradient_checkpointing: bool = False
+    """Keep only each layer's input and recompute the rest in the backward pass (non-reentrant): saves most activation memory, costs one extra forward pass (about 25-35% more time per step)."""
+    attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
+    """Attention kernel: flash_attention_2 and sdpa never store the seq_len x seq_len score matrix (eager does), flash_attention_2 needs the flash-attn package and bf16/fp16; auto picks the best available."""
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """Number format for the forward and backward pass: bf16/fp16 halve weights and activations (an fp32 master copy keeps full tuning accurate), fp32 costs twice the memory; auto is bf16 on a GPU that has it, else fp32."""
+    packing: bool = False
+    """Concatenate short examples into full seq_len rows: saves the compute wasted on padding, costs a little cross-example attention (memory per step is unchanged)."""
+    neftune_alpha: float | None = Field(default=None, gt=0)
+    """Add uniform noise of this scale to the input embeddings while training (NEFTune; 5 is typical): often better chat answers from small datasets at no memory or speed cost, can blur exact recall; None turns it off."""
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
+    """adamw keeps two fp32 states (8 bytes per trained parameter); adamw_8bit keeps them in 8 bits (about 2 bytes) at a tiny quality cost; paged_adamw_8bit also lets them spill to CPU memory on a spike, costing speed when it does."""
+    offload: Literal["none", "zero2_optimizer", "zero3_optimizer_params"] = "none"
+    """DeepSpeed offload: zero2_optimizer moves optimizer state and master weights to CPU memory (saves up to 12 bytes/parameter of GPU memory), zero3_optimizer_params moves the weights too; costs PCIe traffic and slower steps, and needs deepspeed."""
+
+    @model_validator(mode="after")
+    def _technique_combinations(self) -> "TechniqueSection":
+        if self.attention == "flash_attention_2" and self.precision == "fp32":
+            raise ValueError(
+                "technique.attention flash_attention_2 runs only in bf16 or fp16; "
+                "set technique.precision to bf16 (or auto) or technique.attention to sdpa"
+            )
+        if self.optimizer != "adamw" and self.offload != "none":
+            raise ValueError(
+                f"technique.optimizer {self.optimizer} cannot be offloaded: DeepSpeed runs its own CPU Adam "
+                "on offloaded state; set technique.optimizer to adamw or technique.offload to none"
+            )
+        if self.method == "lora8" and self.offload == "zero3_optimizer_params":
+            raise ValueError(
+                "technique.offload zero3_optimizer_params cannot shard 8-bit (LLM.int8) weights; "
+                "use technique.method qlora or technique.offload zero2_optimizer"
+            )
+        return self
 
 
 class TrainSection(_Section):

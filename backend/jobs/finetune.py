@@ -22,18 +22,19 @@ from backend.errors import JobError
 from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
 from backend.runs import RunFolder
 from backend.training.callbacks import ReportingCallback
-from backend.training.capabilities import default_threads
+from backend.training.capabilities import default_threads, probe_capabilities
 from backend.training.counting_trainer import CountingTrainer
-from backend.training.data import PadCollator, build_datasets
-from backend.training.loading import add_lora, check_model_folder, load_model, load_tokenizer
+from backend.training.data import PackingCollator, PadCollator, build_datasets
+from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
+from backend.training.techniques import TechniquePlan, plan_techniques
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 
 
-def _training_arguments(config: RunConfig, output_dir: Path, use_cpu: bool, has_eval: bool) -> TrainingArguments:
-    train = config.train
+def _training_arguments(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool) -> TrainingArguments:
+    train, technique = config.train, config.technique
     eval_strategy = "steps" if has_eval and train.eval_steps else "no"
     return TrainingArguments(
         output_dir=str(output_dir),
@@ -54,7 +55,13 @@ def _training_arguments(config: RunConfig, output_dir: Path, use_cpu: bool, has_
         eval_steps=train.eval_steps or None,
         seed=train.seed,
         data_seed=train.seed,
-        use_cpu=use_cpu,
+        use_cpu=plan.device == "cpu",
+        bf16=plan.precision == "bf16",
+        fp16=plan.precision == "fp16",
+        optim=plan.optimizer,
+        activation_checkpointing=technique.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if technique.gradient_checkpointing else None,
+        neftune_noise_alpha=technique.neftune_alpha,
         report_to=[],
         disable_tqdm=True,
         remove_unused_columns=False,
@@ -76,7 +83,7 @@ def run_finetune(
     folder = RunFolder(run_dir)
     hf_logging.set_verbosity_warning()
     torch.set_num_threads(config.train.cpu_threads or default_threads())
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    capabilities = capabilities or probe_capabilities()
 
     resume_from = None
     if resume:
@@ -87,10 +94,11 @@ def run_finetune(
         resume_from = str(latest)
     reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps, resumed_from=resume_from))
 
+    plan = plan_techniques(config, capabilities)  # refuses what cannot run here, before any loading
+    reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     model_path = check_model_folder(config)
     tokenizer = load_tokenizer(model_path, config)
-    dtype = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
 
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     train_set, eval_set, stats = build_datasets(config, tokenizer)
@@ -99,11 +107,11 @@ def run_finetune(
     reporter.emit(PhaseChanged(phase="tokenize", detail=detail))
 
     torch.manual_seed(config.train.seed)
-    model = add_lora(load_model(model_path, config, dtype, device), config)
+    model = add_adapters(load_model(model_path, config, plan), config, plan)
 
-    collator = PadCollator(tokenizer.pad_token_id)
-    callback = ReportingCallback(reporter, stop, device)
-    args = _training_arguments(config, folder.checkpoints_dir, use_cpu=device == "cpu", has_eval=eval_set is not None)
+    collator = PackingCollator() if config.technique.packing else PadCollator(tokenizer.pad_token_id)
+    callback = ReportingCallback(reporter, stop, plan.device)
+    args = _training_arguments(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)
     trainer = CountingTrainer(
         model=model,
         args=args,
@@ -123,8 +131,9 @@ def run_finetune(
         reporter.emit(PhaseChanged(phase="evaluate", detail=f"{stats.eval_examples} examples"))
         trainer.evaluate()
 
-    reporter.emit(PhaseChanged(phase="save", detail="adapter"))
-    adapter = save_adapter(model, tokenizer, folder.adapter_dir)
+    full = config.technique.method == "full"
+    reporter.emit(PhaseChanged(phase="save", detail="model" if full else "adapter"))
+    adapter = save_atomically(model, tokenizer, folder.path / "model" if full else folder.adapter_dir)
     reporter.emit(
         JobFinished(
             run_dir=str(run_dir),
@@ -140,8 +149,8 @@ def run_finetune(
     )
 
 
-def save_adapter(model, tokenizer, target: Path) -> Path:
-    """Write into a temporary folder and rename: an adapter folder is whole or absent."""
+def save_atomically(model, tokenizer, target: Path) -> Path:
+    """Write into a temporary folder and rename: an adapter (or model) folder is whole or absent."""
     tmp = target.with_name(target.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)

@@ -144,3 +144,28 @@ class PadCollator:
             labels[row, :n] = torch.tensor(feature["labels"])
             mask[row, :n] = 1
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+class PackingCollator:
+    """Padding-free packing: a batch becomes one row, with position ids restarting at each example.
+
+    transformers reads the restarting position ids as example boundaries (varlen FlashAttention-2
+    on CUDA, a block-diagonal mask with SDPA/eager), so no example attends to another and not one
+    pad token is computed.
+    """
+
+    def __call__(self, features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        ids: list[int] = []
+        labels: list[int] = []
+        positions: list[int] = []
+        for feature in features:
+            n = len(feature["input_ids"])
+            ids += feature["input_ids"]
+            # The first token of each example must not be predicted from the previous example.
+            labels += [IGNORE] + list(feature["labels"][1:])
+            positions += list(range(n))
+        return {
+            "input_ids": torch.tensor([ids], dtype=torch.long),
+            "labels": torch.tensor([labels], dtype=torch.long),
+            "position_ids": torch.tensor([positions], dtype=torch.long),
+        }

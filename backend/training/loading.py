@@ -15,6 +15,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.training.techniques import TechniquePlan
 
 log = logging.getLogger(__name__)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -65,24 +66,59 @@ def load_tokenizer(path: Path, config: RunConfig) -> Any:
     return tokenizer
 
 
-def load_model(path: Path, config: RunConfig, dtype: torch.dtype, device: str) -> Any:
-    from transformers import AutoModelForCausalLM
+def load_model(path: Path, config: RunConfig, plan: TechniquePlan) -> Any:
+    """Load the base in the plan's dtype, quantized for qlora (NF4, double quant) or lora8 (int8)."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+    kwargs: dict[str, Any] = {}
+    if plan.quantization == "nf4":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=plan.load_dtype if plan.precision != "fp32" else torch.float32,
+        )
+    elif plan.quantization == "int8":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    if plan.quantization:
+        kwargs["device_map"] = {"": plan.device}
     model = AutoModelForCausalLM.from_pretrained(
         path,
-        dtype=dtype,
+        dtype=plan.load_dtype,
         trust_remote_code=config.model.trust_remote_code,
         use_safetensors=not config.model.allow_pickle,
-        attn_implementation="sdpa",
+        attn_implementation=plan.attention,
+        **kwargs,
     )
     model.config.use_cache = False
-    return model.to(device)
+    return model if plan.quantization else model.to(plan.device)
 
 
-def add_lora(model: Any, config: RunConfig) -> Any:
-    from peft import LoraConfig, get_peft_model
+def check_lora_rank(model: Any, config: RunConfig) -> None:
+    """A rank above a layer's smaller side adds parameters without adding capacity: refuse it."""
+    smallest = min(
+        (min(m.in_features, m.out_features) for m in model.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")),
+        default=None,
+    )
+    if smallest is not None and config.technique.lora_rank > smallest:
+        raise bad_input(
+            f"technique.lora_rank {config.technique.lora_rank} is larger than the smallest adapted layer "
+            f"({smallest}); pick {smallest} or less"
+        )
 
+
+def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
+    """LoRA or DoRA adapters on a frozen base; for method full, every weight stays trainable."""
     technique = config.technique
+    if technique.method == "full":
+        model.requires_grad_(True)
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    check_lora_rank(model, config)
+    if plan.quantization:
+        # Casts norms to fp32 and freezes the quantized base; checkpointing is set by the Trainer.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets: Any = technique.lora_targets
     if targets != "all-linear":
         targets = [t.strip() for t in targets.split(",") if t.strip()]
@@ -91,14 +127,16 @@ def add_lora(model: Any, config: RunConfig) -> Any:
         lora_alpha=technique.lora_alpha,
         lora_dropout=technique.lora_dropout,
         target_modules=targets,
+        use_dora=technique.method == "dora",
         task_type="CAUSAL_LM",
     )
     try:
         model = get_peft_model(model, lora)
     except ValueError as exc:
-        raise bad_input(f"technique.lora_targets: {exc}".splitlines()[0], "use all-linear or names like q_proj,v_proj") from None
+        first = str(exc).splitlines()[0]
+        raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    log.info("LoRA r=%d: %d trainable of %d parameters (%.2f%%)", technique.lora_rank, trainable, total,
-             100 * trainable / max(total, 1))
+    log.info("%s r=%d: %d trainable of %d parameters (%.2f%%)", technique.method, technique.lora_rank,
+             trainable, total, 100 * trainable / max(total, 1))
     return model

@@ -1,0 +1,131 @@
+"""Useful tokens/s of the studio's worker against a bare transformers + peft Trainer script.
+
+Same model, data, LoRA settings, batch and step count; runs alternate in one invocation so that
+machine noise hits both. "Useful" means tokens the loss sees: padding and masked prompt tokens are
+not counted, for either side. Prints each run, the medians and the ratio (studio / baseline).
+
+    python bench/throughput.py                       # the preset on the bundled model
+    python bench/throughput.py --rounds 3 --steps 40
+
+The studio side runs with its default threads (all cores but one, so the desktop keeps a core) and,
+for an apples-to-apples line, with as many threads as the baseline uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BASELINE = r'''
+import json, sys, time, torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer,
+                          TrainingArguments)
+cfg = json.loads(sys.argv[1])
+tok = AutoTokenizer.from_pretrained(cfg["model"])
+rows = [json.loads(l) for l in open(cfg["data"], encoding="utf-8") if l.strip()]
+def encode(r):
+    prompt = r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")
+    msgs = [{"role": "user", "content": prompt}]
+    p = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    full = tok.apply_chat_template(msgs + [{"role": "assistant", "content": r["output"]}], tokenize=False)
+    pi = tok(p, add_special_tokens=False)["input_ids"]
+    fi = tok(full, add_special_tokens=False)["input_ids"][: cfg["seq_len"]]
+    return {"input_ids": fi, "attention_mask": [1] * len(fi), "labels": [-100] * len(pi) + fi[len(pi):]}
+ds = Dataset.from_list([encode(r) for r in rows])
+ds = ds.train_test_split(test_size=cfg["validation_split"], seed=cfg["seed"])["train"]
+model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+model = get_peft_model(model, LoraConfig(r=cfg["rank"], lora_alpha=cfg["alpha"], target_modules="all-linear",
+                                         task_type="CAUSAL_LM"))
+base = DataCollatorForSeq2Seq(tok, padding="longest")
+counts = []
+def collate(features):
+    batch = base(features)
+    counts.append(int((batch["labels"][:, 1:] != -100).sum()))
+    return batch
+args = TrainingArguments(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
+                         learning_rate=cfg["lr"], logging_steps=1, save_strategy="no", report_to=[],
+                         disable_tqdm=True, seed=cfg["seed"], use_cpu=not torch.cuda.is_available())
+trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
+out = trainer.train()
+tokens = sum(counts[: cfg["steps"]])
+losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+print("RESULT " + json.dumps({"tokens_per_s": tokens / out.metrics["train_runtime"], "threads": torch.get_num_threads(),
+                              "first_loss": losses[0], "final_loss": losses[-1]}))
+'''
+
+
+def run_baseline(params: dict) -> dict:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", BASELINE, json.dumps(params)], capture_output=True, text=True, env=env)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(done.stderr[-2000:])
+
+
+def run_studio(preset: Path, overrides: list[str]) -> dict:
+    from backend.config import RunConfig
+    from backend.runs import RunFolder
+    from backend.worker_process import WorkerProcess
+
+    config = RunConfig.load(preset, overrides)
+    terminal = WorkerProcess().run(RunFolder.create(config), config)
+    if terminal["type"] != "JobFinished":
+        raise RuntimeError(terminal["message"])
+    return terminal
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default=str(ROOT / "resources/presets/tiny_lora.yaml"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+
+    from backend.config import RunConfig
+
+    os.environ["FINETUNE_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
+    config = RunConfig.load(args.preset)
+    base_threads = os.cpu_count() or 1
+    params = {
+        "model": str(config.resolved_model_path()), "data": str(config.resolved_data_path()),
+        "seq_len": config.train.seq_len, "rank": config.technique.lora_rank, "alpha": config.technique.lora_alpha,
+        "batch": config.train.micro_batch_size, "lr": config.train.learning_rate, "steps": args.steps,
+        "seed": config.train.seed, "validation_split": config.data.validation_split,
+        "out": tempfile.mkdtemp(prefix="bench-baseline-"),
+    }
+    common = [f"train.max_steps={args.steps}", f"train.save_steps={args.steps}"]
+    results: dict[str, list[float]] = {"studio (default threads)": [], "studio (same threads)": [], "baseline": []}
+    for round_ in range(args.rounds):
+        t0 = time.monotonic()
+        a = run_studio(Path(args.preset), common)
+        b = run_studio(Path(args.preset), common + [f"train.cpu_threads={base_threads}"])
+        c = run_baseline(params)
+        results["studio (default threads)"].append(a["tokens_per_s"])
+        results["studio (same threads)"].append(b["tokens_per_s"])
+        results["baseline"].append(c["tokens_per_s"])
+        print(f"round {round_ + 1}: studio {a['tokens_per_s']:,.0f} tok/s (loss {a['first_loss']:.3f}->{a['final_loss']:.3f}),"
+              f" studio@{base_threads}t {b['tokens_per_s']:,.0f}, baseline@{c['threads']}t {c['tokens_per_s']:,.0f}"
+              f" (loss {c['first_loss']:.3f}->{c['final_loss']:.3f})  [{time.monotonic() - t0:.0f}s]", flush=True)
+    medians = {k: statistics.median(v) for k, v in results.items()}
+    for name, value in medians.items():
+        print(f"median {name:26} {value:10,.0f} useful tokens/s")
+    print(f"ratio studio/baseline (default threads): {medians['studio (default threads)'] / medians['baseline']:.2f}x")
+    print(f"ratio studio/baseline (same threads):    {medians['studio (same threads)'] / medians['baseline']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

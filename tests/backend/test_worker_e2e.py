@@ -1,0 +1,109 @@
+"""The real worker on the bundled model: it learns, it leaves a whole run folder, it obeys a stop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from backend.config import RunConfig
+from backend.runs import CHECKPOINT_MARKER, RunFolder
+from backend.worker_process import WorkerProcess
+from tests.conftest import PRESET, ROOT
+
+
+def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(bundled_model):
+    config = RunConfig.load(PRESET, ["train.max_steps=30", "train.save_steps=15", "name=e2e"])
+    folder = RunFolder.create(config)
+    events: list[dict] = []
+    terminal = WorkerProcess().run(folder, config, on_event=events.append)
+
+    assert terminal["type"] == "JobFinished", terminal
+    assert terminal["stopped"] is False and terminal["steps"] == 30
+    losses = {e["step"]: e["loss"] for e in events if e["type"] == "MetricsLogged"}
+    assert 1 in losses and 30 in losses
+    assert losses[30] < losses[1], losses
+    assert terminal["tokens_per_s"] and terminal["tokens_per_s"] > 0
+
+    assert (folder.path / "config.yaml").is_file()
+    assert RunConfig.load(folder.config_path) == config
+    assert folder.log_path.is_file() and folder.log_path.stat().st_size > 0
+    recorded = [json.loads(line)["type"] for line in folder.events_path.read_text().splitlines()]
+    assert recorded[0] == "JobStarted" and recorded[-1] == "JobFinished"
+    assert recorded.count("MetricsLogged") == 30  # the file keeps every step, the stream is coalesced
+    checkpoints = folder.complete_checkpoints()
+    assert [c.name for c in checkpoints] == ["checkpoint-15", "checkpoint-30"]
+    assert all((c / CHECKPOINT_MARKER).is_file() for c in checkpoints)
+    assert (folder.adapter_dir / "adapter_model.safetensors").is_file()
+    assert (folder.adapter_dir / "adapter_config.json").is_file()
+    assert (folder.adapter_dir / "tokenizer.json").is_file()
+    assert folder.status() == "finished"
+
+
+def test_stop_and_save_mid_run_leaves_a_complete_checkpoint(bundled_model):
+    config = RunConfig.load(PRESET, ["train.max_steps=2000", "train.save_steps=1000", "name=stop"])
+    folder = RunFolder.create(config)
+    worker = WorkerProcess()
+    sent = []
+
+    def on_event(event: dict) -> None:
+        if event["type"] == "MetricsLogged" and event["step"] >= 3 and not sent:
+            sent.append(event["step"])
+            worker.stop(save=True)
+
+    terminal = worker.run(folder, config, on_event=on_event)
+    assert terminal["type"] == "JobFinished" and terminal["stopped"] is True, terminal
+    assert sent and terminal["steps"] < 2000
+    latest = folder.latest_checkpoint()
+    assert latest is not None and latest.name == f"checkpoint-{terminal['steps']}"
+    assert (latest / "optimizer.pt").is_file() and (latest / "trainer_state.json").is_file()
+    assert (folder.adapter_dir / "adapter_model.safetensors").is_file()
+    assert folder.status() == "stopped"
+
+
+def test_cancel_saves_nothing(bundled_model):
+    config = RunConfig.load(PRESET, ["train.max_steps=2000", "train.save_steps=1000", "name=cancel"])
+    folder = RunFolder.create(config)
+    worker = WorkerProcess()
+
+    def on_event(event: dict) -> None:
+        if event["type"] == "MetricsLogged" and event["step"] >= 2:
+            worker.stop(save=False)
+
+    terminal = worker.run(folder, config, on_event=on_event)
+    assert terminal["type"] == "JobFailed" and terminal["kind"] == "cancelled", terminal
+    assert folder.latest_checkpoint() is None and not folder.adapter_dir.exists()
+    assert folder.status() == "cancelled"
+
+
+def test_cli_train_with_overrides_and_runs_list(bundled_model, studio_home):
+    env_cmd = [sys.executable, "-m", "studio", "train", str(PRESET),
+               "--set", "train.max_steps=4", "--set", "name=cli-run", "--set", "train.save_steps=2"]
+    done = subprocess.run(env_cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "finished" in done.stdout and "tokens/s:" in done.stdout and "adapter:" in done.stdout
+    assert "Traceback" not in done.stderr
+    runs = subprocess.run([sys.executable, "-m", "studio", "runs", "list", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    listed = json.loads(runs.stdout)
+    assert len(listed) == 1 and listed[0]["name"] == "cli-run" and listed[0]["status"] == "finished"
+    assert listed[0]["steps"] == 4
+    config = RunConfig.load(listed[0]["path"] + "/config.yaml")
+    assert config.train.max_steps == 4 and config.train.save_steps == 2
+
+
+def test_cli_failure_is_one_line_without_traceback(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "studio", "train", str(PRESET), "--set", f"model.path={tmp_path}/missing"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 1
+    assert "error: model.path:" in done.stderr and "does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_typo_in_override_names_the_field():
+    done = subprocess.run([sys.executable, "-m", "studio", "train", str(PRESET), "--set", "train.max_stepz=3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown field train.max_stepz" in done.stderr and "Traceback" not in done.stderr

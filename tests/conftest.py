@@ -1,0 +1,44 @@
+"""Shared fixtures: every test gets its own studio home, so runs never touch the user's data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "resources" / "presets" / "tiny_lora.yaml"
+BUNDLED_MODEL = ROOT / "resources" / "tiny"
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not has_cuda():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def studio_home(tmp_path_factory, monkeypatch) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def bundled_model() -> Path:
+    assert (BUNDLED_MODEL / "config.json").is_file(), "resources/tiny is missing: run scripts/build_tiny_model.py"
+    return BUNDLED_MODEL
+
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
