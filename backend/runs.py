@@ -139,6 +139,16 @@ class RunFolder:
                 found.append((int(match.group(1)), child))
         return [p for _, p in sorted(found)]
 
+    def remove_incomplete_checkpoints(self) -> list[Path]:
+        """Delete checkpoint folders without a marker (a save cut short); they can never be resumed."""
+        removed = []
+        if self.checkpoints_dir.is_dir():
+            for child in self.checkpoints_dir.iterdir():
+                if child.is_dir() and not (child / CHECKPOINT_MARKER).is_file():
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed.append(child)
+        return removed
+
     def latest_checkpoint(self) -> Path | None:
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None

@@ -45,7 +45,8 @@ def encode(r):
     return {"input_ids": fi, "attention_mask": [1] * len(fi), "labels": [-100] * len(pi) + fi[len(pi):]}
 ds = Dataset.from_list([encode(r) for r in rows])
 ds = ds.train_test_split(test_size=cfg["validation_split"], seed=cfg["seed"])["train"]
-model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+cuda = torch.cuda.is_available()
+model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32)
 model = get_peft_model(model, LoraConfig(r=cfg["rank"], lora_alpha=cfg["alpha"], target_modules="all-linear",
                                          task_type="CAUSAL_LM"))
 base = DataCollatorForSeq2Seq(tok, padding="longest")
@@ -56,7 +57,7 @@ def collate(features):
     return batch
 args = TrainingArguments(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
                          learning_rate=cfg["lr"], logging_steps=1, save_strategy="no", report_to=[],
-                         disable_tqdm=True, seed=cfg["seed"], use_cpu=not torch.cuda.is_available())
+                         disable_tqdm=True, seed=cfg["seed"], use_cpu=not cuda, bf16=cuda)
 trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
 out = trainer.train()
 tokens = sum(counts[: cfg["steps"]])

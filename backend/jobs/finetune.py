@@ -86,6 +86,8 @@ def run_finetune(
     capabilities = capabilities or probe_capabilities()
 
     resume_from = None
+    for partial in folder.remove_incomplete_checkpoints():
+        log.warning("removed incomplete checkpoint %s (its save never finished)", partial.name)
     if resume:
         latest = folder.latest_checkpoint()
         if latest is None:
@@ -93,6 +95,8 @@ def run_finetune(
                            "start a new run instead")
         resume_from = str(latest)
     reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps, resumed_from=resume_from))
+    if resume_from:
+        reporter.emit(PhaseChanged(phase="resume", detail=f"from {Path(resume_from).name}, the newest complete checkpoint"))
 
     plan = plan_techniques(config, capabilities)  # refuses what cannot run here, before any loading
     reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))

@@ -1,0 +1,49 @@
+"""GPU paths (CUDA bf16/fp16, bitsandbytes on CUDA): skipped without CUDA; their CPU fallbacks are
+covered in test_techniques.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.config import RunConfig
+from backend.runs import RunFolder
+from backend.worker_process import WorkerProcess
+from tests.conftest import PRESET
+
+pytestmark = pytest.mark.gpu
+
+
+def run(overrides: list[str]) -> tuple[list[dict], dict]:
+    config = RunConfig.load(PRESET, ["train.max_steps=20", "train.save_steps=20", *overrides])
+    folder = RunFolder.create(config)
+    events: list[dict] = []
+    terminal = WorkerProcess().run(folder, config, on_event=events.append)
+    return events, terminal
+
+
+def test_auto_picks_bf16_on_cuda_and_reports_torch_memory(bundled_model):
+    events, terminal = run([])
+    assert terminal["type"] == "JobFinished", terminal
+    plan = next(e for e in events if e["type"] == "PhaseChanged" and e["phase"] == "plan")
+    assert "device cuda" in plan["detail"] and "precision bf16" in plan["detail"]
+    metrics = [e for e in events if e["type"] == "MetricsLogged"]
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    memory = metrics[-1]["memory"]
+    assert memory["allocated_bytes"] > 0 and memory["reserved_bytes"] >= memory["allocated_bytes"]
+    assert memory["peak_bytes"] >= memory["allocated_bytes"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["technique.precision=fp16"],
+    ["technique.method=qlora"],
+    ["technique.method=lora8"],
+    ["technique.optimizer=paged_adamw_8bit"],
+    ["technique.packing=true"],
+    ["technique.gradient_checkpointing=true"],
+], ids=lambda o: ",".join(o))
+def test_cuda_techniques_train(bundled_model, overrides):
+    pytest.importorskip("bitsandbytes")
+    events, terminal = run(overrides)
+    assert terminal["type"] == "JobFinished", terminal
+    losses = [e["loss"] for e in events if e["type"] == "MetricsLogged"]
+    assert losses and all(loss == loss for loss in losses)

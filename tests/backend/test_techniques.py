@@ -1,0 +1,147 @@
+"""Every technique option: a few real training steps where this machine can run it, and a refusal
+with one sentence (option, why, what instead) where it cannot."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from backend.config import RunConfig
+from backend.errors import JobError
+from backend.protocol import Capabilities
+from backend.training import techniques
+from backend.training.techniques import plan_techniques
+from backend.worker.reporter import Reporter
+from backend.worker.stop_listener import StopListener
+from tests.conftest import PRESET
+
+CPU = Capabilities(cuda=False, bitsandbytes="0.50.2")
+GPU_NO_FLASH = Capabilities(cuda=True, bf16=True, flash_attn=False)
+
+
+def run_steps(tmp_path, overrides: list[str]) -> tuple[list[float], dict]:
+    """Run the fine-tune job in-process for 3 steps; returns the losses and the JobFinished event."""
+    from backend.jobs.finetune import run_finetune
+    from backend.protocol import decode_event
+
+    config = RunConfig.load(PRESET, ["train.max_steps=3", "train.save_steps=100", "data.max_examples=48",
+                                     "train.seq_len=128", "train.micro_batch_size=4", "data.validation_split=0",
+                                     *overrides])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stream = io.StringIO()
+    reporter = Reporter(stream)
+    reporter.attach_run(run_dir)
+    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=CPU)
+    reporter.close()
+    events = [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    losses = [e.loss for e in events if e.type == "MetricsLogged"]
+    return losses, events[-1].model_dump()
+
+
+RUNNABLE_HERE = [
+    ["technique.method=lora"],
+    ["technique.method=dora"],
+    ["technique.method=qlora"],
+    ["technique.method=lora8"],
+    ["technique.method=full"],
+    ["technique.gradient_checkpointing=true"],
+    ["technique.attention=eager"],
+    ["technique.attention=sdpa"],
+    ["technique.precision=bf16"],
+    ["technique.precision=fp32"],
+    ["technique.packing=true"],
+    ["technique.neftune_alpha=5"],
+    ["technique.optimizer=adamw_8bit"],
+    ["technique.optimizer=paged_adamw_8bit"],
+    ["train.gradient_accumulation_steps=2"],
+    ["technique.lora_targets=q_proj,v_proj", "technique.lora_dropout=0.1"],
+]
+
+
+@pytest.mark.parametrize("overrides", RUNNABLE_HERE, ids=lambda o: ",".join(o))
+def test_option_trains_on_cpu(bundled_model, tmp_path, overrides):
+    losses, finished = run_steps(tmp_path, overrides)
+    assert finished["type"] == "JobFinished", finished
+    assert len(losses) == 3 and all(loss == loss and loss < 20 for loss in losses)
+    saved = "model" if "technique.method=full" in overrides else "adapter"
+    assert (tmp_path / "run" / saved).is_dir()
+
+
+def test_full_tuning_saves_a_whole_model(bundled_model, tmp_path):
+    _, finished = run_steps(tmp_path, ["technique.method=full"])
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+    assert finished["adapter_path"].endswith("model")
+
+
+REFUSED_ON_CPU = [
+    ("technique.precision=fp16", "technique.precision: fp16", "bf16 or fp32"),
+    ("technique.attention=flash_attention_2", "technique.attention: flash_attention_2 needs a CUDA GPU", "sdpa"),
+    ("technique.offload=zero2_optimizer", "technique.offload: DeepSpeed offload needs a CUDA GPU", "offload: none"),
+    ("technique.offload=zero3_optimizer_params", "technique.offload", "offload: none"),
+]
+
+
+@pytest.mark.parametrize("override, message, instead", REFUSED_ON_CPU)
+def test_impossible_here_is_refused_before_loading(override, message, instead):
+    config = RunConfig.load(PRESET, [override])
+    with pytest.raises(JobError) as caught:
+        plan_techniques(config, CPU)
+    assert caught.value.kind == "bad_input"
+    assert message in caught.value.message and instead in caught.value.hint
+
+
+@pytest.mark.parametrize("method, feature", [("qlora", "nf4"), ("lora8", "int8")])
+def test_quantized_methods_refused_when_bitsandbytes_cannot(monkeypatch, method, feature):
+    monkeypatch.setattr(techniques, "bnb_can", lambda f, d: "bitsandbytes is not installed" if f == feature else None)
+    with pytest.raises(JobError, match=f"technique.method: {method} needs bitsandbytes"):
+        plan_techniques(RunConfig.load(PRESET, [f"technique.method={method}"]), CPU)
+
+
+def test_bitsandbytes_is_probed_not_assumed():
+    techniques.bnb_can.cache_clear()
+    assert techniques.bnb_can("nf4", "cpu") is None  # seen working with bitsandbytes 0.50.2 on the CPU
+    assert techniques.bnb_can("teleport", "cpu") == "unknown feature teleport"
+
+
+def test_auto_choices_are_reported():
+    cpu = plan_techniques(RunConfig.load(PRESET), CPU)
+    assert (cpu.precision, cpu.attention) == ("fp32", "sdpa")
+    assert any("auto -> sdpa (no CUDA)" in note for note in cpu.notes)
+    gpu = plan_techniques(RunConfig.load(PRESET), GPU_NO_FLASH)
+    assert (gpu.precision, gpu.attention, gpu.load_dtype) == ("bf16", "sdpa", torch.bfloat16)
+    assert any("flash-attn not installed" in note for note in gpu.notes)
+    with_flash = plan_techniques(RunConfig.load(PRESET), Capabilities(cuda=True, bf16=True, flash_attn=True))
+    assert with_flash.attention == "flash_attention_2"
+
+
+def test_paged_optimizer_falls_back_with_a_note():
+    plan = plan_techniques(RunConfig.load(PRESET, ["technique.optimizer=paged_adamw_8bit"]), CPU)
+    assert plan.optimizer == "adamw_bnb_8bit"
+    assert any("paged_adamw_8bit -> adamw_8bit" in note for note in plan.notes)
+
+
+def test_lora_rank_larger_than_a_layer_is_refused(bundled_model, tmp_path):
+    with pytest.raises(JobError, match="technique.lora_rank 1024 is larger than the smallest adapted layer"):
+        run_steps(tmp_path, ["technique.lora_rank=1024"])
+
+
+def test_packing_gives_the_same_loss_as_padding(bundled_model):
+    """Padding-free packing must not let examples see each other: same loss within 1e-5."""
+    from transformers import AutoModelForCausalLM
+
+    from backend.training.data import PackingCollator, PadCollator
+
+    model = AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(0)
+    features = []
+    for n in (9, 17, 5, 30):
+        ids = torch.randint(10, 200, (n,), generator=g).tolist()
+        features.append({"input_ids": ids, "labels": [-100] * 2 + ids[2:]})
+    with torch.no_grad():
+        padded = model(**PadCollator(pad_id=0)(features), use_cache=False).loss
+        # Training runs without a KV cache; with one, transformers does not look for packed rows.
+        packed = model(**PackingCollator()(features), use_cache=False).loss
+    assert abs(padded.item() - packed.item()) < 1e-5, (padded.item(), packed.item())
