@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import TrainingArguments
+from transformers import PrinterCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from backend.config import RunConfig
@@ -125,6 +125,7 @@ def run_finetune(
         callbacks=[callback],
     )
     callback.trainer = trainer
+    trainer.remove_callback(PrinterCallback)  # its log dicts would only repeat our events in worker.log
     trainer.train(resume_from_checkpoint=resume_from)
 
     if callback.stopped and not stop.save:

@@ -25,7 +25,10 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from backend.worker.runner import run_worker
 
-    return run_worker(sys.stdin, protocol_out)
+    try:
+        return run_worker(sys.stdin, protocol_out)
+    finally:
+        protocol_out.close()
 
 
 if __name__ == "__main__":

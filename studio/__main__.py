@@ -1,0 +1,43 @@
+"""`finetune-studio`: no arguments opens the window; a subcommand runs the headless CLI.
+
+Both live behind one entry point so a server without a screen runs the very same jobs. Qt and the
+CLI are imported only inside their branch, so each path loads only what it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+NO_DISPLAY = ("finetune-studio: no display found (DISPLAY and WAYLAND_DISPLAY are unset); to train "
+              "without a window run: finetune-studio train resources/presets/tiny_lora.yaml")
+
+
+def _wants_cli(argv: list[str]) -> bool:
+    """A subcommand (an argument not starting with "-") or a request for help goes to the CLI."""
+    return any(not arg.startswith("-") or arg in ("--help", "-h") for arg in argv)
+
+
+def _has_display() -> bool:
+    if not sys.platform.startswith("linux"):
+        return True
+    env = os.environ
+    return bool(env.get("DISPLAY") or env.get("WAYLAND_DISPLAY") or env.get("QT_QPA_PLATFORM"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _wants_cli(argv):
+        from backend.cli import main as cli_main
+
+        return cli_main(argv)
+    if not _has_display():
+        print(NO_DISPLAY, file=sys.stderr)
+        return 2
+    from studio.app import run_app
+
+    return run_app(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""WorkerClient: one worker process per job, spoken to in typed JSON lines through QProcess.
+
+The studio never runs training in its own process: a CUDA abort or the OOM killer must take down
+only the worker. So this class treats the child as untrusted: a line it cannot read is reported and
+skipped, and a process that ends without its last word (JobFinished / JobFailed) is reported as a
+crash *and* recorded in the run folder, so the run history never shows a dead run as "incomplete".
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import deque
+from typing import Any, Sequence
+
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
+
+from backend.config import RunConfig
+from backend.launch import start_line, worker_command, worker_env
+from backend.protocol import (
+    PROTOCOL_VERSION,
+    JobFailed,
+    JobFinished,
+    ProtocolError,
+    StopJob,
+    WorkerReady,
+    decode_event,
+    encode,
+)
+from backend.runs import RunFolder
+from studio.services.line_buffer import LineBuffer
+from studio.services.log_filter import TracebackFilter
+
+TAIL_LINES = 12
+"""How many lines of worker.log and stderr a crash message quotes."""
+
+
+class WorkerClient(QObject):
+    """Starts `python -m backend.worker`, feeds it one StartJob, turns its stdout into signals."""
+
+    event_received = Signal(object)
+    """Emitted for every event decoded from the worker's stdout, terminal ones included."""
+    job_finished = Signal(object)
+    """Emitted when the worker reported JobFinished (completed, or stopped on request)."""
+    job_failed = Signal(object)
+    """Emitted when the job failed with a JobFailed (from the worker, or recorded here on cancel)."""
+    worker_crashed = Signal(str)
+    """Emitted when the process ended without a terminal event; says how, quotes the last log lines."""
+    protocol_error = Signal(str)
+    """Emitted when a stdout line could not be read as an event; it was skipped and the run goes on."""
+    log_line = Signal(str)
+    """Emitted per worker log line (stderr, then worker.log); a traceback becomes one pointer line."""
+    running_changed = Signal(bool)
+    """Emitted True when a worker was started and False once it has exited."""
+
+    def __init__(self, parent: QObject | None = None, log_poll_ms: int = 300,
+                 exit_grace_ms: int = 15_000) -> None:
+        super().__init__(parent)
+        self._process: QProcess | None = None
+        self._folder: RunFolder | None = None
+        self._start_text = ""
+        self._stdout = LineBuffer()
+        self._stderr = LineBuffer()
+        self._log = LineBuffer()
+        self._log_offset = 0
+        self._filter = TracebackFilter()
+        self._stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._ready = self._start_sent = self._terminal_seen = self._kill_requested = False
+        self._running = False
+        self._log_timer = QTimer(self)
+        self._log_timer.setInterval(log_poll_ms)
+        self._log_timer.timeout.connect(self._on_log_timer_timeout)
+        # A worker that said its last word but hangs in interpreter teardown is killed after a grace.
+        self._exit_timer = QTimer(self)
+        self._exit_timer.setSingleShot(True)
+        self._exit_timer.setInterval(exit_grace_ms)
+        self._exit_timer.timeout.connect(self._on_exit_timer_timeout)
+
+    # --- public API -----------------------------------------------------------------------------
+    @property
+    def folder(self) -> RunFolder | None:
+        """The run folder of the current (or last) job."""
+        return self._folder
+
+    def is_running(self) -> bool:
+        return self._running
+
+    def start(self, folder: RunFolder, config: RunConfig, resume: bool = False,
+              command: Sequence[str] | None = None, env: dict[str, str] | None = None) -> None:
+        """Launch a worker for `folder`; the StartJob is written once it says WorkerReady."""
+        if self._running:
+            raise RuntimeError("a worker is already running; stop it before starting another")
+        argv = list(command) if command else worker_command()
+        self._reset(folder, start_line(folder, config, resume))
+        process = QProcess(self)
+        environment = QProcessEnvironment()
+        for key, value in (worker_env() if env is None else env).items():
+            environment.insert(key, value)
+        process.setProcessEnvironment(environment)
+        process.setProgram(argv[0])
+        process.setArguments(argv[1:])
+        process.readyReadStandardOutput.connect(self._on_process_ready_read_standard_output)
+        process.readyReadStandardError.connect(self._on_process_ready_read_standard_error)
+        process.finished.connect(self._on_process_finished)
+        process.errorOccurred.connect(self._on_process_error_occurred)
+        self._process = process
+        self._running = True
+        self.running_changed.emit(True)
+        self._log_timer.start()  # before start(): a failed start may stop it synchronously
+        process.start()
+
+    def stop(self, save: bool = True) -> None:
+        """Ask the worker to stop at the next step boundary (with a checkpoint when `save`).
+
+        Before the job has started there is nothing to save, so the worker is simply killed.
+        """
+        if not self._running or self._terminal_seen:
+            return
+        if self._start_sent:
+            self._write(encode(StopJob(save=save)))
+        else:
+            self.kill()
+
+    def kill(self) -> None:
+        """End the worker now (SIGKILL); the run is recorded as cancelled."""
+        if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:
+            self._kill_requested = True
+            self._process.kill()
+
+    def shutdown(self, timeout_ms: int = 3000) -> None:
+        """Kill and reap the worker synchronously (application exit: never leave an orphan)."""
+        process = self._process
+        if process is not None and process.state() != QProcess.ProcessState.NotRunning:
+            self.kill()
+            process.waitForFinished(timeout_ms)
+
+    def feed_stdout(self, data: bytes) -> None:
+        """Frame and decode a chunk of stdout bytes (the QProcess handler; tests call it directly)."""
+        for line in self._stdout.feed(data):
+            self._handle_line(line)
+
+    # --- stdout: events -------------------------------------------------------------------------
+    def _handle_line(self, line: str) -> None:
+        if not line.strip():
+            return
+        try:
+            event = decode_event(line)
+        except ProtocolError as exc:
+            text = str(exc) if line[:40] in str(exc) else f"{exc} (line: {line[:120]!r})"
+            self.protocol_error.emit(f"skipped a worker line the studio could not read: {text}")
+            if not self._ready and _message_type(line) == "WorkerReady":
+                self._fail_locally("bad_input", f"the worker cannot talk to this studio: {exc}",
+                                   "install the studio and the worker from the same release")
+            return
+        if isinstance(event, WorkerReady):
+            self._on_worker_ready(event)
+            if self._terminal_seen:
+                return
+        self.event_received.emit(event)
+        if isinstance(event, JobFinished):
+            self._mark_terminal()
+            self.job_finished.emit(event)
+        elif isinstance(event, JobFailed):
+            self._mark_terminal()
+            self.job_failed.emit(event)
+
+    def _on_worker_ready(self, event: WorkerReady) -> None:
+        if event.protocol_version != PROTOCOL_VERSION:
+            self._fail_locally(
+                "bad_input",
+                f"the worker speaks protocol v{event.protocol_version} but this studio speaks "
+                f"v{PROTOCOL_VERSION}",
+                "install the studio and the worker from the same release",
+            )
+            return
+        self._ready = True
+        if self._process is not None and not self._start_sent:
+            self._write(self._start_text)
+            self._start_sent = True
+
+    def _mark_terminal(self) -> None:
+        self._terminal_seen = True
+        if self._process is not None:
+            self._process.closeWriteChannel()
+            self._exit_timer.start()
+
+    def _fail_locally(self, kind: str, message: str, hint: str) -> None:
+        """Record a failure the worker could not report itself, then end the worker."""
+        event = JobFailed(kind=kind, message=message, hint=hint)  # type: ignore[arg-type]
+        self._record(event)
+        self._terminal_seen = True
+        self.event_received.emit(event)
+        self.job_failed.emit(event)
+        if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:
+            self._process.kill()
+
+    def _record(self, event: JobFailed) -> None:
+        if self._folder is not None:
+            try:
+                self._folder.append_event(event.model_dump(mode="json"))
+            except OSError as exc:  # a vanished run folder must not turn a report into a traceback
+                self.log_line.emit(f"could not record the failure in {self._folder.path}: {exc}")
+
+    # --- process callbacks ------------------------------------------------------------------------
+    def _on_process_ready_read_standard_output(self) -> None:
+        if self._process is not None:
+            self.feed_stdout(bytes(self._process.readAllStandardOutput().data()))
+
+    def _on_process_ready_read_standard_error(self) -> None:
+        if self._process is not None:
+            self._emit_stderr(self._stderr.feed(bytes(self._process.readAllStandardError().data())))
+
+    def _emit_stderr(self, lines: list[str]) -> None:
+        for line in lines:
+            self._stderr_tail.append(line)
+            self._emit_log(line)
+
+    def _emit_log(self, line: str) -> None:
+        line = line.rsplit("\r", 1)[-1]  # a progress bar redraws with \r: show its last state
+        shown = self._filter.feed(line)
+        if shown is not None and shown.strip():
+            self.log_line.emit(shown)
+
+    def _on_process_error_occurred(self, error: QProcess.ProcessError) -> None:
+        if error != QProcess.ProcessError.FailedToStart or self._process is None:
+            return  # crashes and pipe errors are followed by finished(), handled there
+        detail = self._process.errorString()
+        program = self._process.program()
+        self._log_timer.stop()
+        headline = f"could not start the worker ({program}): {detail}"
+        self._record(JobFailed(kind="crashed", message=headline, hint="check the Python environment"))
+        self._terminal_seen = True
+        self._release_process()
+        self.worker_crashed.emit(headline)
+        self.running_changed.emit(False)
+
+    def _on_process_finished(self, exit_code: int, exit_status: QProcess.ExitStatus) -> None:
+        process = self._process
+        if process is None:
+            return
+        self._log_timer.stop()
+        self.feed_stdout(bytes(process.readAllStandardOutput().data()))
+        tail = self._stdout.flush()
+        if tail is not None:
+            self._handle_line(tail)
+        self._emit_stderr(self._stderr.feed(bytes(process.readAllStandardError().data())))
+        last = self._stderr.flush()
+        if last is not None:
+            self._emit_stderr([last])
+        self._on_log_timer_timeout()
+        last_log = self._log.flush()
+        if last_log is not None:
+            self._emit_log(last_log)
+        crashed = exit_status == QProcess.ExitStatus.CrashExit
+        self._exit_timer.stop()
+        self._release_process()
+        if not self._terminal_seen:
+            self._terminal_seen = True
+            if self._kill_requested:
+                event = JobFailed(kind="cancelled", message="the run was cancelled: the worker was stopped at once",
+                                  hint="checkpoints saved before the cancel are kept in the run folder")
+                self._record(event)
+                self.event_received.emit(event)
+                self.job_failed.emit(event)
+            else:
+                headline, hint = describe_exit(exit_code, crashed)
+                self._record(JobFailed(kind="crashed", message=headline, hint=hint))
+                self.worker_crashed.emit(self._crash_report(headline, hint))
+        self.running_changed.emit(False)
+
+    def _crash_report(self, headline: str, hint: str) -> str:
+        parts = [headline + ".", hint]
+        if self._folder is not None:
+            log_tail = self._folder.tail_log(TAIL_LINES)
+            if log_tail:
+                parts.append(f"Last lines of {self._folder.log_path}:\n{log_tail}")
+        if self._stderr_tail:
+            parts.append("Last lines of the worker's stderr:\n" + "\n".join(self._stderr_tail))
+        return "\n".join(parts)
+
+    def _on_exit_timer_timeout(self) -> None:
+        if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:
+            self._process.kill()
+
+    # --- worker.log follower ------------------------------------------------------------------
+    def _on_log_timer_timeout(self) -> None:
+        """Show what the worker writes to worker.log once it has redirected its stderr there."""
+        if self._folder is None:
+            return
+        try:
+            with self._folder.log_path.open("rb") as handle:
+                handle.seek(0, 2)
+                if handle.tell() < self._log_offset:
+                    self._log_offset = 0  # truncated or replaced: read it again from the start
+                handle.seek(self._log_offset)
+                data = handle.read(1 << 20)
+        except OSError:
+            return
+        self._log_offset += len(data)
+        for line in self._log.feed(data):
+            self._emit_log(line)
+
+    # --- helpers ----------------------------------------------------------------------------------
+    def _reset(self, folder: RunFolder, start_text: str) -> None:
+        self._folder = folder
+        self._start_text = start_text
+        self._stdout, self._stderr, self._log = LineBuffer(), LineBuffer(), LineBuffer()
+        self._log_offset = 0
+        self._filter = TracebackFilter()
+        self._stderr_tail.clear()
+        self._ready = self._start_sent = self._terminal_seen = self._kill_requested = False
+
+    def _write(self, text: str) -> None:
+        if self._process is not None and self._process.state() == QProcess.ProcessState.Running:
+            self._process.write(text.encode("utf-8"))
+
+    def _release_process(self) -> None:
+        if self._process is not None:
+            self._process.deleteLater()
+        self._process = None
+        self._running = False
+
+
+def describe_exit(exit_code: int, crashed: bool) -> tuple[str, str]:
+    """A sentence for an exit without a final event, and a hint on what usually causes it.
+
+    QProcess reports a signal death as CrashExit with the signal number as the exit code.
+    """
+    hint = "see worker.log in the run folder for the last thing the worker did"
+    if not crashed:
+        return f"the worker stopped unexpectedly (exit code {exit_code})", hint
+    try:
+        name = signal.Signals(exit_code).name
+    except ValueError:
+        name = "unknown signal"
+    if exit_code == signal.SIGKILL:
+        hint = "SIGKILL usually means the system ran out of memory (the OOM killer); " + hint
+    return f"the worker stopped unexpectedly (killed by signal {exit_code}, {name})", hint
+
+
+def _message_type(line: str) -> Any:
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        return None
+    return raw.get("type") if isinstance(raw, dict) else None

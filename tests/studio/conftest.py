@@ -1,0 +1,40 @@
+"""Studio test setup: an offscreen Qt platform, a private studio home, a studio on a fake worker."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before anything creates a QApplication
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def studio_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test writes its runs under its own tmp folder, never the user's data directory."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def make_studio(qtbot) -> Iterator[Callable[..., object]]:
+    """Build the studio window wired to a given worker command; kills any worker left at teardown."""
+    from studio.app import build_studio
+
+    built = []
+
+    def make(command: list[str] | None = None):
+        studio = build_studio(worker_command=command)
+        studio.controller.ask_stop_on_close = lambda: "discard"
+        qtbot.addWidget(studio.window)
+        studio.window.show()
+        built.append(studio)
+        return studio
+
+    yield make
+    for studio in built:
+        studio.client.shutdown()

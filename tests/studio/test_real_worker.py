@@ -1,0 +1,31 @@
+"""The window driving the real worker on the bundled tiny model: the whole spine, for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backend.runs import RunFolder
+
+ROOT = Path(__file__).resolve().parents[2]
+MISSING = [p for p in ("resources/tiny/config.json", "backend/worker/__main__.py") if not (ROOT / p).exists()]
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"the real worker or bundled model is not built yet (missing: "
+                                          f"{', '.join(MISSING)})")
+def test_real_worker_trains_a_few_steps_from_the_window(qtbot, make_studio):
+    studio = make_studio(None)  # None: the real `python -m backend.worker`
+    finished, failed, crashed = [], [], []
+    studio.client.job_finished.connect(finished.append)
+    studio.client.job_failed.connect(failed.append)
+    studio.client.worker_crashed.connect(crashed.append)
+    studio.window.steps_spin.setValue(5)
+    studio.window.start_button.click()
+    qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=300_000)
+    assert not crashed, crashed
+    assert not failed, failed
+    assert finished and finished[0].steps == 5 and not finished[0].stopped
+    assert studio.store.count("loss") >= 1
+    assert studio.window.status_label.text().startswith("Finished")
+    assert RunFolder(studio.controller.folder.path).status() == "finished"

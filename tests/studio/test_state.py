@@ -1,0 +1,99 @@
+"""State objects without any window: numbers in, wording and series out."""
+
+from __future__ import annotations
+
+from backend.protocol import (
+    CheckpointSaved,
+    EvalFinished,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    MetricsLogged,
+    PhaseChanged,
+)
+from studio.state.form_values import FormValues, config_path, display_path
+from studio.state.metric_store import MetricStore
+from studio.state.run_state import RunState
+
+
+def test_metric_store_ring_buffer_keeps_the_newest(qtbot):
+    store = MetricStore(capacity=5)
+    with qtbot.waitSignal(store.changed):
+        store.apply(MetricsLogged(step=1, max_steps=9, loss=2.0))
+    for step in range(2, 10):
+        store.apply(MetricsLogged(step=step, max_steps=9, loss=2.0 / step, tokens_per_s=10.0 * step))
+    steps, values = store.series("loss")
+    assert steps == [5, 6, 7, 8, 9] and values[-1] == 2.0 / 9
+    assert store.latest("tokens_per_s") == 90.0
+    store.apply(MetricsLogged(step=10, max_steps=9, loss=None))  # a gap, not a zero
+    assert store.count("loss") == 5
+    store.apply(EvalFinished(step=9, eval_loss=0.5))
+    assert store.series("eval_loss") == ([9], [0.5])
+    store.clear()
+    assert store.count("loss") == 0 and store.step == 0
+
+
+def test_run_state_wording(qtbot):
+    state = RunState()
+    logs: list[str] = []
+    state.log_added.connect(logs.append)
+    state.begin("/runs/x", 10)
+    assert state.running and state.status == "starting"
+    state.apply(JobStarted(run_dir="/runs/x", max_steps=10))
+    state.apply(PhaseChanged(phase="load_model", detail="tiny"))
+    assert state.message == "Loading the model: tiny"
+    state.apply(MetricsLogged(step=4, max_steps=10, loss=1.23456, tokens_per_s=500.0))
+    assert state.message == "Training: step 4 of 10, loss 1.2346" and state.tokens_per_s == 500.0
+    state.apply(CheckpointSaved(step=4, path="/runs/x/checkpoints/checkpoint-4"))
+    state.apply(JobFinished(run_dir="/runs/x", steps=10, final_loss=0.5, tokens_per_s=512.0))
+    assert state.status == "finished" and not state.running
+    assert state.message == "Finished: 10 steps, final loss 0.5000, 512 tokens/s"
+    assert "Phase: Loading the model: tiny" in logs
+    assert "Checkpoint saved at step 4: /runs/x/checkpoints/checkpoint-4" in logs
+
+
+def test_run_state_failure_is_one_line_with_hint(qtbot):
+    state = RunState()
+    logs: list[str] = []
+    state.log_added.connect(logs.append)
+    state.begin("/runs/x", 10)
+    state.apply(JobFailed(kind="out_of_memory", message="out of memory at step 3",
+                          hint="lower train.micro_batch_size"))
+    assert state.status == "failed" and state.message == "Failed: out of memory at step 3"
+    assert logs[-2:] == ["Failed (out_of_memory): out of memory at step 3", "Hint: lower train.micro_batch_size"]
+
+
+def test_bundled_paths_read_as_words_and_round_trip():
+    for value in ("bundled:tiny", "bundled:datasets/demo_train.jsonl", "bundled:other/x", "/data/my.jsonl"):
+        assert config_path(display_path(value)) == value
+    assert display_path("bundled:tiny") == "Bundled tiny model"
+    assert config_path("  bundled:tiny ") == "bundled:tiny"
+
+
+def test_build_config_applies_the_form(tmp_path):
+    from backend.config import RunConfig
+    from studio.app import build_config
+
+    base = RunConfig()
+    config = build_config(FormValues("/models/m", "/data/d.jsonl", 16, 7), base)
+    assert (config.model.path, config.data.path) == ("/models/m", "/data/d.jsonl")
+    assert (config.technique.lora_rank, config.train.max_steps) == (16, 7)
+    assert config.train.learning_rate == base.train.learning_rate  # the rest comes from the preset
+
+
+def test_window_defaults_and_tooltips(qtbot):
+    from backend.config import TechniqueSection
+    from studio.app import build_studio
+
+    studio = build_studio()
+    qtbot.addWidget(studio.window)
+    window = studio.window
+    assert window.model_edit.text() == "Bundled tiny model"
+    assert window.data_edit.text() == "Bundled demo dataset (demo_train.jsonl)"
+    assert window.rank_spin.toolTip() == TechniqueSection.model_fields["lora_rank"].description
+    assert window.rank_spin.maximum() == 1024
+    values = window.form_values()
+    assert values.model_path == "bundled:tiny" and values.data_path == "bundled:datasets/demo_train.jsonl"
+    assert window.start_action.shortcut().toString() == "Ctrl+Return"
+    assert window.stop_action.shortcut().toString() == "Ctrl+."
+    assert window.log_view.maximumBlockCount() > 0
