@@ -39,6 +39,8 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_line(folder: RunFolder, config: RunConfig, resume: bool = False) -> str:
+def start_line(folder: RunFolder, config: RunConfig, resume: bool = False, job: str = "finetune",
+               params: dict | None = None) -> str:
     """The StartJob line to write to a fresh worker's stdin."""
-    return encode(StartJob(run_dir=str(folder.path), config=config.model_dump(mode="json"), resume=resume))
+    return encode(StartJob(job=job, run_dir=str(folder.path), config=config.model_dump(mode="json"),
+                           resume=resume, params=params or {}))

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 PROTOCOL_VERSION = 1
 
-JobKind = Literal["finetune"]
+JobKind = Literal["finetune", "export", "evaluate", "chat"]
 FailureKind = Literal["bad_input", "out_of_memory", "missing_dependency", "crashed", "cancelled"]
 
 
@@ -41,6 +41,7 @@ class StartJob(_Message):
     run_dir: str = Field(description="Run folder already created by the client, holding config.yaml.")
     config: dict[str, Any] = Field(description="The resolved RunConfig as a plain dict.")
     resume: bool = False
+    params: dict[str, Any] = Field(default_factory=dict, description="Job-specific options (export format, ...).")
 
 
 class StopJob(_Message):

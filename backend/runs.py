@@ -107,12 +107,17 @@ class RunFolder:
             handle.write(json.dumps(event) + "\n")
 
     def terminal_event(self) -> dict[str, Any] | None:
+        """The last word of the newest fine-tune attempt; exports and evaluations do not count."""
         last = None
+        job = "finetune"
         for event in self.iter_events():
-            if event.get("type") in ("JobFinished", "JobFailed"):
+            kind = event.get("type")
+            if kind == "JobStarted":
+                job = event.get("job", "finetune")
+                if job == "finetune":
+                    last = None  # a resume starts a new attempt
+            elif kind in ("JobFinished", "JobFailed") and job == "finetune":
                 last = event
-            elif event.get("type") == "JobStarted":
-                last = None  # a resume starts a new attempt
         return last
 
     def status(self) -> str:

@@ -21,8 +21,10 @@ from backend.runs import RunFolder
 
 
 class WorkerProcess:
-    def __init__(self, command: list[str] | None = None):
+    def __init__(self, command: list[str] | None = None, job: str = "finetune", params: dict | None = None):
         self.command = command or worker_command()
+        self.job = job
+        self.params = params or {}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._proc: subprocess.Popen[str] | None = None
         self._interrupts = 0
@@ -81,7 +83,7 @@ class WorkerProcess:
                     if event.protocol_version != PROTOCOL_VERSION:
                         self._proc.kill()
                         break
-                    self._proc.stdin.write(start_line(folder, config, resume))
+                    self._proc.stdin.write(start_line(folder, config, resume, self.job, self.params))
                     self._proc.stdin.flush()
                     continue
                 if on_event:

@@ -78,6 +78,7 @@ def run_finetune(
     *,
     resume: bool = False,
     capabilities: Capabilities | None = None,
+    params: dict | None = None,
 ) -> None:
     began = time.monotonic()
     folder = RunFolder(run_dir)

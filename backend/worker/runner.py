@@ -74,9 +74,8 @@ def run_worker(stdin: IO[str], protocol_out: IO[str]) -> int:
 
     try:
         config = RunConfig.from_dict(command.config, source=str(run_dir / "config.yaml"))
-        from backend.jobs.finetune import run_finetune
-
-        run_finetune(config, run_dir, reporter, stop, resume=command.resume, capabilities=capabilities)
+        job = load_job(command.job)
+        job(config, run_dir, reporter, stop, resume=command.resume, capabilities=capabilities, params=command.params)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one JobFailed line
         failure = classify_failure(exc)
@@ -85,6 +84,14 @@ def run_worker(stdin: IO[str], protocol_out: IO[str]) -> int:
         return 1
     finally:
         reporter.close()
+
+
+def load_job(kind: str):
+    """The `run_<verb>` function of backend/jobs/<kind>.py, imported only when that job runs."""
+    import importlib
+
+    module = importlib.import_module(f"backend.jobs.{kind}")
+    return getattr(module, f"run_{kind}")
 
 
 def classify_failure(exc: BaseException) -> JobFailed:
