@@ -6,15 +6,18 @@ the user and keeps the traceback in worker.log.
 
 from __future__ import annotations
 
+from typing import Any
+
 from backend.protocol import FailureKind
 
 
 class JobError(Exception):
-    def __init__(self, kind: FailureKind, message: str, hint: str = ""):
+    def __init__(self, kind: FailureKind, message: str, hint: str = "", **details: Any):
         super().__init__(message)
         self.kind: FailureKind = kind
         self.message = message
         self.hint = hint
+        self.details = details  # extra JobFailed fields: phase, peak_bytes, predicted_bytes, fix
 
 
 def bad_input(message: str, hint: str = "") -> JobError:

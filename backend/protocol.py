@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 PROTOCOL_VERSION = 1
 
 JobKind = Literal["finetune", "export", "evaluate", "chat"]
-FailureKind = Literal["bad_input", "out_of_memory", "missing_dependency", "crashed", "cancelled"]
+FailureKind = Literal["bad_input", "out_of_memory", "disk_full", "missing_dependency", "crashed", "cancelled"]
 
 
 class ProtocolError(ValueError):
@@ -163,6 +163,10 @@ class JobFailed(_Message):
     kind: FailureKind
     message: str = Field(description="One line a person can act on.")
     hint: str = ""
+    phase: str | None = Field(default=None, description="Where it failed: load, forward, backward, optimizer step, ...")
+    peak_bytes: int | None = Field(default=None, description="Peak memory seen before an out-of-memory.")
+    predicted_bytes: int | None = Field(default=None, description="The estimate's predicted peak for this run.")
+    fix: dict[str, Any] = Field(default_factory=dict, description="Config overrides that apply the proposed fix.")
 
 
 Event = Annotated[

@@ -42,6 +42,11 @@ class WorkerProcess:
             except (BrokenPipeError, OSError):
                 pass
 
+    def kill(self) -> None:
+        """SIGKILL the worker (no checkpoint, no last word): what a crash looks like from outside."""
+        if self._proc and self._proc.poll() is None:
+            self._proc.kill()
+
     def _on_sigint(self, _signum: int, _frame: Any) -> None:
         self._interrupts += 1
         if self._interrupts == 1:

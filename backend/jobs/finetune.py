@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import PrinterCallback, TrainingArguments
+from transformers import PrinterCallback, TrainerState, TrainingArguments
 from transformers.utils import logging as hf_logging
 
 from backend.config import RunConfig
@@ -23,8 +23,9 @@ from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, P
 from backend.runs import RunFolder
 from backend.training.callbacks import ReportingCallback
 from backend.training.capabilities import default_threads, probe_capabilities
-from backend.training.counting_trainer import CountingTrainer
+from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
+from backend.training.phase import set_phase
 from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
 from backend.training.techniques import TechniquePlan, plan_techniques
 from backend.worker.reporter import Reporter
@@ -101,6 +102,7 @@ def run_finetune(
 
     plan = plan_techniques(config, capabilities)  # refuses what cannot run here, before any loading
     reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))
+    set_phase("load")
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     model_path = check_model_folder(config)
     tokenizer = load_tokenizer(model_path, config)
@@ -123,11 +125,18 @@ def run_finetune(
         train_dataset=train_set,
         eval_dataset=eval_set,
         data_collator=collator,
-        callbacks=[callback],
+        callbacks=[callback, PhaseCallback()],
     )
     callback.trainer = trainer
     trainer.remove_callback(PrinterCallback)  # its log dicts would only repeat our events in worker.log
-    trainer.train(resume_from_checkpoint=resume_from)
+    done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
+    if done >= config.train.max_steps:
+        # Resuming at the last step would run one step too many: the checkpoint is the result.
+        trainer._load_from_checkpoint(resume_from)
+        trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
+        callback.losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    else:
+        trainer.train(resume_from_checkpoint=resume_from)
 
     if callback.stopped and not stop.save:
         reporter.emit(JobFailed(kind="cancelled", message=f"cancelled at step {trainer.state.global_step}; nothing saved"))

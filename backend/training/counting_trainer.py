@@ -1,17 +1,25 @@
-"""CountingTrainer: the transformers Trainer, counting the tokens the loss actually sees.
+"""CountingTrainer: the transformers Trainer, counting the tokens the loss sees and naming its phase.
 
 Counting in the collator overcounts: the dataloader is read ahead of the step that uses it. Counting
 in `training_step` counts exactly what was trained on, padding and masked prompt tokens excluded, so
-the tokens/s we show is the useful throughput and not an inflated one.
+the tokens/s we show is the useful throughput and not an inflated one. The phase marks (forward,
+backward, optimizer step, evaluation, save) let an out-of-memory say where it struck.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
+
+from backend.training.phase import set_phase
 
 IGNORE = -100
+
+
+class PhaseCallback(TrainerCallback):
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        set_phase("optimizer step")
 
 
 class CountingTrainer(Trainer):
@@ -22,4 +30,19 @@ class CountingTrainer(Trainer):
         if labels is not None:
             # The model shifts labels by one: the first position never enters the loss.
             self.trained_tokens += int((labels[..., 1:] != IGNORE).sum())
+        set_phase("forward", self.state.global_step + 1)
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
+        result = super().compute_loss(model, inputs, *args, **kwargs)
+        if model.training:
+            set_phase("backward")
+        return result
+
+    def evaluate(self, *args: Any, **kwargs: Any):
+        set_phase("evaluation")
+        return super().evaluate(*args, **kwargs)
+
+    def _save_checkpoint(self, *args: Any, **kwargs: Any):
+        set_phase("save checkpoint")
+        return super()._save_checkpoint(*args, **kwargs)

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 from backend.errors import bad_input
 
 Message = dict[str, str]
+READABLE = (".jsonl", ".json", ".txt")
 SHAREGPT_ROLES = {
     "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
     "system": "system", "function_call": "assistant", "observation": "tool", "tool": "tool",
@@ -30,7 +31,12 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise bad_input(f"{path}: dataset file not found", "pick an existing .jsonl, .json or .txt file")
     if path.is_dir():
-        raise bad_input(f"{path}: is a folder; pick a .jsonl, .json or .txt file inside it")
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in READABLE
+                       and not p.name.startswith("."))
+        if not files:
+            raise bad_input(f"{path}: the folder holds nothing readable (no .jsonl, .json or .txt file)",
+                            "point data.path at a dataset file, or put one in the folder")
+        return [record for file in files for record in read_records(file)]
     raw = path.read_bytes()
     if b"\x00" in raw[:4096]:
         raise bad_input(f"{path}: looks like a binary file, not text", "pick a .jsonl, .json or .txt dataset")

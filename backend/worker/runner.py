@@ -14,10 +14,10 @@ import warnings
 from pathlib import Path
 from typing import IO
 
-from backend.config import ConfigError, RunConfig
-from backend.errors import JobError
+from backend.config import RunConfig
 from backend.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
 from backend.worker.reporter import Reporter
+from backend.worker.failures import classify_failure
 from backend.worker.stop_listener import StopListener
 
 log = logging.getLogger("backend.worker")
@@ -72,13 +72,14 @@ def run_worker(stdin: IO[str], protocol_out: IO[str]) -> int:
     stop = StopListener(stdin).start()
     log.info("worker %s starting %s job in %s (resume=%s)", os.getpid(), command.job, run_dir, command.resume)
 
+    config = None
     try:
         config = RunConfig.from_dict(command.config, source=str(run_dir / "config.yaml"))
         job = load_job(command.job)
         job(config, run_dir, reporter, stop, resume=command.resume, capabilities=capabilities, params=command.params)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one JobFailed line
-        failure = classify_failure(exc)
+        failure = classify_failure(exc, config, run_dir)
         log.error("job failed: %s\n%s", failure.message, traceback.format_exc())
         reporter.emit(failure)
         return 1
@@ -92,28 +93,3 @@ def load_job(kind: str):
 
     module = importlib.import_module(f"backend.jobs.{kind}")
     return getattr(module, f"run_{kind}")
-
-
-def classify_failure(exc: BaseException) -> JobFailed:
-    """Map an exception to the kind a person can act on."""
-    if isinstance(exc, JobError):
-        return JobFailed(kind=exc.kind, message=exc.message, hint=exc.hint)
-    if isinstance(exc, ConfigError):
-        return JobFailed(kind="bad_input", message=str(exc), hint="fix the field named and start again")
-    if isinstance(exc, KeyboardInterrupt):
-        return JobFailed(kind="cancelled", message="the worker was interrupted")
-    name = type(exc).__name__
-    if name == "OutOfMemoryError" or isinstance(exc, MemoryError):
-        return JobFailed(
-            kind="out_of_memory",
-            message=f"ran out of memory: {str(exc).splitlines()[0] if str(exc) else name}",
-            hint="halve train.micro_batch_size and double gradient_accumulation_steps, or lower seq_len",
-        )
-    if isinstance(exc, ImportError):
-        return JobFailed(kind="missing_dependency", message=f"{exc}", hint="reinstall with the README's command")
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return JobFailed(
-        kind="crashed",
-        message=f"{name}: {first}"[:300],
-        hint="the full traceback is in worker.log in the run folder",
-    )

@@ -1,0 +1,143 @@
+"""classify_failure: any exception -> one JobFailed a person can act on.
+
+Out-of-memory gets the most care: the phase it struck in, the peak seen, the estimate's prediction
+and a fix the studio can apply with one click (as config overrides). A full or read-only disk
+removes what it left half-written and says how much space the save needs.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import resource
+import shutil
+from pathlib import Path
+from typing import Any
+
+from backend.config import ConfigError, RunConfig
+from backend.errors import JobError
+from backend.protocol import JobFailed
+from backend.runs import RunFolder
+
+log = logging.getLogger(__name__)
+DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM}
+
+
+def _phase() -> str | None:
+    try:
+        from backend.training.phase import current
+    except ImportError:
+        return None
+    return current()[0]
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in text
+                                              or "out of memory" in text.lower())
+
+
+def peak_bytes() -> int:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.max_memory_allocated())
+    except ImportError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def predicted_bytes(config: RunConfig) -> int | None:
+    try:
+        from backend.estimate import estimate
+
+        device = "cpu"
+        try:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            pass
+        return int(estimate(config.resolved_model_path(), config, device=device).total_bytes)
+    except Exception as exc:  # the estimate must never hide the real failure
+        log.warning("no estimate for the out-of-memory report: %s", exc)
+        return None
+
+
+def propose_fix(config: RunConfig) -> tuple[dict[str, Any], str]:
+    """The cheapest change likely to fit, as overrides and a sentence."""
+    train, technique = config.train, config.technique
+    if train.micro_batch_size > 1:
+        mb, ga = train.micro_batch_size // 2, train.gradient_accumulation_steps * 2
+        return ({"train.micro_batch_size": mb, "train.gradient_accumulation_steps": ga},
+                f"halve the micro-batch to {mb} and double gradient accumulation to {ga} (same effective batch)")
+    if not technique.gradient_checkpointing:
+        return {"technique.gradient_checkpointing": True}, "turn gradient checkpointing on (one extra forward pass)"
+    if technique.method in ("lora", "dora", "full"):
+        return {"technique.method": "qlora"}, "switch to qlora (4-bit base weights)"
+    return {"train.seq_len": max(8, train.seq_len // 2)}, f"halve train.seq_len to {max(8, train.seq_len // 2)}"
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 2**30:.2f} GiB" if n is not None else "unknown"
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def disk_failure(exc: OSError, run_dir: Path | None) -> JobFailed:
+    """Remove half-written folders; say what the save needed."""
+    needed = None
+    if run_dir is not None:
+        folder = RunFolder(run_dir)
+        partial_sizes = [_folder_bytes(p) for p in folder.remove_incomplete_checkpoints()]
+        for leftover in run_dir.glob("*.partial"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        latest = folder.latest_checkpoint()
+        needed = _folder_bytes(latest) if latest else (max(partial_sizes) * 2 if partial_sizes else None)
+        keep = f"; {latest.name} is intact" if latest else ""
+    else:
+        keep = ""
+    where = exc.filename or (str(run_dir) if run_dir else "the output folder")
+    space = f"about {needed / 2**20:.0f} MiB free is needed" if needed else "free some space"
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        message = f"the disk is full while writing {where}: {space}{keep}"
+    else:
+        message = f"cannot write {where} ({exc.strerror}){keep}"
+    return JobFailed(kind="disk_full", message=message, hint="free space or pick a writable output folder, then resume",
+                     phase=_phase())
+
+
+def classify_failure(exc: BaseException, config: RunConfig | None = None, run_dir: Path | None = None) -> JobFailed:
+    if isinstance(exc, JobError):
+        return JobFailed(kind=exc.kind, message=exc.message, hint=exc.hint, **exc.details)
+    if isinstance(exc, ConfigError):
+        return JobFailed(kind="bad_input", message=str(exc), hint="fix the field named and start again")
+    if isinstance(exc, KeyboardInterrupt):
+        return JobFailed(kind="cancelled", message="the worker was interrupted")
+    if is_out_of_memory(exc):
+        phase = _phase() or "unknown phase"
+        peak = peak_bytes()
+        predicted = predicted_bytes(config) if config else None
+        fix, sentence = propose_fix(config) if config else ({}, "lower train.micro_batch_size")
+        return JobFailed(
+            kind="out_of_memory",
+            message=f"out of memory during {phase}: peak {_gib(peak)} seen, {_gib(predicted)} predicted",
+            hint=f"proposed fix: {sentence}",
+            phase=phase, peak_bytes=peak, predicted_bytes=predicted, fix=fix,
+        )
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+        return disk_failure(exc, run_dir)
+    if isinstance(exc, ImportError):
+        return JobFailed(kind="missing_dependency", message=f"{exc}", hint="reinstall with the README's command")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return JobFailed(
+        kind="crashed",
+        message=f"{type(exc).__name__}: {first}"[:300],
+        hint="the full traceback is in worker.log in the run folder",
+        phase=_phase(),
+    )
