@@ -105,6 +105,19 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from backend.estimate import estimate
+
+    config = RunConfig.load(args.config, args.set)
+    breakdown = estimate(config.resolved_model_path(), config, num_gpus=args.gpus, zero_stage=args.zero_stage,
+                         device=args.device)
+    if args.json:
+        print(json.dumps(breakdown.to_json()))
+    else:
+        print(breakdown.format_table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="finetune-studio", description="Fine-tune a language model.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a field, e.g. --set train.max_steps=10 (repeatable)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
     train.set_defaults(func=cmd_train)
+    est = sub.add_parser("estimate", help="predict the memory a run will take, part by part")
+    est.add_argument("config", help="RunConfig YAML; model.path may be a folder holding only config.json")
+    est.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
+    est.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the run would train")
+    est.add_argument("--gpus", type=int, default=1, help="number of GPUs (data-parallel processes)")
+    est.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
+    est.add_argument("--json", action="store_true", help='print {"total_bytes": N, "breakdown": {...}}')
+    est.set_defaults(func=cmd_estimate)
     runs = sub.add_parser("runs", help="past runs")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True)
     listing = runs_sub.add_parser("list", help="list runs, newest first")

@@ -34,6 +34,7 @@ class TrialResult:
     checkpoints: list[str] = field(default_factory=list)
     checkpoints_loaded: int = 0
     resumed: str = ""  # "finished", "no checkpoint: refused", or the failure
+    finished_first: bool = False  # the run ended before the kill landed (a late random point)
     survived: bool = False
 
 
@@ -79,7 +80,11 @@ def run_trial(point: str, after: dict, timeout_s: float = 180.0) -> TrialResult:
 
     client.event_received.connect(on_event)
     client.worker_crashed.connect(on_crash)
-    client.job_finished.connect(lambda _e: loop.quit())
+    def on_finished(_event) -> None:
+        result.finished_first = True
+        loop.quit()
+
+    client.job_finished.connect(on_finished)
     client.job_failed.connect(lambda _e: loop.quit())
     QTimer.singleShot(int(timeout_s * 1000), loop.quit)
     client.start(folder, config)
@@ -87,6 +92,9 @@ def run_trial(point: str, after: dict, timeout_s: float = 180.0) -> TrialResult:
     client.shutdown(5000)
 
     result.status_after_kill = folder.status()
+    if result.finished_first:
+        result.survived = result.status_after_kill == "finished"
+        return result
     complete = folder.complete_checkpoints()
     result.checkpoints = [c.name for c in complete]
     result.checkpoints_loaded = sum(1 for c in complete if _checkpoint_loads(c))
