@@ -54,7 +54,7 @@ class WorkerClient(QObject):
     """Emitted True when a worker was started and False once it has exited."""
 
     def __init__(self, parent: QObject | None = None, log_poll_ms: int = 300,
-                 exit_grace_ms: int = 15_000) -> None:
+                 exit_grace_ms: int = 15_000, stop_grace_ms: int = 120_000, term_grace_ms: int = 5_000) -> None:
         super().__init__(parent)
         self._process: QProcess | None = None
         self._folder: RunFolder | None = None
@@ -75,6 +75,16 @@ class WorkerClient(QObject):
         self._exit_timer.setSingleShot(True)
         self._exit_timer.setInterval(exit_grace_ms)
         self._exit_timer.timeout.connect(self._on_exit_timer_timeout)
+        # Three levels: a stop request (save or cancel); if unanswered after a grace, SIGTERM;
+        # if that is ignored too, SIGKILL. A hung worker can never hold the studio hostage.
+        self._stop_timer = QTimer(self)
+        self._stop_timer.setSingleShot(True)
+        self._stop_timer.setInterval(stop_grace_ms)
+        self._stop_timer.timeout.connect(self._on_stop_timer_timeout)
+        self._term_timer = QTimer(self)
+        self._term_timer.setSingleShot(True)
+        self._term_timer.setInterval(term_grace_ms)
+        self._term_timer.timeout.connect(self._on_term_timer_timeout)
 
     # --- public API -----------------------------------------------------------------------------
     @property
@@ -118,8 +128,23 @@ class WorkerClient(QObject):
             return
         if self._start_sent:
             self._write(encode(StopJob(save=save)))
+            self._stop_timer.start()
         else:
             self.kill()
+
+    def _on_stop_timer_timeout(self) -> None:
+        """The worker ignored the stop request: ask the OS to terminate it."""
+        if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:
+            self.log_line.emit("the worker did not stop in time; terminating it")
+            self._kill_requested = True
+            self._process.terminate()
+            self._term_timer.start()
+
+    def _on_term_timer_timeout(self) -> None:
+        """Terminate was ignored too: kill."""
+        if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:
+            self.log_line.emit("the worker ignored terminate; killing it")
+            self._process.kill()
 
     def kill(self) -> None:
         """End the worker now (SIGKILL); the run is recorded as cancelled."""
@@ -253,6 +278,8 @@ class WorkerClient(QObject):
             self._emit_log(last_log)
         crashed = exit_status == QProcess.ExitStatus.CrashExit
         self._exit_timer.stop()
+        self._stop_timer.stop()
+        self._term_timer.stop()
         self._release_process()
         if not self._terminal_seen:
             self._terminal_seen = True
