@@ -61,7 +61,10 @@ def run_trial(point: str, after: dict, timeout_s: float = 180.0) -> TrialResult:
     def kill() -> None:
         if state["pid"] and not state["killed"]:
             state["killed"] = True
-            os.kill(state["pid"], signal.SIGKILL)
+            try:
+                os.kill(state["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it finished first: the trial records that
 
     def on_event(event) -> None:
         if event.type == "WorkerReady":
