@@ -56,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError("give a config file (e.g. resources/presets/tiny_lora.yaml) or --resume RUN_DIR")
     err = sys.stderr
     err.write(f"run folder: {folder.path}\n")
-    worker = WorkerProcess()
+    worker = WorkerProcess(machine_rank=args.machine_rank)
     terminal = worker.run(folder, config, resume=bool(args.resume), on_event=lambda e: _progress(e, err))
     err.write("\n" if err.isatty() else "")
     index = RunIndex()
@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a field, e.g. --set train.max_steps=10 (repeatable)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
+    train.add_argument("--machine-rank", type=int, default=0,
+                       help="this machine's rank in a multi-node run (hardware.num_machines > 1)")
     train.set_defaults(func=cmd_train)
     est = sub.add_parser("estimate", help="predict the memory a run will take, part by part")
     est.add_argument("config", help="RunConfig YAML; model.path may be a folder holding only config.json")
@@ -140,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing = runs_sub.add_parser("list", help="list runs, newest first")
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(func=cmd_runs_list)
+    from backend.cli_export import add_export_parser
+
+    add_export_parser(sub)
     return parser
 
 

@@ -132,6 +132,40 @@ class ExportSection(_Section):
     """What to write when training ends: adapter (the PEFT folder, loadable on top of the base)."""
 
 
+class HardwareSection(_Section):
+    strategy: Literal["single", "ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"] = "single"
+    """single: one device. ddp: a full copy per GPU, gradients averaged (fastest when the model fits).
+    fsdp: weights, gradients and optimizer state sharded across GPUs (fits bigger models, costs
+    communication). deepspeed_zero2/3: ZeRO sharding of optimizer+gradients (2) or everything (3)."""
+    num_processes: int = Field(default=1, ge=1, le=1024)
+    """Processes per machine, one per GPU (with no GPU, ddp runs this many CPU processes over gloo)."""
+    gpu_ids: str = "all"
+    """Which GPUs to use: all, or a comma-separated list of indices like 0,1."""
+    fsdp_cpu_offload: bool = False
+    """FSDP only: keep sharded parameters in CPU memory between uses (fits more, much slower)."""
+    num_machines: int = Field(default=1, ge=1)
+    """Machines in a multi-node run; each runs num_processes processes."""
+    main_process_ip: str = "127.0.0.1"
+    """Address of machine 0 in a multi-node run (every machine must reach it)."""
+    main_process_port: int = Field(default=29500, ge=1024, le=65535)
+    """Port of the rendezvous on machine 0."""
+
+    @model_validator(mode="after")
+    def _processes(self) -> "HardwareSection":
+        if self.strategy == "single" and (self.num_processes > 1 or self.num_machines > 1):
+            raise ValueError("hardware.strategy single runs one process; pick ddp, fsdp or deepspeed_zero2/3 "
+                             "for hardware.num_processes > 1")
+        return self
+
+    @property
+    def distributed(self) -> bool:
+        return self.strategy != "single"
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.num_machines
+
+
 class RunConfig(_Section):
     schema_version: int = SCHEMA_VERSION
     """Version of this file's layout; older files are migrated on load."""
@@ -142,6 +176,7 @@ class RunConfig(_Section):
     technique: TechniqueSection = Field(default_factory=TechniqueSection)
     train: TrainSection = Field(default_factory=TrainSection)
     export: ExportSection = Field(default_factory=ExportSection)
+    hardware: HardwareSection = Field(default_factory=HardwareSection)
 
     @field_validator("schema_version")
     @classmethod

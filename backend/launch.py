@@ -44,3 +44,16 @@ def start_line(folder: RunFolder, config: RunConfig, resume: bool = False, job: 
     """The StartJob line to write to a fresh worker's stdin."""
     return encode(StartJob(job=job, run_dir=str(folder.path), config=config.model_dump(mode="json"),
                            resume=resume, params=params or {}))
+
+
+def job_argv(folder: RunFolder, config: RunConfig, resume: bool = False, job: str = "finetune",
+             params: dict | None = None, machine_rank: int = 0, python: str | None = None) -> list[str]:
+    """argv for one job: the plain worker, or the worker under `accelerate launch` when the run's
+    hardware section asks for several processes (then every rank reads the StartJob from a file)."""
+    if job != "finetune" or not config.hardware.distributed:
+        return worker_command(python)
+    from backend.distributed import launch_argv, write_launch_files
+
+    config_file, job_file = write_launch_files(folder.path, config, start_line(folder, config, resume, job, params),
+                                               machine_rank)
+    return launch_argv(python or sys.executable, folder.path, config_file, job_file)

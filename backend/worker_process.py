@@ -15,14 +15,16 @@ import threading
 from typing import Any, Callable
 
 from backend.config import RunConfig
-from backend.launch import start_line, worker_command, worker_env
+from backend.launch import job_argv, start_line, worker_env
 from backend.protocol import PROTOCOL_VERSION, JobFailed, ProtocolError, StopJob, decode_event, encode
 from backend.runs import RunFolder
 
 
 class WorkerProcess:
-    def __init__(self, command: list[str] | None = None, job: str = "finetune", params: dict | None = None):
-        self.command = command or worker_command()
+    def __init__(self, command: list[str] | None = None, job: str = "finetune", params: dict | None = None,
+                 machine_rank: int = 0):
+        self.command = command
+        self.machine_rank = machine_rank
         self.job = job
         self.params = params or {}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
@@ -66,8 +68,9 @@ class WorkerProcess:
         on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Run to the end; returns the terminal event as a dict (synthesised if the worker died)."""
+        argv = self.command or job_argv(folder, config, resume, self.job, self.params, self.machine_rank)
         self._proc = subprocess.Popen(
-            self.command, env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            argv, env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, encoding="utf-8", start_new_session=True,
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()

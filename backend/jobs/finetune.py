@@ -63,12 +63,18 @@ def _training_arguments(config: RunConfig, output_dir: Path, plan: TechniquePlan
         activation_checkpointing=technique.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if technique.gradient_checkpointing else None,
         neftune_noise_alpha=technique.neftune_alpha,
+        ddp_backend="gloo" if plan.device == "cpu" and world_size() > 1 else None,
+        ddp_find_unused_parameters=False,
         report_to=[],
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
         log_level="warning",
     )
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def run_finetune(
@@ -84,8 +90,12 @@ def run_finetune(
     began = time.monotonic()
     folder = RunFolder(run_dir)
     hf_logging.set_verbosity_warning()
-    torch.set_num_threads(config.train.cpu_threads or default_threads())
+    # Ranks on one machine share its cores; each keeps to its share.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(config.train.cpu_threads or max(1, default_threads() // local))
     capabilities = capabilities or probe_capabilities()
+    if world_size() > 1:
+        log.info("rank %s of %d (%s)", os.environ.get("RANK"), world_size(), config.hardware.strategy)
 
     resume_from = None
     for partial in folder.remove_incomplete_checkpoints():
@@ -148,7 +158,9 @@ def run_finetune(
 
     full = config.technique.method == "full"
     reporter.emit(PhaseChanged(phase="save", detail="model" if full else "adapter"))
-    adapter = save_atomically(model, tokenizer, folder.path / "model" if full else folder.adapter_dir)
+    target = folder.path / "model" if full else folder.adapter_dir
+    if trainer.is_world_process_zero():  # one writer of the final folder
+        save_atomically(model, tokenizer, target)
     reporter.emit(
         JobFinished(
             run_dir=str(run_dir),
@@ -158,7 +170,7 @@ def run_finetune(
             final_loss=callback.losses[-1] if callback.losses else None,
             tokens_per_s=callback.tokens_per_s(),
             seconds=time.monotonic() - began,
-            adapter_path=str(adapter),
+            adapter_path=str(target),
             checkpoint_path=callback.last_checkpoint,
         )
     )

@@ -61,9 +61,26 @@ class ReportingCallback(TrainerCallback):
         self._train_seconds = 0.0
         self._tokens_at_start = 0
         self._window: list[tuple[float, int]] = []
+        self._all_tokens = 0
 
     def _tokens(self) -> int:
-        return getattr(self.trainer, "trained_tokens", 0)
+        return self._all_tokens
+
+    def _sync(self) -> None:
+        """Across ranks: any rank's stop request stops all (stdin lines reach one rank), and tokens
+        are summed so that rank 0 reports the throughput of the whole job."""
+        tokens = getattr(self.trainer, "trained_tokens", 0)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # 0: go on, 1: stop and save, 2: cancel. MAX makes a cancel win over a save everywhere.
+            wish = 0 if not self.stop.requested else (1 if self.stop.save else 2)
+            stop = torch.tensor([wish], dtype=torch.int64)
+            total = torch.tensor([tokens], dtype=torch.int64)
+            torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+            torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
+            if int(stop.item()) != wish:
+                self.stop.request(save=int(stop.item()) == 1)
+            tokens = int(total.item())
+        self._all_tokens = tokens
 
     # --- throughput -------------------------------------------------------------------------
     def tokens_per_s(self) -> float | None:
@@ -85,6 +102,7 @@ class ReportingCallback(TrainerCallback):
         self._window = [(0.0, self._tokens_at_start)]
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._sync()
         now = time.monotonic()
         self._train_seconds += now - self._last_end
         self._last_end = now
@@ -126,7 +144,7 @@ class ReportingCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if path.is_dir():
+        if state.is_world_process_zero and path.is_dir():
             mark_checkpoint_complete(path, state.global_step)
             self.last_checkpoint = str(path)
             self.reporter.emit(CheckpointSaved(step=state.global_step, path=str(path)))

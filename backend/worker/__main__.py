@@ -23,10 +23,15 @@ def main() -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pathlib import Path
+
     from backend.worker.runner import run_worker
 
+    job_file = None
+    if "--job-file" in sys.argv:
+        job_file = Path(sys.argv[sys.argv.index("--job-file") + 1])
     try:
-        return run_worker(sys.stdin, protocol_out)
+        return run_worker(sys.stdin, protocol_out, job_file)
     finally:
         protocol_out.close()
 

@@ -6,6 +6,7 @@ traceback goes to worker.log in the run folder, where a bug report can pick it u
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -23,9 +24,17 @@ from backend.worker.stop_listener import StopListener
 log = logging.getLogger("backend.worker")
 
 
+def rank() -> int:
+    """This process' global rank under `accelerate launch` (0 when launched alone)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _log_to_run_folder(run_dir: Path) -> None:
-    """Point fd 2 (and so fd 1's chatter) at worker.log: library noise is kept, not shown."""
-    handle = os.open(run_dir / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    """Point fd 2 (and so fd 1's chatter) at worker.log: library noise is kept, not shown.
+
+    Under `accelerate launch` every rank logs to its own file; only rank 0 reports events."""
+    name = "worker.log" if rank() == 0 else f"worker-rank{rank()}.log"
+    handle = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(handle, 2)
     os.dup2(handle, 1)
     os.close(handle)
@@ -34,7 +43,7 @@ def _log_to_run_folder(run_dir: Path) -> None:
 def _configure_logging() -> None:
     logging.basicConfig(
         level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s rank{rank()} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
         force=True,
     )
@@ -42,15 +51,17 @@ def _configure_logging() -> None:
     warnings.simplefilter("default")
 
 
-def run_worker(stdin: IO[str], protocol_out: IO[str]) -> int:
+def run_worker(stdin: IO[str], protocol_out: IO[str], job_file: Path | None = None) -> int:
     _configure_logging()
-    reporter = Reporter(protocol_out)
+    main = rank() == 0
+    reporter = Reporter(protocol_out if main else io.StringIO())  # one voice: rank 0
     from backend.training.capabilities import probe_capabilities
 
     capabilities = probe_capabilities()
     reporter.emit(WorkerReady(pid=os.getpid(), capabilities=capabilities))
 
-    line = stdin.readline()
+    # Ranks share one stdin, so under `accelerate launch` the StartJob comes from a file.
+    line = job_file.read_text(encoding="utf-8") if job_file else stdin.readline()
     if not line:
         log.error("stdin closed before a StartJob arrived")
         return 2
@@ -68,7 +79,8 @@ def run_worker(stdin: IO[str], protocol_out: IO[str]) -> int:
         return 2
     _log_to_run_folder(run_dir)
     _configure_logging()
-    reporter.attach_run(run_dir)
+    if main:
+        reporter.attach_run(run_dir)
     stop = StopListener(stdin).start()
     log.info("worker %s starting %s job in %s (resume=%s)", os.getpid(), command.job, run_dir, command.resume)
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 from backend.config import RunConfig
-from backend.launch import start_line, worker_command, worker_env
+from backend.launch import job_argv, start_line, worker_env
 from backend.protocol import (
     PROTOCOL_VERSION,
     JobFailed,
@@ -95,12 +95,18 @@ class WorkerClient(QObject):
     def is_running(self) -> bool:
         return self._running
 
+    def pid(self) -> int | None:
+        """The worker's process id while it runs (None before it started or after it ended)."""
+        if self._process is None or self._process.state() == QProcess.ProcessState.NotRunning:
+            return None
+        return int(self._process.processId()) or None
+
     def start(self, folder: RunFolder, config: RunConfig, resume: bool = False,
               command: Sequence[str] | None = None, env: dict[str, str] | None = None) -> None:
         """Launch a worker for `folder`; the StartJob is written once it says WorkerReady."""
         if self._running:
             raise RuntimeError("a worker is already running; stop it before starting another")
-        argv = list(command) if command else worker_command()
+        argv = list(command) if command else job_argv(folder, config, resume)
         self._reset(folder, start_line(folder, config, resume))
         process = QProcess(self)
         environment = QProcessEnvironment()

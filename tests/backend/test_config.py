@@ -75,7 +75,7 @@ def test_overrides_parse_yaml_scalars():
 
 
 def test_field_docs_exist_for_tooltips():
-    for section in ("model", "data", "technique", "train", "export"):
+    for section in ("model", "data", "technique", "train", "export", "hardware"):
         fields = RunConfig.model_fields[section].annotation.model_fields
         for name, info in fields.items():
             assert info.description, f"{section}.{name} has no docstring (it is the GUI tooltip)"

@@ -1,0 +1,115 @@
+"""`finetune-studio export RUN_DIR --format F`: run an export in a worker and show its checks.
+
+Torch-free, like the rest of the CLI: the export runs in `python -m backend.worker` (the job
+backend/jobs/export.py), this side prints its progress and then the checks from export_report.json.
+The exit status is 0 only when the export was written AND every check passed; a failed check is
+printed with its figure and exits 1, a refusal (bad run folder, existing export) exits 1 with the
+worker's sentence, a bad command line exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from backend.config import ConfigError
+from backend.export.formats import DTYPES, FORMATS
+from backend.runs import RunFolder
+
+REPORT = "export_report.json"
+
+
+def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
+    formats = "; ".join(f"{name}: {what}" for name, what in FORMATS.items())
+    parser = subparsers.add_parser(
+        "export", help="export a finished run (adapter, merged, bnb-*, gguf-*) and verify it",
+        description=f"Write one export of a run and check it against the trained model. Formats: {formats}.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (printed by `train`, listed by `runs list`)")
+    parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
+    parser.add_argument("--out", metavar="DIR", help="export folder (default: RUN_DIR/exports/FORMAT)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing export in that folder")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16",
+                        help="16-bit type of merged and bnb exports (default bf16)")
+    parser.set_defaults(func=cmd_export)
+    return parser
+
+
+def _progress(event: dict[str, Any], out: TextIO) -> None:
+    kind = event["type"]
+    clear = "\r\033[K" if out.isatty() else ""
+    if kind == "PhaseChanged" and event["phase"] != "verified":
+        out.write(f"{clear}[{event['phase']}] {event.get('detail', '')}\n")
+    elif kind == "MetricsLogged":
+        step, total = event["step"], max(event["max_steps"], 1)
+        bar = "#" * int(30 * step / total)
+        text = f"[{bar:.<30}] tensor {step}/{total}"
+        if out.isatty():
+            out.write("\r\033[K" + text)
+        elif step == total:
+            out.write(text + "\n")
+    out.flush()
+
+
+def _format_measured(check: dict[str, Any]) -> tuple[str, str]:
+    measured, tolerance = check.get("measured"), check.get("tolerance")
+    if check.get("name") == "perplexity" and isinstance(measured, (int, float)):
+        figures = check.get("figures", {})
+        return (f"{measured:+.2%} ({figures.get('export_perplexity', 0):.4g} vs {figures.get('reference_perplexity', 0):.4g})",
+                f"<= {tolerance:+.0%}")
+    if isinstance(measured, float):
+        return f"{measured:.4g}", f"<= {tolerance:g}"
+    return str(measured), str(tolerance)
+
+
+def print_report(report: dict[str, Any], out: TextIO) -> None:
+    lines = [f"{'PASSED' if report.get('passed') else 'FAILED'}: {report.get('format')} export in {report.get('path')}",
+             f"  size:      {report.get('total_bytes', 0) / 1e6:.1f} MB in {len(report.get('files', []))} files",
+             f"  loaded as: {report.get('loaded_as', '')}"]
+    for check in report.get("checks", []):
+        measured, tolerance = _format_measured(check)
+        mark = "ok  " if check.get("passed") else "FAIL"
+        lines.append(f"  {mark} {check.get('name', ''):11} {measured}  (tolerance {tolerance})")
+    for note in report.get("notes", []):
+        lines.append(f"  note: {note}")
+    out.write("\n".join(lines) + "\n")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from backend.worker_process import WorkerProcess
+
+    folder = RunFolder(Path(args.run_dir).expanduser().absolute())
+    if not folder.config_path.is_file():
+        raise ConfigError(f"{folder.path}: not a run folder (no config.yaml)")
+    config = folder.load_config()
+    out = Path(args.out).expanduser().absolute() if args.out else folder.path / "exports" / args.format
+    params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite), "dtype": args.dtype}
+    err = sys.stderr
+    err.write(f"exporting {folder.path} as {args.format} -> {out}\n")
+    started = time.time()
+    terminal = WorkerProcess(job="export", params=params).run(folder, config, on_event=lambda e: _progress(e, err))
+    err.write("\n" if err.isatty() else "")
+    report_path = out / REPORT
+    report = None
+    try:
+        # A report older than this command belongs to an earlier export (this one was refused).
+        if report_path.stat().st_mtime >= started - 1:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        report = None
+    fresh = report is not None
+    if fresh:
+        print_report(report, sys.stdout)
+    if terminal["type"] == "JobFinished" and fresh and report.get("passed"):
+        return 0
+    if terminal["type"] == "JobFailed":
+        print(f"error: {terminal['message']}", file=sys.stderr)
+        if terminal.get("hint"):
+            print(f"hint: {terminal['hint']}", file=sys.stderr)
+    elif not fresh:
+        print(f"error: the export finished but {report_path} is missing or unreadable", file=sys.stderr)
+    return 1
