@@ -187,6 +187,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _combinations(self) -> "RunConfig":
+        if self.technique.offload != "none" and not self.hardware.strategy.startswith("deepspeed"):
+            raise ValueError("technique.offload runs through DeepSpeed: set hardware.strategy to deepspeed_zero2 "
+                             "(optimizer offload) or deepspeed_zero3 (optimizer and parameter offload)")
+        if self.technique.offload == "zero3_optimizer_params" and self.hardware.strategy != "deepspeed_zero3":
+            raise ValueError("technique.offload zero3_optimizer_params needs hardware.strategy deepspeed_zero3")
         if self.train.warmup_steps >= self.train.max_steps and self.train.warmup_steps:
             raise ValueError("train.warmup_steps must be below train.max_steps; lower warmup_steps")
         return self

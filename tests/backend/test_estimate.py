@@ -57,7 +57,10 @@ NEOX = {
 
 def run_config(**technique) -> RunConfig:
     train = technique.pop("train", {})
-    return RunConfig.from_dict({"technique": technique, "train": train})
+    offload = technique.get("offload", "none")
+    hardware = {"strategy": "deepspeed_zero3" if offload == "zero3_optimizer_params" else "deepspeed_zero2"} \
+        if offload != "none" else {}
+    return RunConfig.from_dict({"technique": technique, "train": train, "hardware": hardware})
 
 
 def llama_params(c: dict) -> int:

@@ -79,14 +79,15 @@ def test_full_tuning_saves_a_whole_model(bundled_model, tmp_path):
 REFUSED_ON_CPU = [
     ("technique.precision=fp16", "technique.precision: fp16", "bf16 or fp32"),
     ("technique.attention=flash_attention_2", "technique.attention: flash_attention_2 needs a CUDA GPU", "sdpa"),
-    ("technique.offload=zero2_optimizer", "technique.offload: DeepSpeed offload needs a CUDA GPU", "offload: none"),
-    ("technique.offload=zero3_optimizer_params", "technique.offload", "offload: none"),
+    ("technique.offload=zero2_optimizer,hardware.strategy=deepspeed_zero2",
+     "technique.offload: DeepSpeed offload needs a CUDA GPU", "offload: none"),
+    ("technique.offload=zero3_optimizer_params,hardware.strategy=deepspeed_zero3", "technique.offload", "offload: none"),
 ]
 
 
 @pytest.mark.parametrize("override, message, instead", REFUSED_ON_CPU)
 def test_impossible_here_is_refused_before_loading(override, message, instead):
-    config = RunConfig.load(PRESET, [override])
+    config = RunConfig.load(PRESET, override.split(","))
     with pytest.raises(JobError) as caught:
         plan_techniques(config, CPU)
     assert caught.value.kind == "bad_input"
@@ -145,3 +146,10 @@ def test_packing_gives_the_same_loss_as_padding(bundled_model):
         # Training runs without a KV cache; with one, transformers does not look for packed rows.
         packed = model(**PackingCollator()(features), use_cache=False).loss
     assert abs(padded.item() - packed.item()) < 1e-5, (padded.item(), packed.item())
+
+
+def test_offload_needs_the_deepspeed_strategy():
+    from backend.config import ConfigError
+
+    with pytest.raises(ConfigError, match="technique.offload runs through DeepSpeed"):
+        RunConfig.load(PRESET, ["technique.offload=zero2_optimizer"])
