@@ -32,6 +32,8 @@ def _progress(event: dict, out) -> None:
                 f"  loss {loss:.4f}" if loss is not None else f"step {step}/{total}")
         if tps:
             text += f"  {tps:,.0f} tok/s"
+        if event.get("mfu"):
+            text += f"  MFU {100 * event['mfu']:.1f}%"
         if out.isatty():
             out.write("\r\033[K" + text)
         elif step == total or step % max(1, total // 10) == 0:
@@ -81,7 +83,9 @@ def _summary(event: dict) -> None:
         f"steps:       {event.get('steps')}",
         f"loss:        {fmt(event.get('first_loss'), '.4f')} -> {fmt(event.get('final_loss'), '.4f')}",
         f"tokens/s:    {fmt(event.get('tokens_per_s'), ',.0f')} (non-padding tokens the loss sees)",
-        f"time:        {fmt(event.get('seconds'), '.1f')} s",
+        f"MFU:         {fmt(100 * event['mfu'] if event.get('mfu') else None, '.1f')}% of this machine's measured peak",
+        f"time:        {fmt(event.get('seconds'), '.1f')} s"
+        + (f" (torch.compile {event['compile_seconds']:.1f} s of it)" if event.get("compile_seconds") else ""),
         f"adapter:     {event.get('adapter_path')}",
     ]
     print("\n".join(lines))
@@ -137,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
     est.add_argument("--json", action="store_true", help='print {"total_bytes": N, "breakdown": {...}}')
     est.set_defaults(func=cmd_estimate)
+    from backend.cli_eval import add_chat_parser, add_eval_parser
+
+    add_eval_parser(sub)
+    add_chat_parser(sub)
     runs = sub.add_parser("runs", help="past runs")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True)
     listing = runs_sub.add_parser("list", help="list runs, newest first")

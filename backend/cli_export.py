@@ -24,10 +24,13 @@ REPORT = "export_report.json"
 
 
 def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
-    formats = "; ".join(f"{name}: {what}" for name, what in FORMATS.items())
+    formats = "\n".join(f"  {name:10} {what}" for name, what in FORMATS.items())
     parser = subparsers.add_parser(
         "export", help="export a finished run (adapter, merged, bnb-*, gguf-*) and verify it",
-        description=f"Write one export of a run and check it against the trained model. Formats: {formats}.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write one export of a run into a temporary folder, reload it with the library that owns the\n"
+                    "format, check it against the trained model, and only then put it in place with its\n"
+                    f"export_report.json. Exit status 0 only when every check passed.\n\nformats:\n{formats}",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (printed by `train`, listed by `runs list`)")
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")

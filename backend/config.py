@@ -69,12 +69,20 @@ class TechniqueSection(_Section):
     """Attention kernel: flash_attention_2 and sdpa never store the seq_len x seq_len score matrix (eager does), flash_attention_2 needs the flash-attn package and bf16/fp16; auto picks the best available."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     """Number format for the forward and backward pass: bf16/fp16 halve weights and activations (an fp32 master copy keeps full tuning accurate), fp32 costs twice the memory; auto is bf16 on a GPU that has it, else fp32."""
-    packing: bool = False
-    """Concatenate short examples into full seq_len rows: saves the compute wasted on padding, costs a little cross-example attention (memory per step is unchanged)."""
+    packing: bool = True
+    """Padding-free packing: a batch is one row of whole examples with position ids restarting per
+    example, so no compute goes to padding and no example attends to another; off pads each batch
+    to its longest example and groups examples of similar length instead."""
     neftune_alpha: float | None = Field(default=None, gt=0)
     """Add uniform noise of this scale to the input embeddings while training (NEFTune; 5 is typical): often better chat answers from small datasets at no memory or speed cost, can blur exact recall; None turns it off."""
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
     """adamw keeps two fp32 states (8 bytes per trained parameter); adamw_8bit keeps them in 8 bits (about 2 bytes) at a tiny quality cost; paged_adamw_8bit also lets them spill to CPU memory on a spike, costing speed when it does."""
+    liger_kernel: bool = False
+    """Liger's fused Triton kernels (linear+cross-entropy, RMSNorm, RoPE, SwiGLU): the logits buffer
+    disappears and steps get faster; needs CUDA and the liger-kernel package."""
+    torch_compile: bool = False
+    """Compile the model with torch.compile: faster steady-state steps after a one-off compile time
+    (reported separately, never counted in tokens/s)."""
     offload: Literal["none", "zero2_optimizer", "zero3_optimizer_params"] = "none"
     """DeepSpeed offload: zero2_optimizer moves optimizer state and master weights to CPU memory (saves up to 12 bytes/parameter of GPU memory), zero3_optimizer_params moves the weights too; costs PCIe traffic and slower steps, and needs deepspeed."""
 

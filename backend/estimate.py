@@ -1034,6 +1034,12 @@ def estimate(
     logits_fwd = tv * (logit_e + 4 + (4 if logit_e != 4 else 0))
     logits_bwd = tv * (4 + 4 + 4)
     logits = max(logits_fwd, logits_bwd)
+    if t.liger_kernel:
+        # Liger's fused linear cross-entropy never materialises the logits: it walks the tokens in
+        # chunks and keeps one chunk's fp32 logits and their gradient (Liger's chunk is about
+        # vocab/hidden rows, at least 1). Not measured here (it needs CUDA); derived from the kernel.
+        chunk = max(1, min(s.tokens, -(-d.vocab // d.hidden)))
+        logits_fwd = logits_bwd = logits = chunk * d.vocab * (4 + 4)
 
     # -- distribution: ZeRO stages, DDP buckets, offload
     dist: dict[str, Any] = {"num_gpus": num_gpus, "zero_stage": zero_stage, "offload": t.offload}

@@ -116,6 +116,7 @@ class MetricsLogged(_Message):
     grad_norm: float | None = None
     tokens_per_s: float | None = Field(default=None, description="Non-padding tokens per second.")
     tokens_seen: int | None = None
+    mfu: float | None = Field(default=None, description="Model FLOPs utilisation against the measured peak.")
     elapsed_s: float | None = None
     memory: MemorySample = Field(default_factory=MemorySample)
 
@@ -153,6 +154,8 @@ class JobFinished(_Message):
     final_loss: float | None = None
     first_loss: float | None = None
     tokens_per_s: float | None = None
+    mfu: float | None = None
+    compile_seconds: float | None = Field(default=None, description="torch.compile time, not in tokens/s.")
     seconds: float = 0.0
     adapter_path: str | None = None
     checkpoint_path: str | None = None

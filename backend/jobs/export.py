@@ -161,6 +161,11 @@ def run_export(
     run = TrainedRun.check(Path(run_dir), config, job.fmt)
     job.check_target(run)
     if is_gguf(job.fmt):
+        import importlib.util
+
+        if importlib.util.find_spec("gguf") is None:
+            raise JobError("missing_dependency", f"{job.fmt}: GGUF export needs the gguf package, which is not installed",
+                           "pip install gguf (or reinstall with the README's command)")
         from transformers import AutoConfig
 
         from backend.export.gguf_writer import check_architecture
@@ -277,6 +282,9 @@ def _write(job: Export, run: TrainedRun, model: Any, tokenizer: Any, gguf_export
             notes.append(note)
     if run.quantization and job.fmt != "adapter":
         notes.append(f"the base was dequantized from the run's {run.quantization} weights before merging")
+    if run.quantization and run.device == "cuda" and not torch.cuda.is_available():
+        notes.append(f"the run quantized its base on cuda and this export did it again on the cpu, which can "
+                     f"round a few {run.quantization} weights differently; the checks measure the result")
     return notes
 
 

@@ -19,12 +19,14 @@ from transformers.utils import logging as hf_logging
 
 from backend.config import RunConfig
 from backend.errors import JobError
+from backend.evaluation.samples import SampleGenerator
 from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
 from backend.runs import RunFolder
 from backend.training.callbacks import ReportingCallback
 from backend.training.capabilities import default_threads, probe_capabilities
 from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
+from backend.training.mfu import flops_per_token, forget_peak, peak_flops
 from backend.training.phase import set_phase
 from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
 from backend.training.techniques import TechniquePlan, plan_techniques
@@ -63,6 +65,10 @@ def _training_arguments(config: RunConfig, output_dir: Path, plan: TechniquePlan
         activation_checkpointing=technique.gradient_checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if technique.gradient_checkpointing else None,
         neftune_noise_alpha=technique.neftune_alpha,
+        use_liger_kernel=technique.liger_kernel,
+        torch_compile=technique.torch_compile,
+        # Without packing, batches of similar length waste less on padding.
+        train_sampling_strategy="random" if technique.packing else "group_by_length",
         ddp_backend="gloo" if plan.device == "cpu" and world_size() > 1 else None,
         ddp_find_unused_parameters=False,
         report_to=[],
@@ -120,7 +126,8 @@ def run_finetune(
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     train_set, eval_set, stats = build_datasets(config, tokenizer)
     detail = (f"{stats.train_examples} train / {stats.eval_examples} validation examples ({stats.format}), "
-              f"{stats.truncated} truncated to {config.train.seq_len} tokens")
+              f"{stats.truncated} truncated to {config.train.seq_len} tokens"
+              + (", tokenized earlier (cache reused)" if stats.from_cache else ""))
     reporter.emit(PhaseChanged(phase="tokenize", detail=detail))
 
     torch.manual_seed(config.train.seed)
@@ -128,6 +135,13 @@ def run_finetune(
 
     collator = PackingCollator() if config.technique.packing else PadCollator(tokenizer.pad_token_id)
     callback = ReportingCallback(reporter, stop, plan.device)
+    context = sum(len(r) for r in train_set["input_ids"]) / max(len(train_set), 1)  # mean example length
+    callback.compiling = config.technique.torch_compile
+    callback.flops_per_token = flops_per_token(model, context)
+    peak_dtype = plan.load_dtype if plan.precision != "fp32" else torch.float32
+    callback.peak_flops = peak_flops(plan.device, peak_dtype)
+    if eval_set is not None and world_size() == 1:  # sharded ranks cannot generate on one process alone
+        callback.sampler = SampleGenerator.for_run(config, tokenizer, eval_set, reporter)
     args = _training_arguments(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)
     trainer = CountingTrainer(
         model=model,
@@ -156,6 +170,9 @@ def run_finetune(
         reporter.emit(PhaseChanged(phase="evaluate", detail=f"{stats.eval_examples} examples"))
         trainer.evaluate()
 
+    if (callback.mfu() or 0) > 1.0:
+        log.warning("MFU above 100%%: the cached peak was measured on a busy machine; re-measuring next run")
+        forget_peak(plan.device, peak_dtype)
     full = config.technique.method == "full"
     reporter.emit(PhaseChanged(phase="save", detail="model" if full else "adapter"))
     target = folder.path / "model" if full else folder.adapter_dir
@@ -169,6 +186,8 @@ def run_finetune(
             first_loss=callback.losses[0] if callback.losses else None,
             final_loss=callback.losses[-1] if callback.losses else None,
             tokens_per_s=callback.tokens_per_s(),
+            mfu=callback.mfu(),
+            compile_seconds=callback.compile_seconds,
             seconds=time.monotonic() - began,
             adapter_path=str(target),
             checkpoint_path=callback.last_checkpoint,

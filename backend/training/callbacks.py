@@ -62,6 +62,20 @@ class ReportingCallback(TrainerCallback):
         self._tokens_at_start = 0
         self._window: list[tuple[float, int]] = []
         self._all_tokens = 0
+        self._all_inputs = 0
+        self._inputs_at_start = 0
+        self.flops_per_token = 0.0
+        self.peak_flops = 0.0
+        self.compile_seconds: float | None = None
+        self.compiling = False  # set when torch.compile is on: the first step is compilation
+        self.sampler: Any = None  # called with the model after each evaluation: sample answers
+
+    def mfu(self) -> float | None:
+        """FLOPs of every token computed on (prompts too, padding not) over the measured peak."""
+        if not self._train_seconds or not self.flops_per_token or not self.peak_flops:
+            return None
+        per_s = (self._all_inputs - self._inputs_at_start) / self._train_seconds
+        return per_s * self.flops_per_token / self.peak_flops
 
     def _tokens(self) -> int:
         return self._all_tokens
@@ -70,17 +84,19 @@ class ReportingCallback(TrainerCallback):
         """Across ranks: any rank's stop request stops all (stdin lines reach one rank), and tokens
         are summed so that rank 0 reports the throughput of the whole job."""
         tokens = getattr(self.trainer, "trained_tokens", 0)
+        inputs = getattr(self.trainer, "input_tokens", 0)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # 0: go on, 1: stop and save, 2: cancel. MAX makes a cancel win over a save everywhere.
             wish = 0 if not self.stop.requested else (1 if self.stop.save else 2)
             stop = torch.tensor([wish], dtype=torch.int64)
-            total = torch.tensor([tokens], dtype=torch.int64)
+            total = torch.tensor([tokens, inputs], dtype=torch.int64)
             torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
             torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
             if int(stop.item()) != wish:
                 self.stop.request(save=int(stop.item()) == 1)
-            tokens = int(total.item())
+            tokens, inputs = int(total[0].item()), int(total[1].item())
         self._all_tokens = tokens
+        self._all_inputs = inputs
 
     # --- throughput -------------------------------------------------------------------------
     def tokens_per_s(self) -> float | None:
@@ -104,7 +120,16 @@ class ReportingCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self._sync()
         now = time.monotonic()
-        self._train_seconds += now - self._last_end
+        if self.compiling and self.compile_seconds is None:
+            # The first compiled step is mostly compilation: report it apart, keep it out of tokens/s.
+            self.compile_seconds = now - self._last_end
+            self._tokens_at_start = self._tokens()
+            self._inputs_at_start = self._all_inputs
+            self._window = [(0.0, self._tokens_at_start)]
+            self.reporter.emit(PhaseChanged(phase="compile", detail=f"first step with torch.compile took "
+                                                                    f"{self.compile_seconds:.1f} s"))
+        else:
+            self._train_seconds += now - self._last_end
         self._last_end = now
         self._window.append((self._train_seconds, self._tokens()))
         self._window = self._window[-20:]
@@ -130,6 +155,7 @@ class ReportingCallback(TrainerCallback):
                     learning_rate=_finite(logs.get("learning_rate")),
                     grad_norm=_finite(logs.get("grad_norm")),
                     tokens_per_s=self._recent_tokens_per_s(),
+                    mfu=self.mfu(),
                     tokens_seen=self._tokens(),
                     elapsed_s=time.monotonic() - self._started,
                     memory=memory_sample(self.device),
@@ -140,6 +166,8 @@ class ReportingCallback(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         metrics = metrics or {}
         self.reporter.emit(EvalFinished(step=state.global_step, eval_loss=_finite(metrics.get("eval_loss"))))
+        if self.sampler is not None:
+            self.sampler(kwargs.get("model"), state.global_step)
         self._last_end = time.monotonic()
 
     def on_save(self, args, state, control, **kwargs):

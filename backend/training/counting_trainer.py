@@ -24,12 +24,15 @@ class PhaseCallback(TrainerCallback):
 
 class CountingTrainer(Trainer):
     trained_tokens: int = 0
+    input_tokens: int = 0  # every non-padding token the model computes on (what MFU counts)
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
         labels = inputs.get("labels")
         if labels is not None:
             # The model shifts labels by one: the first position never enters the loss.
             self.trained_tokens += int((labels[..., 1:] != IGNORE).sum())
+        mask = inputs.get("attention_mask")
+        self.input_tokens += int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
         set_phase("forward", self.state.global_step + 1)
         return super().training_step(model, inputs, num_items_in_batch)
 

@@ -20,6 +20,7 @@ from datasets import Dataset
 from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.training.records import Message, detect_format, read_records, to_conversation
+from backend.training.token_cache import TokenCache, cache_key
 
 log = logging.getLogger(__name__)
 IGNORE = -100
@@ -33,6 +34,7 @@ class DataStats:
     truncated: int
     format: str
     trained_tokens: int
+    from_cache: bool = False
 
 
 def _render(tokenizer: Any, messages: list[Message], generation_prompt: bool = False) -> str:
@@ -82,6 +84,22 @@ def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset 
             "use a model with a chat template, or text-format data",
         )
     seq_len = config.train.seq_len
+    cache = TokenCache(cache_key(config, tokenizer, path, fmt))
+    cached = cache.load()
+    if cached is not None:
+        rows, truncated = cached
+        log.info("tokenized examples reused from %s", cache.path)
+    else:
+        rows, truncated = _tokenize(config, tokenizer, records, fmt, path)
+        cache.save(rows, truncated)
+    if truncated:
+        log.warning("%d of %d examples were truncated to %d tokens", truncated, len(rows), seq_len)
+    return _split(config, rows, truncated, fmt, cached is not None)
+
+
+def _tokenize(config: RunConfig, tokenizer: Any, records: list[dict[str, Any]], fmt: str,
+              path: Path) -> tuple[list[dict[str, list[int]]], int]:
+    seq_len = config.train.seq_len
     rows: list[dict[str, list[int]]] = []
     truncated = 0
     for index, record in enumerate(records):
@@ -104,9 +122,11 @@ def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset 
         rows.append({"input_ids": ids, "labels": labels})
     if not rows:
         raise bad_input(f"{path}: no example has tokens to train on", "check the format and train.seq_len")
-    if truncated:
-        log.warning("%d of %d examples were truncated to %d tokens", truncated, len(rows), seq_len)
+    return rows, truncated
 
+
+def _split(config: RunConfig, rows: list[dict[str, list[int]]], truncated: int, fmt: str,
+           from_cache: bool) -> tuple[Dataset, Dataset | None, DataStats]:
     order = list(range(len(rows)))
     random.Random(config.train.seed).shuffle(order)
     n_eval = int(len(rows) * config.data.validation_split)
@@ -121,6 +141,7 @@ def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset 
         truncated=truncated,
         format=fmt,
         trained_tokens=sum(sum(1 for x in r["labels"] if x != IGNORE) for r in train_rows),
+        from_cache=from_cache,
     )
     train = Dataset.from_list(train_rows)
     evaluation = Dataset.from_list(eval_rows) if eval_rows else None

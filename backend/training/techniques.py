@@ -152,6 +152,20 @@ def plan_techniques(config: RunConfig, caps: Capabilities) -> TechniquePlan:
             raise JobError("missing_dependency", "technique.offload: DeepSpeed is not installed",
                            "pip install -e '.[gpu]', or set offload: none")
 
+    if t.liger_kernel:
+        if device != "cuda":
+            raise refuse("liger_kernel", "Liger's fused kernels are Triton kernels and need a CUDA GPU",
+                         "turn liger_kernel off on this machine")
+        if importlib.util.find_spec("liger_kernel") is None:
+            raise JobError("missing_dependency", "technique.liger_kernel: the liger-kernel package is not installed",
+                           "pip install liger-kernel, or turn liger_kernel off")
+
+    if t.torch_compile and device != "cuda":
+        # Measured here: 140 s to compile the bundled model on the CPU, then ~2 tokens/s as every
+        # new packed-batch length recompiles. Not an option worth offering on the CPU.
+        raise refuse("torch_compile", "torch.compile on the CPU compiles for minutes and recompiles for each new "
+                     "batch shape, so it runs slower than without", "turn torch_compile off on this machine")
+
     if t.method == "full" and precision == "fp16":
         raise refuse("precision", "full fine-tuning with fp16 weights cannot take optimizer steps in fp16",
                      "pick bf16 or fp32 for method full")

@@ -40,6 +40,8 @@ def test_auto_picks_bf16_on_cuda_and_reports_torch_memory(bundled_model):
     ["technique.optimizer=paged_adamw_8bit"],
     ["technique.packing=true"],
     ["technique.gradient_checkpointing=true"],
+    ["technique.torch_compile=true"],
+    ["technique.packing=false"],
 ], ids=lambda o: ",".join(o))
 def test_cuda_techniques_train(bundled_model, overrides):
     pytest.importorskip("bitsandbytes")

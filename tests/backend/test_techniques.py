@@ -77,6 +77,9 @@ def test_full_tuning_saves_a_whole_model(bundled_model, tmp_path):
 
 
 REFUSED_ON_CPU = [
+    ("technique.liger_kernel=true", "technique.liger_kernel: Liger's fused kernels are Triton kernels and need a CUDA GPU",
+     "liger_kernel off"),
+    ("technique.torch_compile=true", "technique.torch_compile: torch.compile on the CPU", "torch_compile off"),
     ("technique.precision=fp16", "technique.precision: fp16", "bf16 or fp32"),
     ("technique.attention=flash_attention_2", "technique.attention: flash_attention_2 needs a CUDA GPU", "sdpa"),
     ("technique.offload=zero2_optimizer,hardware.strategy=deepspeed_zero2",
@@ -153,3 +156,24 @@ def test_offload_needs_the_deepspeed_strategy():
 
     with pytest.raises(ConfigError, match="technique.offload runs through DeepSpeed"):
         RunConfig.load(PRESET, ["technique.offload=zero2_optimizer"])
+
+
+def test_tokenization_is_cached_and_reused(bundled_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    from backend.training.data import build_datasets
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_model)
+    config = RunConfig.load(PRESET, ["data.max_examples=40"])
+    first, _, stats1 = build_datasets(config, tokenizer)
+    second, _, stats2 = build_datasets(config, tokenizer)
+    assert (stats1.from_cache, stats2.from_cache) == (False, True)
+    assert first["input_ids"] == second["input_ids"] and first["labels"] == second["labels"]
+    _, _, stats3 = build_datasets(RunConfig.load(PRESET, ["data.max_examples=40", "train.seq_len=64"]), tokenizer)
+    assert stats3.from_cache is False  # a different length rule is a different cache entry
+
+
+def test_throughput_and_mfu_are_reported(tmp_path, bundled_model):
+    _, finished = run_steps(tmp_path, [])
+    assert finished["tokens_per_s"] > 0
+    assert 0 < finished["mfu"] < 1.5  # against this machine's measured peak (re-measured if beaten)

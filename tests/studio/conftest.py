@@ -22,19 +22,24 @@ def studio_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def make_studio(qtbot) -> Iterator[Callable[..., object]]:
-    """Build the studio window wired to a given worker command; kills any worker left at teardown."""
+    """Build the studio window wired to a worker command (and a GPU sampler); kills any worker left at teardown.
+
+    Datasets are read synchronously, so a test never waits for the Data page's background read.
+    """
     from studio.app import build_studio
 
     built = []
 
-    def make(command: list[str] | None = None):
-        studio = build_studio(worker_command=command)
+    def make(command: list[str] | None = None, sampler=None, show: bool = True):
+        studio = build_studio(worker_command=command, sampler=sampler, synchronous_data=True)
         studio.controller.ask_stop_on_close = lambda: "discard"
         qtbot.addWidget(studio.window)
-        studio.window.show()
+        if show:
+            studio.window.show()
         built.append(studio)
         return studio
 
     yield make
     for studio in built:
+        studio.monitor.stop()
         studio.client.shutdown()

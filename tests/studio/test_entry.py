@@ -65,6 +65,10 @@ def test_studio_never_imports_the_heavy_stack(tmp_path):
         "app = QApplication([])\n"
         "s = studio.app.build_studio()\n"
         "s.window.show(); app.processEvents()\n"
+        "import time; t = time.time()\n"  # the Data page reads and tokenizes in the background
+        "while s.pages['data'].is_loading() and time.time() - t < 60: app.processEvents()\n"
+        "assert s.pages['data'].profile and s.pages['data'].profile.lengths, 'the dataset was not read'\n"
+        "for key in ('model', 'data', 'techniques', 'train', 'runs'): s.window.show_page(key); app.processEvents()\n"
         f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
         "sys.exit(1 if heavy else 0)\n"

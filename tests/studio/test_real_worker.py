@@ -20,12 +20,12 @@ def test_real_worker_trains_a_few_steps_from_the_window(qtbot, make_studio):
     studio.client.job_finished.connect(finished.append)
     studio.client.job_failed.connect(failed.append)
     studio.client.worker_crashed.connect(crashed.append)
-    studio.window.steps_spin.setValue(5)
-    studio.window.start_button.click()
+    studio.config.set("train.max_steps", 5)
+    studio.train_page.start_button.click()
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=300_000)
     assert not crashed, crashed
     assert not failed, failed
     assert finished and finished[0].steps == 5 and not finished[0].stopped
     assert studio.store.count("loss") >= 1
-    assert studio.window.status_label.text().startswith("Finished")
+    assert studio.train_page.status_label.text().startswith("Finished")
     assert RunFolder(studio.controller.folder.path).status() == "finished"

@@ -11,7 +11,7 @@ from backend.protocol import (
     MetricsLogged,
     PhaseChanged,
 )
-from studio.state.form_values import FormValues, config_path, display_path
+from studio.state.form_values import config_path, display_path
 from studio.state.metric_store import MetricStore
 from studio.state.run_state import RunState
 
@@ -70,12 +70,20 @@ def test_bundled_paths_read_as_words_and_round_trip():
     assert config_path("  bundled:tiny ") == "bundled:tiny"
 
 
-def test_build_config_applies_the_form(tmp_path):
+def test_config_state_applies_the_form_over_the_preset(qtbot):
     from backend.config import RunConfig
-    from studio.app import build_config
+    from studio.state.config_state import ConfigState
 
     base = RunConfig()
-    config = build_config(FormValues("/models/m", "/data/d.jsonl", 16, 7), base)
+    state = ConfigState(base.model_dump(mode="json"))
+    changed: list[str] = []
+    state.changed.connect(changed.append)
+    for key, value in (("model.path", "/models/m"), ("data.path", "/data/d.jsonl"),
+                       ("technique.lora_rank", 16), ("train.max_steps", 7)):
+        state.set(key, value)
+    state.set("train.max_steps", 7)  # unchanged: no signal
+    assert changed == ["model.path", "data.path", "technique.lora_rank", "train.max_steps"]
+    config = state.config()
     assert (config.model.path, config.data.path) == ("/models/m", "/data/d.jsonl")
     assert (config.technique.lora_rank, config.train.max_steps) == (16, 7)
     assert config.train.learning_rate == base.train.learning_rate  # the rest comes from the preset
@@ -85,15 +93,17 @@ def test_window_defaults_and_tooltips(qtbot):
     from backend.config import TechniqueSection
     from studio.app import build_studio
 
-    studio = build_studio()
+    studio = build_studio(synchronous_data=True)
     qtbot.addWidget(studio.window)
-    window = studio.window
-    assert window.model_edit.text() == "Bundled tiny model"
-    assert window.data_edit.text() == "Bundled demo dataset (demo_train.jsonl)"
-    assert window.rank_spin.toolTip() == TechniqueSection.model_fields["lora_rank"].description
-    assert window.rank_spin.maximum() == 1024
-    values = window.form_values()
-    assert values.model_path == "bundled:tiny" and values.data_path == "bundled:datasets/demo_train.jsonl"
+    window, pages = studio.window, studio.pages
+    assert pages["model"].path_edit.text() == "Bundled tiny model"
+    assert pages["data"].path_edit.text() == "Bundled demo dataset (demo_train.jsonl)"
+    rank = pages["techniques"].editor("technique.lora_rank")
+    assert rank.toolTip() == TechniqueSection.model_fields["lora_rank"].description
+    assert rank.maximum() == 1024
+    config = studio.config.config()
+    assert config.model.path == "bundled:tiny" and config.data.path == "bundled:datasets/demo_train.jsonl"
     assert window.start_action.shortcut().toString() == "Ctrl+Return"
     assert window.stop_action.shortcut().toString() == "Ctrl+."
     assert window.log_view.maximumBlockCount() > 0
+    studio.monitor.stop()

@@ -9,7 +9,7 @@ WAIT_MS = 30_000  # generous: two shared cores, and each fake worker imports pyd
 
 
 def _run(qtbot, studio) -> None:
-    studio.window.start_button.click()
+    studio.train_page.start_button.click()
     assert studio.client.is_running()
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=WAIT_MS)
 
@@ -17,17 +17,17 @@ def _run(qtbot, studio) -> None:
 def test_normal_run_draws_loss_and_finishes(qtbot, make_studio):
     studio = make_studio(fake_command("normal"))
     _run(qtbot, studio)
-    window = studio.window
+    window, page = studio.window, studio.train_page
     assert studio.state.status == "finished"
-    assert window.chart.point_count() == 10
-    assert "tokens/s" in window.tokens_label.text() and "—" not in window.tokens_label.text()
-    assert window.status_label.text().startswith("Finished")
-    assert window.progress.value() == 10 and window.progress.maximum() == 10
+    assert page.chart.point_count() == 10
+    assert "tokens/s" in page.tokens_label.text() and "—" not in page.tokens_label.text()
+    assert page.status_label.text().startswith("Finished")
+    assert page.progress.value() == 10 and page.progress.maximum() == 10
     log = window.log_text()
     assert "Checkpoint saved at step 5" in log
     assert "fake worker: step 10" in log  # worker.log followed into the log pane
     assert RunFolder(studio.controller.folder.path).status() == "finished"
-    assert window.start_button.isEnabled() and not window.stop_button.isEnabled()
+    assert page.start_button.isEnabled() and not page.stop_button.isEnabled()
 
 
 def test_malformed_line_is_reported_and_the_run_finishes(qtbot, make_studio):
@@ -47,10 +47,10 @@ def test_crash_mid_run_is_reported_and_recorded(qtbot, make_studio):
     studio.client.worker_crashed.connect(reports.append)
     _run(qtbot, studio)
     assert studio.state.status == "failed"
-    status = studio.window.status_label.text()
+    status = studio.train_page.status_label.text()
     assert "the worker stopped unexpectedly (exit code 9)" in status
     assert "crashing on purpose" in reports[0]  # the tail of worker.log is quoted
-    assert "crashing on purpose" in studio.window.status_label.toolTip()
+    assert "crashing on purpose" in studio.train_page.status_label.toolTip()
     log = studio.window.log_text()
     assert "Error: the worker stopped unexpectedly" in log
     assert "a traceback was written to worker.log" in log  # one pointer line instead of the traceback
@@ -64,7 +64,7 @@ def test_crash_mid_run_is_reported_and_recorded(qtbot, make_studio):
 def test_sigkill_names_the_signal(qtbot, make_studio):
     studio = make_studio(fake_command("sigkill"))
     _run(qtbot, studio)
-    assert "killed by signal 9, SIGKILL" in studio.window.status_label.text()
+    assert "killed by signal 9, SIGKILL" in studio.train_page.status_label.text()
     assert RunFolder(studio.controller.folder.path).status() == "failed"
 
 
@@ -72,22 +72,22 @@ def test_stop_button_stops_a_slow_run(qtbot, make_studio):
     studio = make_studio(fake_command("slow", delay=0.05))
     finished = []
     studio.client.job_finished.connect(finished.append)
-    studio.window.start_button.click()
+    studio.train_page.start_button.click()
     qtbot.waitUntil(lambda: studio.store.count("loss") >= 3, timeout=WAIT_MS)
-    assert studio.window.stop_button.isEnabled()
-    studio.window.stop_button.click()
+    assert studio.train_page.stop_button.isEnabled()
+    studio.train_page.stop_button.click()
     assert studio.state.status == "stopping"
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=WAIT_MS)
     assert finished and finished[0].stopped
     assert studio.state.status == "stopped"
-    assert studio.window.status_label.text().startswith("Stopped at step")
+    assert studio.train_page.status_label.text().startswith("Stopped at step")
     assert RunFolder(studio.controller.folder.path).status() == "stopped"
 
 
 def test_closing_during_a_run_stops_saves_then_closes(qtbot, make_studio):
     studio = make_studio(fake_command("slow", delay=0.05))
     studio.controller.ask_stop_on_close = lambda: "save"
-    studio.window.start_button.click()
+    studio.train_page.start_button.click()
     qtbot.waitUntil(lambda: studio.store.count("loss") >= 2, timeout=WAIT_MS)
     assert studio.window.close() is False  # kept open while the worker saves
     assert studio.window.isVisible()
@@ -98,7 +98,7 @@ def test_closing_during_a_run_stops_saves_then_closes(qtbot, make_studio):
 def test_closing_and_cancelling_keeps_the_run(qtbot, make_studio):
     studio = make_studio(fake_command("slow", delay=0.05))
     studio.controller.ask_stop_on_close = lambda: "cancel"
-    studio.window.start_button.click()
+    studio.train_page.start_button.click()
     qtbot.waitUntil(lambda: studio.store.count("loss") >= 1, timeout=WAIT_MS)
     assert studio.window.close() is False
     assert studio.client.is_running()
@@ -109,18 +109,18 @@ def test_closing_and_cancelling_keeps_the_run(qtbot, make_studio):
 
 def test_a_missing_worker_program_is_a_clear_failure(qtbot, make_studio):
     studio = make_studio(["/nonexistent/python-for-the-worker"])
-    studio.window.start_button.click()
+    studio.train_page.start_button.click()
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=WAIT_MS)
-    assert "could not start the worker" in studio.window.status_label.text()
+    assert "could not start the worker" in studio.train_page.status_label.text()
     assert RunFolder(studio.controller.folder.path).status() == "failed"
-    assert studio.window.start_button.isEnabled()
+    assert studio.train_page.start_button.isEnabled()
 
 
 def test_an_invalid_form_never_starts_a_worker(qtbot, make_studio):
     studio = make_studio(fake_command("normal"))
-    studio.window.data_edit.setText("")
-    studio.window.steps_spin.setValue(5)
-    studio.controller.config_factory = lambda values: (_ for _ in ()).throw(ValueError("data.path is empty"))
-    studio.window.start_button.click()
+    studio.config.set("data.path", "")
+    studio.config.set("train.max_steps", 5)
+    studio.controller.config_factory = lambda: (_ for _ in ()).throw(ValueError("data.path is empty"))
+    studio.train_page.start_button.click()
     assert not studio.client.is_running()
-    assert "Cannot start: data.path is empty" in studio.window.status_label.text()
+    assert "Cannot start: data.path is empty" in studio.train_page.status_label.text()

@@ -1,0 +1,102 @@
+"""RunModels: a run's base model and its tuned version, loaded the way the run trained them.
+
+Adapter methods load the base once (quantized as the run quantized it) with the adapter on top;
+"base" is the same model with the adapter switched off, so comparing the two costs one model's
+memory. Method full keeps one model at a time: switching drops the other before loading.
+Refusals come before anything loads, one sentence each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+import torch
+
+from backend.config import RunConfig
+from backend.errors import bad_input
+from backend.protocol import Capabilities
+from backend.runs import RunFolder
+from backend.training.loading import check_model_folder, load_model, load_tokenizer
+from backend.training.techniques import TechniquePlan, plan_techniques
+
+log = logging.getLogger(__name__)
+Which = Literal["base", "tuned"]
+
+
+def inference_plan(config: RunConfig, capabilities: Capabilities) -> TechniquePlan:
+    """The run's plan on this machine, minus what only training needs (optimizer, offload)."""
+    technique = config.technique.model_copy(update={"optimizer": "adamw", "offload": "none"})
+    return plan_techniques(config.model_copy(update={"technique": technique}), capabilities)
+
+
+class RunModels:
+    def __init__(self, run_dir: Path, config: RunConfig, capabilities: Capabilities):
+        self.folder = RunFolder(run_dir)
+        self.config = config
+        self.full = config.technique.method == "full"
+        self.weights_dir = self.folder.path / "model" if self.full else self.folder.adapter_dir
+        self.base_path = check_model_folder(config)
+        self.plan = inference_plan(config, capabilities)
+        self._model: Any = None
+        self._loaded: str | None = None  # "base", "tuned" (full) or "adapter" (base + adapter)
+
+    @property
+    def has_tuned(self) -> bool:
+        if self.full:
+            return (self.weights_dir / "config.json").is_file() and any(self.weights_dir.glob("*.safetensors"))
+        return (self.weights_dir / "adapter_config.json").is_file() and \
+            (self.weights_dir / "adapter_model.safetensors").is_file()
+
+    def require_tuned(self) -> None:
+        if not self.has_tuned:
+            what = "model/ (the fully tuned weights)" if self.full else "adapter/"
+            raise bad_input(
+                f"{self.folder.path} has no complete {what}: the run never finished, so there is no tuned model",
+                f"resume it with `finetune-studio train --resume {self.folder.path}`, or use the base model",
+            )
+
+    def tokenizer(self) -> Any:
+        """The tokenizer the run trained with (the base's, loaded as training loaded it)."""
+        return load_tokenizer(self.base_path, self.config)
+
+    def _drop(self) -> None:
+        self._model, self._loaded = None, None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _load(self, which: Which) -> None:
+        want = which if self.full or not self.has_tuned else "adapter"
+        if self._loaded == want:
+            return
+        self._drop()
+        if want == "tuned":
+            model = load_model(self.weights_dir, self.config, self.plan)
+        else:
+            model = load_model(self.base_path, self.config, self.plan)
+            if want == "adapter":
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, str(self.weights_dir), is_trainable=False)
+        model.eval()
+        self._model, self._loaded = model, want
+        log.info("loaded %s for %s", want, which)
+
+    @contextlib.contextmanager
+    def use(self, which: Which) -> Iterator[Any]:
+        """The model to run for `which`, in eval mode (for base over an adapter: adapter switched off)."""
+        if which == "tuned":
+            self.require_tuned()
+        self._load(which)
+        if which == "base" and self._loaded == "adapter":
+            with self._model.disable_adapter():
+                yield self._model
+        else:
+            yield self._model
+
+    def close(self) -> None:
+        self._drop()

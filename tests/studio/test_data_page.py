@@ -1,0 +1,107 @@
+"""Data page: formats detected with the worker's reader, conversations previewed, lengths measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from studio.services.dataset_profile import DatasetProfile
+
+LONG = " ".join(["word"] * 400)
+FILES = {
+    "alpaca.jsonl": [{"instruction": "Say hi", "input": "", "output": "hi"},
+                     {"instruction": "Long one", "input": LONG, "output": "ok"}],
+    "sharegpt.json": [{"conversations": [{"from": "human", "value": "hello"}, {"from": "gpt", "value": "hey"}]}],
+    "messages.jsonl": [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+                                     {"role": "assistant", "content": "a"}]}],
+}
+
+
+def _write(folder: Path, name: str) -> Path:
+    path = folder / name
+    records = FILES[name]
+    if name.endswith(".jsonl"):
+        path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    else:
+        path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.mark.parametrize("name,fmt", [("alpaca.jsonl", "alpaca"), ("sharegpt.json", "sharegpt"),
+                                      ("messages.jsonl", "messages")])
+def test_profile_detects_the_format(tmp_path, name, fmt):
+    profile = DatasetProfile.read(str(_write(tmp_path, name)), "bundled:tiny")
+    assert profile.problem == "" and profile.format == fmt
+    assert profile.count == len(FILES[name]) and profile.tokenizer.endswith("tokenizer.json")
+    assert any(m["role"] == "assistant" for m in profile.preview[0])
+
+
+def test_profile_of_text_and_of_a_broken_file(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("first document\n\nsecond document")
+    profile = DatasetProfile.read(str(text), "")
+    assert profile.format == "text" and profile.count == 2 and profile.tokenizer == ""  # word-count estimate
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "ok"}\n{oops\n')
+    profile = DatasetProfile.read(str(broken))
+    assert "line 2" in profile.problem and "not valid JSON" in profile.problem
+
+
+def test_page_previews_conversations_and_marks_what_is_trained(qtbot, make_studio, tmp_path):
+    studio = make_studio()
+    page = studio.pages["data"]
+    assert page.profile is not None and page.profile.format == "alpaca"  # the bundled demo set
+    assert page.profile.count == 600
+    page.choose(str(_write(tmp_path, "messages.jsonl")))
+    assert "<b>messages</b>" in page.summary_label.text()
+    html = page.preview.toPlainText()
+    assert "system" in html and "user" in html and "assistant" in html and "trained on" in html
+    assert page.preview.trained_count == 1
+    assert studio.settings.last_dataset == str(tmp_path / "messages.jsonl")
+
+
+def test_histogram_marks_seq_len_and_the_share_truncated(qtbot, make_studio, tmp_path):
+    studio = make_studio()
+    page = studio.pages["data"]
+    page.choose(str(_write(tmp_path, "alpaca.jsonl")))
+    studio.config.set("train.seq_len", 64)
+    page.histogram.flush()
+    assert page.histogram.line_position() == 64 and page.histogram.bar_count == 2
+    assert "50.0%" in page.truncated_label.text() and "truncated" in page.truncated_label.text()
+    assert "Approximate" in page.approx_label.text() and "chat template" in page.approx_label.text()
+    studio.config.set("data.truncate", False)
+    assert "50.0%" in page.truncated_label.text() and "refused" in page.truncated_label.text()
+    studio.config.set("train.seq_len", 1024)
+    assert "0.0%" in page.truncated_label.text() and "no example is longer" in page.truncated_label.text()
+
+
+def test_split_spin_box_sets_the_validation_split(qtbot, make_studio):
+    studio = make_studio()
+    page = studio.pages["data"]
+    spin = next(w for w in studio.editors.editors["data.validation_split"] if page.isAncestorOf(w))
+    spin.setValue(0.2)
+    assert studio.config.get("data.validation_split") == pytest.approx(0.2)
+    assert page.split_label.text() == "480 train · 120 validation"
+    assert "data.validation_split=0.2" in studio.pages["techniques"].command_line.text()
+
+
+def test_an_unreadable_dataset_is_a_sentence_not_a_crash(qtbot, make_studio, tmp_path):
+    studio = make_studio()
+    page = studio.pages["data"]
+    page.choose(str(tmp_path / "missing.jsonl"))
+    assert "not found" in page.summary_label.text()
+    assert page.histogram.bar_count == 0 and page.preview.trained_count == 0
+
+
+def test_background_read_delivers_the_newest_file(qtbot, tmp_path):
+    from studio.services.background_call import BackgroundCall
+
+    call = BackgroundCall()
+    got: list = []
+    call.finished.connect(got.append)
+    call.call(lambda: DatasetProfile.read(str(_write(tmp_path, "alpaca.jsonl"))))
+    call.call(lambda: DatasetProfile.read(str(_write(tmp_path, "sharegpt.json"))))
+    qtbot.waitUntil(lambda: not call.is_busy(), timeout=10_000)
+    assert [p.format for p in got] == ["sharegpt"]

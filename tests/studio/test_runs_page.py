@@ -1,0 +1,87 @@
+"""Runs page: the history from the run folders, overlaid curves, config diffs, open, delete, resume."""
+
+from __future__ import annotations
+
+import json
+
+from backend.config import RunConfig
+from backend.runs import CHECKPOINT_MARKER, RunFolder
+
+
+def _run(name: str, rank: int, losses: list[float], checkpoint: bool = False) -> RunFolder:
+    config = RunConfig.from_dict({"name": name, "technique": {"lora_rank": rank}})
+    folder = RunFolder.create(config)
+    for step, loss in enumerate(losses, start=1):
+        folder.append_event({"type": "MetricsLogged", "step": step, "max_steps": len(losses), "loss": loss})
+    folder.append_event({"type": "JobFinished", "run_dir": str(folder.path), "steps": len(losses),
+                         "final_loss": losses[-1], "stopped": checkpoint})
+    if checkpoint:
+        path = folder.checkpoints_dir / f"checkpoint-{len(losses)}"
+        path.mkdir(parents=True)
+        (path / CHECKPOINT_MARKER).write_text(json.dumps({"step": len(losses)}))
+    return folder
+
+
+def test_runs_are_listed_compared_and_diffed(qtbot, make_studio):
+    a = _run("alpha", 8, [3.0, 2.0, 1.5])
+    b = _run("beta", 16, [3.0, 1.8, 1.2, 1.0])
+    studio = make_studio()
+    page = studio.pages["runs"]
+    studio.window.show_page("runs")  # showing the page syncs the index with the folders
+    assert page.count_label.text() == "2 run(s)"
+    names = {page.table.item(r, 0).text(): page.table.item(r, 1).text() for r in range(page.table.rowCount())}
+    assert names == {"alpha": "finished", "beta": "finished"}
+    page.select_runs([a.run_id, b.run_id])
+    assert page.overlay.curve_count() == 2
+    diff = {page.diff_table.item(r, 0).text(): (page.diff_table.item(r, 1).text(), page.diff_table.item(r, 2).text())
+            for r in range(page.diff_table.rowCount())}
+    by_name = {s.run_id: s.name for s in page.selected()}
+    first = by_name[page.selected()[0].run_id]
+    expected = ("8", "16") if first == "alpha" else ("16", "8")
+    assert diff["technique.lora_rank"] == expected and "name" in diff
+    assert "train.max_steps" not in diff
+    page.select_runs([a.run_id])
+    assert page.overlay.curve_count() == 1 and page.diff_table.rowCount() == 0
+
+
+def test_open_and_delete_with_confirmation(qtbot, make_studio):
+    keep = _run("keep", 8, [1.0])
+    doomed = _run("doomed", 8, [1.0])
+    studio = make_studio()
+    page = studio.pages["runs"]
+    page.refresh()
+    opened = []
+    page.open_url = opened.append
+    page.select_runs([doomed.run_id])
+    page.open_button.click()
+    assert opened and opened[0].toLocalFile() == str(doomed.path)
+    asked = []
+    page.confirm_delete = lambda runs: asked.append([r.name for r in runs]) or False
+    page.delete_button.click()
+    assert asked == [["doomed"]] and doomed.path.exists()  # declined: nothing deleted
+    page.confirm_delete = lambda runs: True
+    page.delete_button.click()
+    assert not doomed.path.exists() and keep.path.exists()
+    assert [s.name for s in page.summaries] == ["keep"]
+
+
+def test_resume_from_the_runs_page(qtbot, make_studio):
+    from tests.fakes import fake_command
+
+    plain = _run("plain", 8, [2.0])
+    resumable = _run("resumable", 8, [2.0, 1.0], checkpoint=True)
+    studio = make_studio(fake_command("normal"))
+    page = studio.pages["runs"]
+    page.refresh()
+    page.select_runs([plain.run_id])
+    assert not page.resume_button.isEnabled()
+    page.select_runs([resumable.run_id])
+    assert page.resume_button.isEnabled()
+    assert studio.controller.resume_candidate().path == resumable.path
+    page.resume_button.click()
+    assert studio.window.current_page() == "train"
+    qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=30_000)
+    assert studio.state.status == "finished"
+    steps, _ = studio.store.series("loss")
+    assert steps[:2] == [1, 2] and steps[-1] == 10  # old curve, then the resumed steps 3..10
+    assert RunFolder(resumable.path).status() == "finished"

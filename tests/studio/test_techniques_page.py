@@ -1,0 +1,88 @@
+"""Techniques page: every option with its tooltip, a live memory estimate, and the CLI line."""
+
+from __future__ import annotations
+
+import shlex
+
+from PySide6.QtWidgets import QApplication, QComboBox
+
+from backend.config import RunConfig, TechniqueSection
+from studio.widgets.field_editors import description
+from tests.fakes.fake_nvml import FakeSampler
+
+
+def test_every_technique_option_has_an_editor_with_its_description(qtbot, make_studio):
+    studio = make_studio()
+    page = studio.pages["techniques"]
+    for name in TechniqueSection.model_fields:
+        editor = page.editor(f"technique.{name}")
+        assert editor.toolTip() == " ".join(TechniqueSection.model_fields[name].description.split())
+    for key in ("train.micro_batch_size", "train.gradient_accumulation_steps", "train.seq_len"):
+        assert page.editor(key).toolTip() == description(key)
+    method = page.editor("technique.method")
+    assert isinstance(method, QComboBox)
+    assert [method.itemText(i) for i in range(method.count())] == ["lora", "dora", "qlora", "lora8", "full"]
+    assert page.editor("technique.neftune_alpha").specialValueText() == "off"
+
+
+def test_the_breakdown_follows_every_change(qtbot, make_studio):
+    studio = make_studio(sampler=FakeSampler())
+    page = studio.pages["techniques"]
+    before = page.breakdown.part_sizes()
+    assert before["adapters"] > 0 and before["master_weights"] == 0
+    page.editor("technique.method").setCurrentText("full")
+    qtbot.waitUntil(lambda: page.breakdown.part_sizes().get("adapters") == 0, timeout=3000)
+    after = page.breakdown.part_sizes()
+    assert after["gradients"] > before["gradients"] and after["optimizer"] > before["optimizer"]
+    assert not page.editor("technique.lora_rank").isVisibleTo(page)  # LoRA knobs hide for full tuning
+    activations = after["activations"]
+    page.editor("train.micro_batch_size").setValue(16)
+    qtbot.waitUntil(lambda: page.breakdown.part_sizes()["activations"] > activations, timeout=3000)
+    rows = page.breakdown.table.rowCount()
+    assert rows == len(after) + 1 and page.breakdown.table.item(rows - 1, 0).text() == "Total"
+
+
+def test_fits_and_does_not_fit_against_the_device(qtbot, make_studio):
+    studio = make_studio(sampler=FakeSampler(total=24 << 30))
+    breakdown = studio.pages["techniques"].breakdown
+    assert breakdown.verdict() == "fits" and "Fits" in breakdown.verdict_label.text()
+    assert breakdown.bar.limit == 24 << 30
+    small = make_studio(sampler=FakeSampler(total=64 << 20, name="Tiny GPU"))
+    breakdown = small.pages["techniques"].breakdown
+    assert breakdown.verdict() == "too_big" and "Does not fit" in breakdown.verdict_label.text()
+    assert "Tiny GPU" in breakdown.limit_label.text()
+
+
+def test_command_line_reproduces_the_setup(qtbot, make_studio, tmp_path):
+    studio = make_studio()
+    page = studio.pages["techniques"]
+    line = page.command_line
+    assert line.text() == "finetune-studio train resources/presets/tiny_lora.yaml"
+    page.editor("technique.lora_rank").setValue(16)
+    page.editor("technique.gradient_checkpointing").setChecked(True)
+    page.editor("train.learning_rate").setValue(0.0005)
+    studio.pages["model"].choose(str(tmp_path / "my model"))
+    text = line.text()
+    assert "--set technique.lora_rank=16" in text and "--set technique.gradient_checkpointing=true" in text
+    args = shlex.split(text)
+    sets = [args[i + 1] for i, arg in enumerate(args) if arg == "--set"]
+    assert RunConfig.load(args[2], sets).model_dump() == studio.config.config().model_dump()
+    line.copy_button.click()
+    assert QApplication.clipboard().text() == text
+    saved = tmp_path / "run.yaml"
+    line.ask_save_path = lambda: str(saved)
+    line.save_button.click()
+    assert RunConfig.load(saved).technique.lora_rank == 16
+    assert line.text() == f"finetune-studio train {saved}"
+
+
+def test_an_impossible_combination_is_named_and_refused(qtbot, make_studio):
+    studio = make_studio()
+    page = studio.pages["techniques"]
+    page.editor("technique.precision").setCurrentText("fp32")
+    page.editor("technique.attention").setCurrentText("flash_attention_2")
+    assert "flash_attention_2 runs only in bf16 or fp16" in page.problem_label.text()
+    studio.train_page.start_button.click()
+    assert not studio.client.is_running()
+    assert "Cannot start" in studio.train_page.status_label.text()
+    qtbot.waitUntil(lambda: "No estimate" in page.breakdown.verdict_label.text(), timeout=3000)
