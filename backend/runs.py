@@ -167,11 +167,17 @@ class RunFolder:
 
     def summary(self) -> RunSummary:
         steps, final_loss, tps = 0, None, None
+        job = "finetune"
         for event in self.iter_events():
-            if event.get("type") == "MetricsLogged":
+            kind = event.get("type")
+            if kind == "JobStarted":
+                job = event.get("job", "finetune")
+            elif job != "finetune":
+                continue  # exports, evaluations and chats do not change the run's figures
+            elif kind == "MetricsLogged":
                 steps = event.get("step", steps)
                 final_loss = event.get("loss", final_loss) if event.get("loss") is not None else final_loss
-            elif event.get("type") == "JobFinished":
+            elif kind == "JobFinished":
                 tps = event.get("tokens_per_s")
                 final_loss = event.get("final_loss", final_loss)
         model = method = ""
