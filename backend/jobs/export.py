@@ -91,7 +91,7 @@ class Export:
 
     def disk_full(self, needed: int) -> JobError:
         return JobError(
-            "bad_input",
+            "disk_full",
             f"the disk holding {self.out.parent} is full: this {self.fmt} export needs about {_human(needed)} free "
             f"and {_human(self.free_bytes())} is free now; nothing was left behind",
             "free some space there, or pass --out on a disk with more room",
