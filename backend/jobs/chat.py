@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.utils import logging as hf_logging
 
 from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.evaluation.generation import prompt_ids, stream_answer
 from backend.evaluation.run_models import RunModels
 from backend.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged, TokensGenerated
-from backend.training.capabilities import default_threads, probe_capabilities
+from backend.training.capabilities import probe_capabilities
 from backend.training.phase import set_phase
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
@@ -90,8 +89,6 @@ def run_chat(
     params: dict | None = None,
 ) -> None:
     began = time.monotonic()
-    hf_logging.set_verbosity_warning()
-    torch.set_num_threads(config.train.cpu_threads or default_threads())
     request = ChatRequest(params or {})
     reporter.emit(JobStarted(job="chat", run_dir=str(run_dir)))
     models = RunModels(run_dir, config, capabilities or probe_capabilities())

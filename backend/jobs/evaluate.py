@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers.utils import logging as hf_logging
 
 from backend.config import RunConfig
 from backend.errors import JobError, bad_input
@@ -28,7 +26,7 @@ from backend.evaluation.perplexity import PerplexityResult, perplexity
 from backend.evaluation.prompts import HeldOutPrompt, default_prompts_file, read_prompts
 from backend.evaluation.run_models import RunModels
 from backend.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged
-from backend.training.capabilities import default_threads, probe_capabilities
+from backend.training.capabilities import probe_capabilities
 from backend.training.data import build_datasets
 from backend.training.phase import set_phase
 from backend.worker.reporter import Reporter
@@ -118,8 +116,6 @@ def run_evaluate(
     params: dict | None = None,
 ) -> None:
     began = time.monotonic()
-    hf_logging.set_verbosity_warning()
-    torch.set_num_threads(config.train.cpu_threads or default_threads())
     request = EvalRequest(config, params or {})
     reporter.emit(JobStarted(job="evaluate", run_dir=str(run_dir)))
     models = RunModels(run_dir, config, capabilities or probe_capabilities())

@@ -29,7 +29,6 @@ from backend.export.formats import DTYPES, FORMATS, GGUF_TYPES, LOGIT_TOLERANCE,
 from backend.export.merge import TrainedRun, linear_parameter_count, load_reference, load_tokenizer, merge, parameter_count
 from backend.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
 from backend.runs import fsync_tree
-from backend.training.capabilities import default_threads
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
 
@@ -148,7 +147,6 @@ def run_export(
     params: dict | None = None,
 ) -> None:
     began = time.monotonic()
-    torch.set_num_threads(config.train.cpu_threads or default_threads())
     job = Export(Path(run_dir), params or {})
     reporter.emit(JobStarted(job="export", run_dir=str(run_dir), max_steps=len(STAGES)))
 

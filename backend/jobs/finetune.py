@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 from transformers import PrinterCallback, TrainerState, TrainingArguments
-from transformers.utils import logging as hf_logging
 
 from backend.config import RunConfig
 from backend.errors import JobError
@@ -23,7 +22,7 @@ from backend.evaluation.samples import SampleGenerator
 from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
 from backend.runs import RunFolder
 from backend.training.callbacks import ReportingCallback
-from backend.training.capabilities import default_threads, probe_capabilities
+from backend.training.capabilities import probe_capabilities
 from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
 from backend.training.mfu import flops_per_token, forget_peak, peak_flops
@@ -95,10 +94,6 @@ def run_finetune(
 ) -> None:
     began = time.monotonic()
     folder = RunFolder(run_dir)
-    hf_logging.set_verbosity_warning()
-    # Ranks on one machine share its cores; each keeps to its share.
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    torch.set_num_threads(config.train.cpu_threads or max(1, default_threads() // local))
     capabilities = capabilities or probe_capabilities()
     if world_size() > 1:
         log.info("rank %s of %d (%s)", os.environ.get("RANK"), world_size(), config.hardware.strategy)

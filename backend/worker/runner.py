@@ -87,6 +87,7 @@ def run_worker(stdin: IO[str], protocol_out: IO[str], job_file: Path | None = No
     config = None
     try:
         config = RunConfig.from_dict(command.config, source=str(run_dir / "config.yaml"))
+        set_up_torch(config)
         job = load_job(command.job)
         job(config, run_dir, reporter, stop, resume=command.resume, capabilities=capabilities, params=command.params)
         return 0
@@ -97,6 +98,19 @@ def run_worker(stdin: IO[str], protocol_out: IO[str], job_file: Path | None = No
         return 1
     finally:
         reporter.close()
+
+
+def set_up_torch(config: RunConfig) -> None:
+    """What every job needs the same way: thread count and quiet libraries."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from backend.training.capabilities import default_threads
+
+    hf_logging.set_verbosity_warning()
+    # Ranks on one machine share its cores; each keeps to its share.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(config.train.cpu_threads or max(1, default_threads() // local))
 
 
 def load_job(kind: str):

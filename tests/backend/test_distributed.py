@@ -4,7 +4,6 @@ files the Hardware section writes for FSDP, DeepSpeed and clusters."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 import yaml
