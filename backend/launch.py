@@ -16,7 +16,10 @@ from backend.runs import RunFolder
 
 
 def worker_command(python: str | None = None) -> list[str]:
-    """argv of a worker process: `python -m backend.worker`."""
+    """argv of a worker process: `python -m backend.worker`, or `<bundle> --worker` in a frozen
+    (PyInstaller) bundle, whose sys.executable is the bundle itself and knows no `-m`."""
+    if python is None and getattr(sys, "frozen", False):
+        return [sys.executable, "--worker"]
     return [python or sys.executable, "-m", "backend.worker"]
 
 

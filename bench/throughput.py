@@ -31,7 +31,7 @@ import json, sys, time, torch
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer,
-                          TrainingArguments)
+                          TrainerCallback, TrainingArguments)
 cfg = json.loads(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(cfg["model"])
 rows = [json.loads(l) for l in open(cfg["data"], encoding="utf-8") if l.strip()]
@@ -58,9 +58,15 @@ def collate(features):
 args = TrainingArguments(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
                          learning_rate=cfg["lr"], logging_steps=1, save_strategy="no", report_to=[],
                          disable_tqdm=True, seed=cfg["seed"], use_cpu=not cuda, bf16=cuda)
-trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
+class Clock(TrainerCallback):
+    """Times the steps the same way the studio does: from train begin to the last step's end."""
+    begin = end = 0.0
+    def on_train_begin(self, *a, **k): Clock.begin = time.monotonic()
+    def on_step_end(self, *a, **k): Clock.end = time.monotonic()
+trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate, callbacks=[Clock()])
 out = trainer.train()
 tokens = sum(counts[: cfg["steps"]])
+out.metrics["train_runtime"] = Clock.end - Clock.begin
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
 print("RESULT " + json.dumps({"tokens_per_s": tokens / out.metrics["train_runtime"], "threads": torch.get_num_threads(),
                               "first_loss": losses[0], "final_loss": losses[-1]}))

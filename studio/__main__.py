@@ -27,6 +27,13 @@ def _has_display() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        # `finetune-studio --worker`: the worker, for a frozen bundle that has no `python -m` (see
+        # backend/launch.py worker_command). Imports neither Qt nor the studio.
+        sys.argv = [sys.argv[0], *argv[1:]]
+        from backend.worker.__main__ import main as worker_main
+
+        return worker_main()
     if _wants_cli(argv):
         from backend.cli import main as cli_main
 

@@ -86,3 +86,13 @@ def test_python_m_studio_opens_and_paints(tmp_path):
                                               "FINETUNE_STUDIO_HOME": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert "STARTUP_PROBE" in result.stdout and "STARTUP_READY" in result.stdout
+
+
+def test_worker_flag_starts_the_worker():
+    """`finetune-studio --worker` (the frozen bundle's worker) answers WorkerReady."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "studio", "--worker"], input="", capture_output=True,
+                          text=True, timeout=120)
+    assert '"type":"WorkerReady"' in done.stdout
