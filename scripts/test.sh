@@ -3,9 +3,11 @@
 # torch==2.13.0 comes first: it is the CPU build; an open range would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Xvfb lets one test open the real window and take screenshots (skipped, with a reason, without it).
-if ! command -v Xvfb >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  (apt-get update -qq && apt-get install -y -qq xvfb >/dev/null) || echo "note: could not install xvfb"
+# Xvfb and Qt's xcb libraries let one test open the real window and take screenshots (it is
+# skipped, with a reason, without them).
+XCB_PACKAGES="xvfb libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxkbcommon-x11-0"
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && ! dpkg -s $XCB_PACKAGES >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq $XCB_PACKAGES >/dev/null) || echo "note: could not install $XCB_PACKAGES"
 fi
 python3 -m venv .venv
 . .venv/bin/activate

@@ -1,7 +1,11 @@
-"""Composition root: builds the services, state and window, wires them, runs the event loop.
+"""Composition root: builds the services, state, pages and window, wires them, runs the event loop.
 
-Everything here is cheap to import (no torch, ever): the window must open in well under a second,
-and the studio must survive anything the worker's GPU stack does.
+Startup is staged so the window appears as soon as Qt can draw it: `run_app` shows the bare window
+(page list, placeholders, status bar: Qt only); right after its first paint `build_core` builds the
+config and the Model page (pydantic, no charts), and once that page has painted `build_rest` builds
+everything else (pyqtgraph charts, the other pages, NVML). Tests call `build_studio`, which does
+both at once. Nothing here ever imports torch: the studio must survive anything the worker's GPU
+stack does.
 """
 
 from __future__ import annotations
@@ -9,50 +13,23 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 from PySide6.QtCore import QEvent, QObject, QTimer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
-from backend.config import ConfigError, RunConfig
-from backend.paths import resources_dir
 from studio.main_window import MainWindow
-from studio.run_controller import RunController
-from studio.services.worker_client import WorkerClient
-from studio.state.form_values import FormValues
-from studio.state.metric_store import MetricStore
-from studio.state.run_state import RunState
+from studio.services.settings import Settings
 
 PRESET = "presets/tiny_lora.yaml"
 """The starting point of the form, relative to resources/; RunConfig defaults if it is missing."""
 
 STARTUP_PROBE_ENV = "FINETUNE_STUDIO_STARTUP_PROBE"
 """When set, print `STARTUP_PROBE <unix time>` after the first paint of the window and
-`STARTUP_READY <unix time>` after the first paint of the chart, then quit (bench/startup_time.py)."""
-
-
-def base_config() -> RunConfig:
-    """The preset the form starts from (the file the CLI would run), or the defaults."""
-    preset = resources_dir() / PRESET
-    return RunConfig.load(preset) if preset.is_file() else RunConfig()
-
-
-def form_from_config(config: RunConfig) -> FormValues:
-    return FormValues(config.model.path, config.data.path, config.technique.lora_rank,
-                      config.train.max_steps)
-
-
-def build_config(values: FormValues, base: RunConfig | None = None) -> RunConfig:
-    """The form's choices over the preset, validated: raises ConfigError naming the field."""
-    raw = (base or base_config()).model_dump(mode="json")
-    raw["model"]["path"] = values.model_path
-    raw["data"]["path"] = values.data_path
-    raw["technique"]["lora_rank"] = values.lora_rank
-    raw["train"]["max_steps"] = values.max_steps
-    if raw["train"].get("warmup_steps", 0) >= values.max_steps:
-        raw["train"]["warmup_steps"] = 0  # the preset's warmup cannot outlast a short run
-    return RunConfig.from_dict(raw, source="form")
+`STARTUP_READY <unix time>` after the first paint of the page the window opens on, then quit once
+every page is built (bench/startup_time.py)."""
 
 
 @dataclass
@@ -60,45 +37,168 @@ class Studio:
     """The built application, handed to run_app and to tests."""
 
     window: MainWindow
-    controller: RunController
-    client: WorkerClient
-    store: MetricStore
-    state: RunState
+    controller: Any
+    client: Any
+    store: Any
+    state: Any
+    config: Any
+    """ConfigState: the draft config the pages edit."""
+    estimate: Any
+    telemetry: Any
+    monitor: Any
+    settings: Settings
+    editors: Any
+    pages: dict[str, QWidget] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def train_page(self) -> Any:
+        return self.pages["train"]
 
 
-def build_studio(worker_command: Sequence[str] | None = None,
-                 worker_env: dict[str, str] | None = None, defer_chart: bool = False) -> Studio:
-    """Build and wire everything (a QApplication must exist). Tests pass a fake worker command.
+def base_config() -> tuple[dict[str, Any], Path | None, str]:
+    """(raw config, the file it came from, a problem sentence) for the form's starting point."""
+    from backend.config import ConfigError, RunConfig
+    from backend.paths import resources_dir
 
-    With `defer_chart` the chart is left for `install_chart`, so the window can paint first.
-    """
-    store = MetricStore()
-    state = RunState()
-    client = WorkerClient()
-    window = MainWindow()
-    if not defer_chart:
-        install_chart(window, store)
+    preset = resources_dir() / PRESET
+    if not preset.is_file():
+        return RunConfig().model_dump(mode="json"), None, ""
     try:
-        base = base_config()
-        problem = ""
+        return RunConfig.load(preset).model_dump(mode="json"), preset, ""
     except ConfigError as exc:
-        base, problem = RunConfig(), str(exc)
-    window.set_form_values(form_from_config(base))
-    controller = RunController(window, client, store, state,
-                               config_factory=lambda values: build_config(values, base),
-                               worker_command=worker_command, worker_env=worker_env, parent=window)
-    for child in (store, state, client):
+        return RunConfig().model_dump(mode="json"), None, str(exc)
+
+
+def _remembered(path: str) -> bool:
+    """A remembered model or dataset is used again only if it still exists."""
+    from backend.paths import resolve_resource
+
+    return bool(path) and resolve_resource(path).exists()
+
+
+@dataclass
+class _Core:
+    """What the first page needs: built before anything else, so it can paint first."""
+
+    window: MainWindow
+    settings: Settings
+    config: Any
+    editors: Any
+    estimate: Any
+    problem: str
+    pages: dict[str, QWidget] = field(default_factory=dict)
+
+
+def build_core(window: MainWindow | None = None, settings: Settings | None = None) -> _Core:
+    """The draft config, its editors and estimate, and the Model page (pydantic, no pyqtgraph)."""
+    from studio.pages.model_page import ModelPage
+    from studio.state.config_state import ConfigState
+    from studio.state.estimate_state import EstimateState
+    from studio.widgets.field_editors import FieldEditors
+
+    settings = settings or Settings()
+    window = window or MainWindow()
+    raw, source, problem = base_config()
+    for key, remembered in (("model", settings.last_model), ("data", settings.last_dataset)):
+        if _remembered(remembered):
+            raw[key]["path"] = remembered
+    config = ConfigState(raw, source, parent=window)
+    editors = FieldEditors(config, parent=window)
+    estimate = EstimateState(config, parent=window)
+    core = _Core(window, settings, config, editors, estimate, problem)
+    core.pages["model"] = ModelPage(config, editors)
+    window.install_page("model", core.pages["model"])
+    return core
+
+
+def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_env: dict[str, str] | None = None,
+               sampler: Callable[..., Any] | None = None, theme: Any = None,
+               synchronous_data: bool = False) -> Studio:
+    """Every other page (pyqtgraph, numpy), the worker client, the GPU monitor, and the wiring."""
+    from studio.pages.data_page import DataPage
+    from studio.pages.runs_page import RunsPage
+    from studio.pages.techniques_page import TechniquesPage
+    from studio.pages.train_page import TrainPage
+    from studio.run_controller import RunController
+    from studio.services.gpu_monitor import GpuMonitor
+    from studio.services.theme import Theme
+    from studio.services.worker_client import WorkerClient
+    from studio.state.metric_store import MetricStore
+    from studio.state.run_state import RunState
+    from studio.state.telemetry_store import TelemetryStore
+    from studio.telemetry_controller import TelemetryController
+
+    window, config, editors, estimate = core.window, core.config, core.editors, core.estimate
+    store, telemetry, state = MetricStore(), TelemetryStore(), RunState()
+    client = WorkerClient()
+    monitor = GpuMonitor(sampler)
+    pages = core.pages
+    pages["data"] = DataPage(config, editors, synchronous=synchronous_data)
+    pages["techniques"] = TechniquesPage(config, editors, estimate)
+    pages["train"] = TrainPage(store, telemetry, editors, window.start_action, window.stop_action,
+                               window.cancel_action, window.resume_action)
+    pages["runs"] = RunsPage()
+    for key in ("data", "techniques", "train", "runs"):
+        window.install_page(key, pages[key])
+    controller = RunController(window, pages["train"], pages["runs"], client, store, telemetry, state, estimate,
+                               config_factory=config.config, worker_command=worker_command,
+                               worker_env=worker_env, parent=window)
+    router = TelemetryController(window, monitor, client, telemetry, estimate, pages["train"].gpu_panel,
+                                 parent=window)
+    for child in (store, telemetry, state, client, monitor):
         child.setParent(controller)
-    if problem:
-        state.note(f"The preset could not be read, using defaults: {problem}")
-    return Studio(window, controller, client, store, state)
+    window.save_config_requested.connect(pages["techniques"].command_line.save_button.click)
+    if core.problem:
+        state.note(f"The preset could not be read, using defaults: {core.problem}")
+
+    theme = theme or Theme(QApplication.instance())
+    _wire_settings(window, config, core.settings, theme, controller)
+    studio = Studio(window, controller, client, store, state, config, estimate, telemetry, monitor, core.settings,
+                    editors, pages, {"telemetry_controller": router, "theme": theme})
+    estimate.recompute()
+    monitor.start()
+    controller.show_peaks()
+    return studio
 
 
-def install_chart(window: MainWindow, store: MetricStore) -> None:
-    """Build the loss chart; pyqtgraph and numpy are imported here, not at startup."""
-    from studio.widgets.loss_chart import LossChart
+def build_studio(worker_command: Sequence[str] | None = None, worker_env: dict[str, str] | None = None,
+                 sampler: Callable[..., Any] | None = None, window: MainWindow | None = None,
+                 settings: Settings | None = None, theme: Any = None, synchronous_data: bool = False) -> Studio:
+    """Build and wire everything at once (a QApplication must exist). Tests pass a fake worker and sampler."""
+    core = build_core(window, settings)
+    return build_rest(core, worker_command, worker_env, sampler, theme, synchronous_data)
 
-    window.set_chart(LossChart(store))
+
+def _wire_settings(window: MainWindow, config: Any, settings: Settings, theme: Any, controller: Any) -> None:
+    """Remember the model, dataset, theme, page and window layout; restore the page and theme now."""
+    def on_config_changed(key: str) -> None:
+        if key == "model.path":
+            settings.last_model = config.get("model.path")
+        elif key == "data.path":
+            settings.last_dataset = config.get("data.path")
+
+    def on_theme_requested(name: str) -> None:
+        settings.theme = name
+        theme.apply(name)
+
+    config.changed.connect(on_config_changed)
+    window.theme_requested.connect(on_theme_requested)
+    theme.apply(settings.theme)
+    window.set_theme_checked(settings.theme)
+    window.page_list.currentRowChanged.connect(lambda row: setattr(settings, "page", row))
+    if 0 <= settings.page < window.stack.count():
+        window.page_list.setCurrentRow(settings.page)
+    guard = window.close_guard
+
+    def close_guard() -> bool:
+        allowed = guard() if guard is not None else True
+        if allowed:
+            settings.save_window(window)
+            settings.sync()
+        return allowed
+
+    window.close_guard = close_guard
 
 
 class _AfterFirstPaint(QObject):
@@ -125,25 +225,52 @@ def _probe(label: str, then_quit: bool = False) -> None:
 def run_app(argv: list[str] | None = None) -> int:
     """Open the window and run until it closes; returns the exit code.
 
-    The window paints first and the chart (pyqtgraph, numpy: about a third of a second) is built
-    right after, so the person sees the studio as soon as Qt itself can draw.
+    The bare window paints first; the pages (pydantic, pyqtgraph, numpy: a few tenths of a second)
+    are built right after, so the person sees the studio as soon as Qt itself can draw.
     """
     app = QApplication.instance() or QApplication([sys.argv[0], *(argv or [])])
     app.setApplicationName("Finetune Studio")
     app.setOrganizationName("finetune-studio")
-    studio = build_studio(defer_chart=True)
-    app.aboutToQuit.connect(studio.client.shutdown)
+    app.setDesktopFileName("io.github.finetune_studio.FinetuneStudio")  # packaging/linux: Wayland app id
+    from studio.services.theme import Theme
+
+    settings = Settings()
+    theme = Theme(app)
+    theme.apply(settings.theme)  # before the first paint: a dark desktop never flashes light
+    window = MainWindow()
+    app.setWindowIcon(window.windowIcon())
+    settings.restore_window(window)
     probing = bool(os.environ.get(STARTUP_PROBE_ENV))
+    built: list[Studio] = []
 
     def after_first_paint() -> None:
         if probing:
             _probe("STARTUP_PROBE")
-        install_chart(studio.window, studio.store)
-        if probing and studio.window.chart is not None:
-            _AfterFirstPaint(studio.window.chart.viewport(), lambda: _probe("STARTUP_READY", then_quit=True))
+        core = build_core(window, settings)  # the Model page: paints before the heavier pages exist
+        page = settings.page if 0 <= settings.page < window.stack.count() else 0
 
-    _AfterFirstPaint(studio.window, after_first_paint)
+        def build_the_rest() -> None:
+            studio = build_rest(core, theme=theme)
+            built.append(studio)
+            app.aboutToQuit.connect(studio.client.shutdown)
+            app.aboutToQuit.connect(studio.monitor.stop)
+            if probing and page != 0:
+                _AfterFirstPaint(window.stack.currentWidget(), lambda: _probe("STARTUP_READY", then_quit=True))
+
+        if page == 0:
+            def model_page_painted() -> None:
+                if probing:
+                    _probe("STARTUP_READY")
+                build_the_rest()
+                if probing:
+                    QTimer.singleShot(0, app.quit)
+
+            _AfterFirstPaint(core.pages["model"], model_page_painted)
+        else:
+            build_the_rest()
+
+    _AfterFirstPaint(window, after_first_paint)
     if probing:
         QTimer.singleShot(30_000, app.quit)  # a probe that never fires must not hang the bench
-    studio.window.show()
+    window.show()
     return app.exec()

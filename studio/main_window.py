@@ -1,221 +1,204 @@
-"""MainWindow: the form, the live chart, the readouts and the log. Layout only, no logic.
+"""MainWindow: the page list, the page stack, menus, actions, the log dock and the status bar.
 
-The window shows state and reports what the person asked for (`start_requested`,
-`stop_requested`); studio/app.py decides what happens. Closing consults `close_guard`, which the
-app sets, so a close during a run can be turned into "stop, save, then close".
+Layout only, no logic: the window reports what the person asked for (`start_requested`, ...) and
+shows what it is told. Pages are installed by the app; until then each slot shows a placeholder,
+so the window can paint before the pages (pydantic, pyqtgraph) are even imported. Closing consults
+`close_guard`, which the app sets, so a close during a run can become "stop, save, then close".
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
-    QFileDialog,
-    QFormLayout,
-    QGroupBox,
+    QDockWidget,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
     QMainWindow,
     QPlainTextEdit,
-    QProgressBar,
-    QPushButton,
-    QSpinBox,
-    QSplitter,
-    QVBoxLayout,
+    QStackedWidget,
     QWidget,
 )
 
-from backend.config import TechniqueSection, TrainSection
-from backend.paths import resolve_resource
-from studio.state.form_values import FormValues, config_path, display_path
+from backend.paths import resources_dir
 
-if TYPE_CHECKING:  # pyqtgraph + numpy cost ~0.3 s: the chart module is imported after the first paint
-    from studio.widgets.loss_chart import LossChart
-
+PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("train", "Train"), ("runs", "Runs"))
+"""(key, title) of each page, in the order a first run walks through them."""
 LOG_MAX_LINES = 5000
 """The log pane keeps only the newest lines, so a chatty worker cannot grow the studio's memory."""
 
 
-def _field_range(model: type, name: str, default_max: int) -> tuple[int, int, str]:
-    """(minimum, maximum, tooltip) of an int config field, from its constraints and docstring."""
-    info = model.model_fields[name]  # type: ignore[attr-defined]
-    low, high = 1, default_max
-    for item in info.metadata:
-        low = getattr(item, "ge", None) if getattr(item, "ge", None) is not None else low
-        high = getattr(item, "le", None) if getattr(item, "le", None) is not None else high
-    return int(low), int(high), info.description or ""
+def icon(name: str) -> QIcon:
+    """resources/icons/<name>.svg (or the app icon's PNG renders for "app")."""
+    folder = resources_dir() / "icons"
+    if name == "app":
+        result = QIcon()
+        for size in (16, 32, 48, 64, 128, 256):
+            png = folder / f"app-{size}.png"
+            if png.is_file():
+                result.addFile(str(png), QSize(size, size))
+        return result if not result.isNull() else QIcon(str(folder / "app.svg"))
+    return QIcon(str(folder / f"{name}.svg"))
 
 
 class MainWindow(QMainWindow):
-    """One screen: choose model and data, set rank and steps, start, watch the loss fall."""
+    """Pages on the left, the chosen page in the middle, the log below, the environment in the status bar."""
 
     start_requested = Signal()
-    """Emitted when the person pressed Start (button or Ctrl+Return)."""
+    """Emitted when the person pressed Start (button, menu or Ctrl+Return)."""
     stop_requested = Signal()
-    """Emitted when the person pressed Stop (button or Ctrl+.)."""
+    """Emitted when the person pressed Stop and save (button, menu or Ctrl+.)."""
+    cancel_requested = Signal()
+    """Emitted when the person pressed Cancel (stop without saving)."""
+    resume_requested = Signal()
+    """Emitted when the person pressed Resume (from the newest complete checkpoint)."""
+    theme_requested = Signal(str)
+    """Emitted with "system", "light" or "dark" when the person picked a theme."""
+    save_config_requested = Signal()
+    """Emitted when the person chose File > Save config."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Finetune Studio")
-        self.resize(1100, 720)
+        self.setWindowIcon(icon("app"))
+        self.resize(1280, 800)
         self.close_guard: Callable[[], bool] | None = None
         """Called on close; returning False keeps the window open."""
-        self.chart: LossChart | None = None
-        """The loss chart, once `set_chart` put it in place of the placeholder."""
-        self._chart_slot: QWidget = QLabel("Loading the chart…")
-        self._chart_slot.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.pages: dict[str, QWidget] = {}
+        self._running = False
+        """Installed pages by key (model, data, techniques, train, runs)."""
 
-        self.model_edit, model_row = self._path_row("Browse…", self._on_model_browse_clicked)
-        self.data_edit, data_row = self._path_row("Browse…", self._on_data_browse_clicked)
-        self.model_edit.setToolTip("A local Hugging Face model folder, or the bundled tiny model.")
-        self.data_edit.setToolTip("A JSONL or JSON file of examples, or the bundled demo dataset.")
-        self.rank_spin = self._spin(TechniqueSection, "lora_rank", 1024)
-        self.steps_spin = self._spin(TrainSection, "max_steps", 10_000_000)
+        self.page_list = QListWidget()
+        self.page_list.setObjectName("PageList")
+        self.page_list.setIconSize(QSize(22, 22))
+        self.page_list.setFixedWidth(170)
+        self.stack = QStackedWidget()
+        for number, (key, title) in enumerate(PAGES, start=1):
+            QListWidgetItem(icon(key), f"{number}  {title}", self.page_list)
+            placeholder = QLabel(f"Loading {title}…")
+            placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            self.stack.addWidget(placeholder)
+        self.page_list.currentRowChanged.connect(self.stack.setCurrentIndex)
+        self.page_list.setCurrentRow(0)
+        central = QWidget()
+        row = QHBoxLayout(central)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        row.addWidget(self.page_list)
+        row.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
 
-        self.start_action = QAction("Start", self, shortcut=QKeySequence("Ctrl+Return"))
-        self.start_action.setToolTip("Start training (Ctrl+Return)")
-        self.start_action.triggered.connect(self.start_requested)
-        self.stop_action = QAction("Stop", self, shortcut=QKeySequence("Ctrl+."))
-        self.stop_action.setToolTip("Stop at the next step and save a checkpoint (Ctrl+.)")
-        self.stop_action.triggered.connect(self.stop_requested)
-        self.addAction(self.start_action)
-        self.addAction(self.stop_action)
-        self.start_button = QPushButton("Start")
-        self.start_button.setToolTip(self.start_action.toolTip())
-        self.start_button.clicked.connect(self.start_action.trigger)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip(self.stop_action.toolTip())
-        self.stop_button.clicked.connect(self.stop_action.trigger)
-
-        self.tokens_label = QLabel("— tokens/s")
-        self.tokens_label.setToolTip("Non-padding tokens trained per second")
-        self.progress = QProgressBar()
-        self.progress.setFormat("step %v / %m")
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        self.status_label = QLabel()
-        self.status_label.setWordWrap(True)
         self.log_view = QPlainTextEdit()
         self.log_view.setReadOnly(True)
         self.log_view.setMaximumBlockCount(LOG_MAX_LINES)
         self.log_view.setPlaceholderText("Phases, checkpoints, errors and the worker's log appear here.")
+        self.log_dock = QDockWidget("Log", self)
+        self.log_dock.setObjectName("LogDock")
+        self.log_dock.setWidget(self.log_view)
+        self.log_dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable
+                                  | QDockWidget.DockWidgetFeature.DockWidgetClosable)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.log_dock)
+        self.resizeDocks([self.log_dock], [110], Qt.Orientation.Vertical)
 
-        self._layout(model_row, data_row)
+        self.run_status = QLabel("Ready")
+        self.env_label = QLabel("Checking the environment…")
+        self.statusBar().addWidget(self.run_status, 1)
+        self.statusBar().addPermanentWidget(self.env_label)
+        self._make_actions()
         self.set_running(False)
 
-    # --- building -----------------------------------------------------------------------------
-    def _layout(self, model_row: QWidget, data_row: QWidget) -> None:
-        form = QFormLayout()
-        form.addRow("Model", model_row)
-        form.addRow("Dataset", data_row)
-        form.addRow("LoRA rank", self.rank_spin)
-        form.addRow("Max steps", self.steps_spin)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.start_button)
-        buttons.addWidget(self.stop_button)
-        buttons.addStretch(1)
-        setup = QGroupBox("Run")
-        setup_layout = QVBoxLayout(setup)
-        setup_layout.addLayout(form)
-        setup_layout.addLayout(buttons)
+    # --- actions and menus ----------------------------------------------------------------------
+    def _action(self, text: str, shortcut: str, tip: str, signal: Signal, icon_name: str = "") -> QAction:
+        action = QAction(icon(icon_name) if icon_name else QIcon(), text, self)
+        if shortcut:
+            action.setShortcut(QKeySequence(shortcut))
+            action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        action.setToolTip(f"{tip} ({shortcut})" if shortcut else tip)
+        action.triggered.connect(signal)
+        self.addAction(action)
+        return action
 
-        readouts = QHBoxLayout()
-        readouts.addWidget(self.progress, 1)
-        readouts.addWidget(self.tokens_label)
-        top = QWidget()
-        top_layout = QVBoxLayout(top)
-        top_layout.addWidget(setup)
-        top_layout.addWidget(self._chart_slot, 1)
-        self._top_layout = top_layout
-        top_layout.addLayout(readouts)
-        top_layout.addWidget(self.status_label)
+    def _make_actions(self) -> None:
+        self.start_action = self._action("Start", "Ctrl+Return", "Start training", self.start_requested, "start")
+        self.stop_action = self._action("Stop and save", "Ctrl+.", "Stop at the next step and save a checkpoint",
+                                        self.stop_requested, "stop")
+        self.cancel_action = self._action("Cancel", "", "Stop at the next step without saving",
+                                          self.cancel_requested, "cancel")
+        self.resume_action = self._action("Resume", "", "Continue a run from its newest complete checkpoint",
+                                          self.resume_requested, "resume")
+        self.save_config_action = self._action("Save config…", "Ctrl+S", "Save the setup as a YAML config",
+                                               self.save_config_requested)
+        quit_action = QAction("Quit", self, shortcut=QKeySequence.StandardKey.Quit)
+        quit_action.triggered.connect(self.close)
+        menu = self.menuBar()
+        file_menu = menu.addMenu("&File")
+        file_menu.addAction(self.save_config_action)
+        file_menu.addSeparator()
+        file_menu.addAction(quit_action)
+        run_menu = menu.addMenu("&Run")
+        for action in (self.start_action, self.stop_action, self.cancel_action, self.resume_action):
+            run_menu.addAction(action)
+        view_menu = menu.addMenu("&View")
+        for number, (key, title) in enumerate(PAGES, start=1):
+            go = QAction(icon(key), title, self, shortcut=QKeySequence(f"Ctrl+{number}"))
+            go.triggered.connect(lambda _=False, k=key: self.show_page(k))
+            view_menu.addAction(go)
+        view_menu.addSeparator()
+        view_menu.addAction(self.log_dock.toggleViewAction())
+        theme_menu = view_menu.addMenu("Theme")
+        self.theme_actions: dict[str, QAction] = {}
+        group = QActionGroup(self)
+        for name in ("system", "light", "dark"):
+            action = QAction(name.capitalize() if name != "system" else "Follow the system", self, checkable=True)
+            action.triggered.connect(lambda _=False, n=name: self.theme_requested.emit(n))
+            group.addAction(action)
+            theme_menu.addAction(action)
+            self.theme_actions[name] = action
 
-        splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(top)
-        splitter.addWidget(self.log_view)
-        splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 1)
-        self.setCentralWidget(splitter)
+    # --- pages ----------------------------------------------------------------------------------
+    def install_page(self, key: str, page: QWidget) -> None:
+        """Put `page` in its slot (replacing the placeholder)."""
+        index = [k for k, _ in PAGES].index(key)
+        old = self.stack.widget(index)
+        current = self.stack.currentIndex()
+        self.stack.insertWidget(index, page)
+        self.stack.removeWidget(old)
+        old.deleteLater()
+        self.stack.setCurrentIndex(current)
+        self.pages[key] = page
 
-    def _path_row(self, label: str, on_browse: Callable[[], None]) -> tuple[QLineEdit, QWidget]:
-        edit = QLineEdit()
-        button = QPushButton(label)
-        button.clicked.connect(on_browse)
-        row = QWidget()
-        layout = QHBoxLayout(row)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(edit, 1)
-        layout.addWidget(button)
-        return edit, row
+    def show_page(self, key: str) -> None:
+        self.page_list.setCurrentRow([k for k, _ in PAGES].index(key))
 
-    def _spin(self, section: type, name: str, default_max: int) -> QSpinBox:
-        low, high, tip = _field_range(section, name, default_max)
-        spin = QSpinBox()
-        spin.setRange(low, high)
-        spin.setToolTip(tip)
-        spin.setAccelerated(True)
-        spin.setMaximumWidth(160)
-        return spin
-
-    def set_chart(self, chart: LossChart) -> None:
-        """Put the chart where the placeholder is (the app builds it after the first paint)."""
-        self._top_layout.replaceWidget(self._chart_slot, chart)
-        self._chart_slot.deleteLater()
-        self._chart_slot = chart
-        self.chart = chart
-
-    # --- form -----------------------------------------------------------------------------------
-    def form_values(self) -> FormValues:
-        return FormValues(
-            model_path=config_path(self.model_edit.text()),
-            data_path=config_path(self.data_edit.text()),
-            lora_rank=self.rank_spin.value(),
-            max_steps=self.steps_spin.value(),
-        )
-
-    def set_form_values(self, values: FormValues) -> None:
-        self.model_edit.setText(display_path(values.model_path))
-        self.data_edit.setText(display_path(values.data_path))
-        self.rank_spin.setValue(values.lora_rank)
-        self.steps_spin.setValue(values.max_steps)
-
-    def _on_model_browse_clicked(self) -> None:
-        start = _existing(resolve_resource(config_path(self.model_edit.text())))
-        folder = QFileDialog.getExistingDirectory(self, "Choose a model folder", start)
-        if folder:
-            self.model_edit.setText(folder)
-
-    def _on_data_browse_clicked(self) -> None:
-        start = _existing(resolve_resource(config_path(self.data_edit.text())))
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a dataset", start,
-                                              "Datasets (*.jsonl *.json);;All files (*)")
-        if path:
-            self.data_edit.setText(path)
+    def current_page(self) -> str:
+        return PAGES[max(0, self.stack.currentIndex())][0]
 
     # --- readouts -------------------------------------------------------------------------------
     def set_running(self, running: bool) -> None:
-        for widget in (self.model_edit, self.data_edit, self.rank_spin, self.steps_spin):
-            widget.setEnabled(not running)
+        self._running = running
+        if running:
+            self.resume_action.setEnabled(False)
         self.start_action.setEnabled(not running)
-        self.start_button.setEnabled(not running)
         self.stop_action.setEnabled(running)
-        self.stop_button.setEnabled(running)
+        self.cancel_action.setEnabled(running)
+        self.save_config_action.setEnabled(not running)
 
-    def set_status(self, text: str, details: str = "") -> None:
-        """One sentence on the status line; `details` (a crash report) shows as its tooltip."""
-        self.status_label.setText(text)
-        self.status_label.setToolTip(details)
+    def set_resume_target(self, label: str) -> None:
+        """What Resume would continue ("" disables it)."""
+        self.resume_action.setEnabled(bool(label) and not self._running)
+        self.resume_action.setToolTip(f"Resume {label}" if label else "No run with a complete checkpoint to resume")
 
-    def set_progress(self, step: int, max_steps: int) -> None:
-        self.progress.setRange(0, max(max_steps, 1))
-        self.progress.setValue(min(step, max(max_steps, 1)))
+    def set_theme_checked(self, name: str) -> None:
+        if name in self.theme_actions:
+            self.theme_actions[name].setChecked(True)
 
-    def set_tokens_per_s(self, value: float | None) -> None:
-        self.tokens_label.setText("— tokens/s" if value is None else f"{value:,.0f} tokens/s")
+    def set_environment(self, summary: str, details: str) -> None:
+        self.env_label.setText(summary)
+        self.env_label.setToolTip(details)
 
     def append_log(self, line: str) -> None:
         self.log_view.appendPlainText(line)
@@ -228,11 +211,3 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         super().closeEvent(event)
-
-
-def _existing(path: Path) -> str:
-    """The nearest existing folder at or above `path`, so a file dialog opens somewhere real."""
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return str(candidate)
-    return ""

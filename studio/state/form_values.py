@@ -1,13 +1,11 @@
-"""FormValues: what the main window's form holds, and how bundled paths read to a person.
+"""How bundled paths read to a person, and back.
 
-Config files say `bundled:tiny`; a person should read "Bundled tiny model". The window shows the
+Config files say `bundled:tiny`; a person should read "Bundled tiny model". The pages show the
 label, and `config_path()` turns it (or a typed path) back into what the config stores, so the
 GUI saves exactly the file the CLI reads.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from backend.paths import BUNDLED_PREFIX
 
@@ -16,16 +14,6 @@ BUNDLED_LABELS = {
     "bundled:datasets/demo_train.jsonl": "Bundled demo dataset (demo_train.jsonl)",
 }
 """Readable names of the resources shipped with the studio."""
-
-
-@dataclass(frozen=True)
-class FormValues:
-    """The form's choices, in config terms (paths as the config stores them)."""
-
-    model_path: str
-    data_path: str
-    lora_rank: int
-    max_steps: int
 
 
 def display_path(value: str) -> str:

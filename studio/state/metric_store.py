@@ -6,12 +6,14 @@ chart redraw from plain sequences. Views listen to `changed`; nothing here knows
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any
+from typing import Any, Iterable
+
+import numpy as np
 
 from PySide6.QtCore import QObject, Signal
 
 from backend.protocol import EvalFinished, MetricsLogged
+from studio.state.series_buffer import SeriesBuffer
 
 SERIES = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "memory_allocated", "eval_loss")
 """Names accepted by `series()` and `latest()`."""
@@ -26,8 +28,7 @@ class MetricStore(QObject):
     def __init__(self, capacity: int = 100_000, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.capacity = capacity
-        self._steps: dict[str, deque[int]] = {name: deque(maxlen=capacity) for name in SERIES}
-        self._values: dict[str, deque[float]] = {name: deque(maxlen=capacity) for name in SERIES}
+        self._series = {name: SeriesBuffer(capacity) for name in SERIES}
         self.step = 0
         self.max_steps = 0
 
@@ -45,27 +46,45 @@ class MetricStore(QObject):
             self._add(event.step, "eval_loss", event.eval_loss)
             self.changed.emit()
 
+    def load_history(self, events: Iterable[dict[str, Any]], up_to_step: int | None = None) -> None:
+        """Put a run's recorded events back (MetricsLogged and EvalFinished dicts from events.jsonl),
+        up to a step: what the chart showed before the run was stopped, so a resume continues it."""
+        for item in events:
+            kind, step = item.get("type"), int(item.get("step", 0) or 0)
+            if up_to_step is not None and step > up_to_step:
+                continue
+            names = ("loss", "learning_rate", "grad_norm", "tokens_per_s") if kind == "MetricsLogged" else \
+                ("eval_loss",) if kind == "EvalFinished" else ()
+            for name in names:
+                value = item.get(name)
+                self._add(step, name, value if isinstance(value, (int, float)) else None)
+            if kind == "MetricsLogged":
+                self.step, self.max_steps = step, int(item.get("max_steps", 0) or 0)
+        self.changed.emit()
+
     def clear(self) -> None:
         """Forget every point (a new run starts)."""
-        for name in SERIES:
-            self._steps[name].clear()
-            self._values[name].clear()
+        for buffer in self._series.values():
+            buffer.clear()
         self.step = self.max_steps = 0
         self.changed.emit()
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one series, oldest first."""
-        return list(self._steps[name]), list(self._values[name])
+        steps, values = self._series[name].lists()
+        return [int(s) for s in steps], values
+
+    def arrays(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) as numpy views for drawing (valid until the next event)."""
+        return self._series[name].arrays()
 
     def latest(self, name: str) -> float | None:
-        values = self._values[name]
-        return values[-1] if values else None
+        return self._series[name].latest()
 
     def count(self, name: str = "loss") -> int:
-        return len(self._values[name])
+        return len(self._series[name])
 
     def _add(self, step: int, name: str, value: float | int | None) -> None:
         if value is None or value != value:  # None or NaN: no point (a gap, not a zero)
             return
-        self._steps[name].append(step)
-        self._values[name].append(float(value))
+        self._series[name].append(step, float(value))

@@ -7,7 +7,8 @@ check the wording without a widget, and keeps every view a plain reader of state
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Signal
 
@@ -26,6 +27,7 @@ ACTIVE = ("starting", "running", "stopping")
 """Statuses during which a worker process is alive."""
 
 PHASE_WORDS = {
+    "plan": "Plan",
     "load_model": "Loading the model",
     "load_data": "Loading the data",
     "tokenize": "Tokenizing",
@@ -45,8 +47,16 @@ class RunState(QObject):
     log_added = Signal(str)
     """Emitted with one line for the log pane (a phase, a checkpoint, an error: never a traceback)."""
 
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(parent)
+        self._clock = clock
+        self._rate_start: tuple[float, int] | None = None
+        self.eta_s: float | None = None
+        """Seconds left at the pace since the first logged step (None until two steps are known)."""
+        self.plan = ""
+        """The worker's resolved techniques (PhaseChanged "plan")."""
+        self.pid: int | None = None
+        """The worker's process id (from WorkerReady) while it runs."""
         self.status = "idle"
         self.message = "Ready. Pick a model and a dataset, then Start."
         self.run_dir = ""
@@ -64,6 +74,7 @@ class RunState(QObject):
     def begin(self, run_dir: str, max_steps: int) -> None:
         self.status, self.run_dir, self.phase = "starting", run_dir, ""
         self.step, self.max_steps, self.tokens_per_s, self.loss = 0, max_steps, None, None
+        self.eta_s, self._rate_start, self.plan, self.pid = None, None, "", None
         self._say("Starting the worker…", log=f"Run folder: {run_dir}")
 
     def mark_stopping(self, save: bool) -> None:
@@ -94,6 +105,7 @@ class RunState(QObject):
             caps = event.capabilities
             device = caps.devices[0].name if caps.cuda and caps.devices else "CPU"
             torch = f"torch {caps.torch_version}, " if caps.torch_version else ""
+            self.pid = event.pid or None
             self._say("Worker ready, starting the job…", log=f"Worker ready ({torch}{device})")
         elif isinstance(event, JobStarted):
             self.status = "running" if self.status != "stopping" else self.status
@@ -102,11 +114,14 @@ class RunState(QObject):
             self._say(f"Started{resumed}", log=f"Job started{resumed}")
         elif isinstance(event, PhaseChanged):
             self.phase = event.phase
+            if event.phase == "plan":
+                self.plan = event.detail
             words = PHASE_WORDS.get(event.phase, event.phase.replace("_", " ").capitalize())
             text = f"{words}: {event.detail}" if event.detail else f"{words}…"
             self._say(text, log=f"Phase: {text}", quiet=self.status == "stopping")
         elif isinstance(event, MetricsLogged):
             self.step, self.max_steps = event.step, event.max_steps or self.max_steps
+            self._update_eta()
             self.tokens_per_s = event.tokens_per_s if event.tokens_per_s is not None else self.tokens_per_s
             self.loss = event.loss if event.loss is not None else self.loss
             loss = f", loss {self.loss:.4f}" if self.loss is not None else ""
@@ -120,13 +135,25 @@ class RunState(QObject):
         elif isinstance(event, JobFinished):
             self._apply_finished(event)
         elif isinstance(event, JobFailed):
+            self.eta_s = None
             self.status = "cancelled" if event.kind == "cancelled" else "failed"
             word = "Cancelled" if event.kind == "cancelled" else "Failed"
             self._say(f"{word}: {event.message}", log=f"{word} ({event.kind}): {event.message}")
             if event.hint:
                 self.note(f"Hint: {event.hint}")
 
+    def _update_eta(self) -> None:
+        now = self._clock()
+        if self._rate_start is None or self.step < self._rate_start[1]:
+            self._rate_start = (now, self.step)
+            return
+        started, first = self._rate_start
+        if self.step > first and now > started:
+            per_step = (now - started) / (self.step - first)
+            self.eta_s = max(0.0, (self.max_steps - self.step) * per_step)
+
     def _apply_finished(self, event: JobFinished) -> None:
+        self.eta_s = None
         self.status = "stopped" if event.stopped else "finished"
         self.step = event.steps or self.step
         self.tokens_per_s = event.tokens_per_s if event.tokens_per_s is not None else self.tokens_per_s

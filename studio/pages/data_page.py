@@ -1,0 +1,224 @@
+"""DataPage: step 2, choose the dataset, see it as the model will, and check its lengths.
+
+The file is read in the background with the worker's own reader (format detection included); a
+few examples are shown as conversations with the trained-on text highlighted, and a histogram of
+token lengths shows how many examples the chosen seq_len cuts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backend.paths import resolve_resource
+from studio.services.background_call import BackgroundCall
+from studio.services.dataset_profile import DatasetProfile
+from studio.state.config_state import ConfigState
+from studio.state.form_values import config_path, display_path
+from studio.widgets.conversation_widget import ConversationWidget
+from studio.widgets.field_editors import FieldEditors, description
+from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.token_histogram_chart import TokenHistogramChart
+
+DEMO_DATASET = "bundled:datasets/demo_train.jsonl"
+SUFFIXES = (".jsonl", ".json", ".txt")
+FILTER = "Datasets (*.jsonl *.json *.txt);;All files (*)"
+
+
+def dropped_file(event: QDragEnterEvent | QDropEvent) -> str:
+    for url in event.mimeData().urls():
+        path = Path(url.toLocalFile())
+        if path.is_file() and path.suffix.lower() in SUFFIXES:
+            return str(path)
+    return ""
+
+
+class DataPage(QWidget):
+    """Path, format, split, a conversation preview and the token-length histogram."""
+
+    dataset_chosen = Signal(str)
+    """Emitted with the config path after the person picked a dataset."""
+    profile_ready = Signal(object)
+    """Emitted with the DatasetProfile once the chosen file was read (or found unreadable)."""
+
+    def __init__(self, state: ConfigState, editors: FieldEditors, parent: QWidget | None = None,
+                 synchronous: bool = False) -> None:
+        super().__init__(parent)
+        self._state = state
+        self.profile: DatasetProfile | None = None
+        self._loader = BackgroundCall(self, synchronous=synchronous)
+        self._loader.finished.connect(self._on_loader_finished)
+        self._loader.failed.connect(self._on_loader_failed)
+        self.setAcceptDrops(True)
+
+        header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON or TXT (drop the file "
+                                          "here). Alpaca, ShareGPT, messages and plain text are detected; "
+                                          "only the assistant's text (highlighted) is trained on.")
+        self.path_edit = QLineEdit()
+        self.path_edit.setPlaceholderText("/path/to/examples.jsonl")
+        self.path_edit.setToolTip(description("data.path"))
+        self.path_edit.editingFinished.connect(self._on_path_edit_editing_finished)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._on_browse_clicked)
+        demo = QPushButton("Use the demo dataset")
+        demo.clicked.connect(lambda: self.choose(DEMO_DATASET))
+        self.summary_label = QLabel("—")
+        self.summary_label.setWordWrap(True)
+        self.split_label = QLabel()
+
+        pick = QGroupBox("Dataset file")
+        form = QFormLayout(pick)
+        row = QHBoxLayout()
+        row.addWidget(self.path_edit, 1)
+        row.addWidget(browse)
+        row.addWidget(demo)
+        form.addRow("File", row)
+        form.addRow("Detected", self.summary_label)
+        options = QGridLayout()
+        options.setContentsMargins(0, 0, 0, 0)
+        pairs = (("Format", editors.editor("data.format")),
+                 ("Validation split", editors.editor("data.validation_split", decimals=2, step=0.01)),
+                 ("Max examples", editors.editor("data.max_examples", none_text="all")),
+                 ("Sequence length", editors.editor("train.seq_len")))
+        for index, (label, widget) in enumerate(pairs):
+            row, column = divmod(index, 2)
+            options.addWidget(QLabel(label), row, column * 2)
+            options.addWidget(widget, row, column * 2 + 1)
+        truncate = editors.editor("data.truncate")
+        truncate.setText("Truncate longer examples")
+        options.addWidget(truncate, 0, 4)
+        options.setColumnStretch(5, 1)
+        form.addRow("Options", options)
+        form.addRow("Split", self.split_label)
+
+        self.preview = ConversationWidget()
+        self.histogram = TokenHistogramChart()
+        self.truncated_label = QLabel()
+        self.truncated_label.setWordWrap(True)
+        self.approx_label = QLabel()
+        self.approx_label.setWordWrap(True)
+        self.approx_label.setStyleSheet("color: palette(placeholder-text);")
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.histogram, 1)
+        right_layout.addWidget(self.truncated_label)
+        right_layout.addWidget(self.approx_label)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(self.preview)
+        split.addWidget(right)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(header)
+        layout.addWidget(pick)
+        layout.addWidget(split, 1)
+        state.changed.connect(self._on_state_changed)
+        self._on_state_changed("")
+
+    # --- choosing -----------------------------------------------------------------------------
+    def choose(self, path: str) -> None:
+        self._state.set("data.path", path)
+        self.dataset_chosen.emit(path)
+
+    def _on_path_edit_editing_finished(self) -> None:
+        value = config_path(self.path_edit.text())
+        if value != self._state.get("data.path"):
+            self.choose(value)
+
+    def _on_browse_clicked(self) -> None:
+        start = resolve_resource(self._state.get("data.path") or DEMO_DATASET)
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a dataset", str(start.parent), FILTER)
+        if path:
+            self.choose(path)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt override)
+        if dropped_file(event):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 (Qt override)
+        path = dropped_file(event)
+        if path:
+            event.acceptProposedAction()
+            self.choose(path)
+
+    # --- reading ------------------------------------------------------------------------------
+    def _on_state_changed(self, key: str) -> None:
+        if key in ("", "data.path"):
+            self.path_edit.setText(display_path(self._state.get("data.path")))
+        if key in ("", "data.path", "data.format", "model.path"):
+            self.reload()
+        if key in ("", "train.seq_len"):
+            self.histogram.set_seq_len(int(self._state.get("train.seq_len")))
+        if key in ("", "data.validation_split", "data.max_examples", "data.truncate", "train.seq_len"):
+            self._show_numbers()
+
+    def reload(self) -> None:
+        """Read the chosen file again (in the background)."""
+        data, model, fmt = (self._state.get("data.path"), self._state.get("model.path"),
+                            self._state.get("data.format"))
+        self.summary_label.setText("Reading…")
+        self._loader.call(lambda: DatasetProfile.read(data, model, fmt))
+
+    def is_loading(self) -> bool:
+        return self._loader.is_busy()
+
+    def _on_loader_failed(self, error: str) -> None:
+        self._on_loader_finished(DatasetProfile(self._state.get("data.path"), problem=error))
+
+    def _on_loader_finished(self, profile: DatasetProfile) -> None:
+        self.profile = profile
+        if profile.problem:
+            hint = f" ({profile.hint})" if profile.hint else ""
+            self.summary_label.setText(f"<span style='color:#dc2626'>{profile.problem}{hint}</span>")
+            self.preview.set_conversations([])
+            self.histogram.set_lengths([])
+        else:
+            self.summary_label.setText(f"<b>{profile.format}</b> · {profile.count:,} examples")
+            self.preview.set_conversations(profile.preview)
+            self.histogram.set_lengths(profile.lengths)
+        self._show_numbers()
+        self.profile_ready.emit(profile)
+
+    def _show_numbers(self) -> None:
+        profile = self.profile
+        if profile is None or profile.problem:
+            self.split_label.setText("—")
+            self.truncated_label.setText("")
+            self.approx_label.setText("")
+            return
+        used = min(profile.count, self._state.get("data.max_examples") or profile.count)
+        held = int(used * float(self._state.get("data.validation_split")))
+        self.split_label.setText(f"{used - held:,} train · {held:,} validation")
+        seq_len = int(self._state.get("train.seq_len"))
+        share = profile.truncated_share(seq_len)
+        longest = max(profile.lengths) if profile.lengths else 0
+        fate = "truncated" if self._state.get("data.truncate") else "refused"
+        if share > 0:
+            verdict = (f"<span style='color:#dc2626'><b>{share:.1%}</b> of examples are longer than seq_len "
+                       f"{seq_len} and will be {fate}</span>")
+        else:
+            verdict = f"<span style='color:#16a34a'><b>0.0%</b>: no example is longer than seq_len {seq_len}</span>"
+        self.truncated_label.setText(f"{verdict} · longest {longest:,} tokens")
+        source = (f"the model's tokenizer ({Path(profile.tokenizer).parent.name})" if profile.tokenizer
+                  else "a word count × 1.3 (no tokenizer.json in the model folder)")
+        sample = (f"; measured on {profile.measured:,} of {profile.count:,} examples"
+                  if profile.measured < profile.count else "")
+        self.approx_label.setText(f"Approximate: tokens counted with {source} on \"role: text\" lines, without "
+                                  f"the chat template, which adds a few tokens per message{sample}.")

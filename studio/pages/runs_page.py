@@ -1,0 +1,255 @@
+"""RunsPage: step 5, every past run: compare curves and configs, open, resume or delete.
+
+The list comes from RunIndex, re-synced from the run folders whenever the page is shown (the
+folders are the truth). Selecting runs overlays their loss curves; selecting two also lists every
+config field in which they differ.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QShowEvent
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backend.runs import RunFolder, RunIndex, RunSummary
+from studio.state.config_state import diff_configs
+from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.run_overlay_chart import RunOverlayChart
+
+COLUMNS = ("Run", "Status", "Steps", "Final loss", "Tokens/s", "Method", "Model", "Started")
+MAX_OVERLAY = 8
+
+
+def _cell(text: str, data: object = None, right: bool = False) -> QTableWidgetItem:
+    item = QTableWidgetItem(text)
+    if data is not None:
+        item.setData(Qt.ItemDataRole.UserRole, data)
+    if right:
+        item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+    return item
+
+
+class RunsPage(QWidget):
+    """The run table, its buttons, the loss overlay and the config diff."""
+
+    resume_requested = Signal(str)
+    """Emitted with a run folder path when the person asked to resume it."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._index: RunIndex | None = None
+        self._curves: dict[str, tuple[tuple[int, int], tuple[list[float], list[float]]]] = {}
+        self.summaries: list[RunSummary] = []
+        self.confirm_delete: Callable[[list[RunSummary]], bool] = self._ask_delete
+        """Asked before deleting; tests replace it to skip the dialog."""
+        self.open_url: Callable[[QUrl], object] = QDesktopServices.openUrl
+        """Opens a folder in the file manager; tests replace it."""
+        self.running_dir: Callable[[], str] = lambda: ""
+        """The folder of the run in progress (never deleted); the app sets it."""
+        header = PageHeaderWidget("Runs", "Every run so far. Select runs to overlay their loss curves; select "
+                                          "two to see how their configs differ.")
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.itemSelectionChanged.connect(self._on_table_item_selection_changed)
+        self.table.itemDoubleClicked.connect(lambda _item: self.open_selected())
+
+        self.refresh_button = QPushButton("Refresh")
+        self.refresh_button.clicked.connect(self.refresh)
+        self.open_button = QPushButton("Open folder")
+        self.open_button.clicked.connect(self.open_selected)
+        self.resume_button = QPushButton("Resume")
+        self.resume_button.setToolTip("Continue the selected run from its newest complete checkpoint")
+        self.resume_button.clicked.connect(self._on_resume_button_clicked)
+        self.delete_button = QPushButton("Delete…")
+        self.delete_button.clicked.connect(self.delete_selected)
+        buttons = QHBoxLayout()
+        for button in (self.refresh_button, self.open_button, self.resume_button, self.delete_button):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        self.count_label = QLabel()
+        buttons.addWidget(self.count_label)
+
+        self.overlay = RunOverlayChart()
+        self.diff_table = QTableWidget(0, 3)
+        self.diff_table.setHorizontalHeaderLabels(["Field", "A", "B"])
+        self.diff_table.verticalHeader().setVisible(False)
+        self.diff_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        columns = self.diff_table.horizontalHeader()
+        columns.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        columns.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        columns.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        self.diff_label = QLabel("Select two runs to compare their configs.")
+        self.diff_label.setWordWrap(True)
+        diff = QWidget()
+        diff_layout = QVBoxLayout(diff)
+        diff_layout.setContentsMargins(0, 0, 0, 0)
+        diff_layout.addWidget(self.diff_label)
+        diff_layout.addWidget(self.diff_table, 1)
+        lower = QSplitter(Qt.Orientation.Horizontal)
+        lower.addWidget(self.overlay)
+        lower.addWidget(diff)
+        lower.setStretchFactor(0, 3)
+        lower.setStretchFactor(1, 2)
+        lower.setSizes([600, 400])
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.table)
+        split.addWidget(lower)
+        split.setStretchFactor(0, 2)
+        split.setStretchFactor(1, 3)
+        split.setSizes([200, 400])
+        layout = QVBoxLayout(self)
+        layout.addWidget(header)
+        layout.addLayout(buttons)
+        layout.addWidget(split, 1)
+        self._update_buttons()
+
+    # --- the list -------------------------------------------------------------------------------
+    def index(self) -> RunIndex:
+        if self._index is None:
+            self._index = RunIndex()
+        return self._index
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the run folders and redraw the table, keeping the selection where possible."""
+        keep = {s.run_id for s in self.selected()}
+        self.summaries = self.index().sync()
+        self.table.blockSignals(True)
+        self.table.setRowCount(len(self.summaries))
+        for row, s in enumerate(self.summaries):
+            cells = (
+                _cell(s.name, s.run_id), _cell(s.status), _cell(f"{s.steps:,}", right=True),
+                _cell(f"{s.final_loss:.4f}" if s.final_loss is not None else "—", right=True),
+                _cell(f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "—", right=True),
+                _cell(s.method), _cell(s.model), _cell(time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))),
+            )
+            cells[0].setToolTip(s.path)
+            for column, item in enumerate(cells):
+                self.table.setItem(row, column, item)
+            if s.run_id in keep:
+                self.table.selectRow(row)
+        self.table.blockSignals(False)
+        self.count_label.setText(f"{len(self.summaries)} run(s)")
+        self._on_table_item_selection_changed()
+
+    def selected(self) -> list[RunSummary]:
+        rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
+        return [self.summaries[r] for r in rows if r < len(self.summaries)]
+
+    def select_runs(self, run_ids: list[str]) -> None:
+        self.table.clearSelection()
+        mode = self.table.selectionMode()
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.MultiSelection)
+        for row, s in enumerate(self.summaries):
+            if s.run_id in run_ids:
+                self.table.selectRow(row)
+        self.table.setSelectionMode(mode)
+
+    # --- actions ----------------------------------------------------------------------------------
+    def open_selected(self) -> None:
+        for s in self.selected()[:1]:
+            self.open_url(QUrl.fromLocalFile(s.path))
+
+    def _on_resume_button_clicked(self) -> None:
+        chosen = self.selected()
+        if len(chosen) == 1:
+            self.resume_requested.emit(chosen[0].path)
+
+    def delete_selected(self) -> None:
+        running = self.running_dir()
+        chosen = [s for s in self.selected() if not running or Path(s.path) != Path(running)]
+        if not chosen or not self.confirm_delete(chosen):
+            return
+        for s in chosen:
+            self.index().delete(s.run_id)
+        self.refresh()
+
+    def _ask_delete(self, runs: list[RunSummary]) -> bool:
+        names = "\n".join(f"• {s.name} ({s.run_id})" for s in runs[:10])
+        more = f"\n… and {len(runs) - 10} more" if len(runs) > 10 else ""
+        answer = QMessageBox.question(self, "Delete runs",
+                                      f"Delete {len(runs)} run folder(s) with their checkpoints and "
+                                      f"adapters? This cannot be undone.\n\n{names}{more}",
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+                                      QMessageBox.StandardButton.Cancel)
+        return answer == QMessageBox.StandardButton.Yes
+
+    # --- comparing --------------------------------------------------------------------------------
+    def loss_curve(self, path: str) -> tuple[list[float], list[float]]:
+        """(steps, losses) of a run, read once per version of its events.jsonl."""
+        events = RunFolder(path).events_path
+        try:
+            stat = events.stat()
+            version = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            return [], []
+        cached = self._curves.get(path)
+        if cached is None or cached[0] != version:
+            points = [(m["step"], m["loss"]) for m in RunFolder(path).metrics() if m.get("loss") is not None]
+            cached = (version, ([float(p[0]) for p in points], [float(p[1]) for p in points]))
+            self._curves[path] = cached
+        return cached[1]
+
+    def _on_table_item_selection_changed(self) -> None:
+        chosen = self.selected()
+        runs = []
+        for s in chosen[:MAX_OVERLAY]:
+            steps, losses = self.loss_curve(s.path)
+            runs.append((s.name if len(chosen) == 1 else f"{s.name} · {s.run_id[-4:]}", steps, losses))
+        self.overlay.set_runs(runs)
+        self._show_diff(chosen)
+        self._update_buttons()
+
+    def _show_diff(self, chosen: list[RunSummary]) -> None:
+        self.diff_table.setRowCount(0)
+        if len(chosen) != 2:
+            self.diff_label.setText("Select two runs to compare their configs.")
+            return
+        a, b = chosen
+        try:
+            rows = diff_configs(RunFolder(a.path).load_config().model_dump(mode="json"),
+                                RunFolder(b.path).load_config().model_dump(mode="json"))
+        except (ValueError, OSError) as exc:
+            self.diff_label.setText(f"Cannot compare: {exc}")
+            return
+        rows = [r for r in rows if r[0] != "name"] if a.name == b.name else rows
+        self.diff_label.setText(f"{len(rows)} field(s) differ: A = {a.name} ({a.run_id[-4:]}), "
+                                f"B = {b.name} ({b.run_id[-4:]})" if rows else "The two configs are identical.")
+        self.diff_label.setToolTip(f"A = {a.path}\nB = {b.path}")
+        self.diff_table.setHorizontalHeaderLabels(["Field", "A", "B"])
+        self.diff_table.setRowCount(len(rows))
+        for row, (key, va, vb) in enumerate(rows):
+            for column, text in enumerate((key, str(va), str(vb))):
+                self.diff_table.setItem(row, column, _cell(text))
+
+    def _update_buttons(self) -> None:
+        chosen = self.selected()
+        self.open_button.setEnabled(len(chosen) == 1)
+        self.delete_button.setEnabled(bool(chosen))
+        resumable = len(chosen) == 1 and RunFolder(chosen[0].path).latest_checkpoint() is not None
+        self.resume_button.setEnabled(resumable)

@@ -1,0 +1,142 @@
+"""TrainPage: step 4, start, watch, stop.
+
+Start, Stop and save (a resumable checkpoint), Cancel (no save), Resume (from the newest complete
+checkpoint of the selected or last run); progress with an ETA; loss with eval loss, learning rate,
+grad norm and tokens/s; below them the GPU panel with memory over time and, after a run, the
+predicted peak beside the measured one. A view only: RunController decides what the buttons do.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.state.metric_store import MetricStore
+from studio.state.telemetry_store import TelemetryStore
+from studio.widgets.field_editors import FieldEditors
+from studio.widgets.gpu_panel_widget import GpuPanelWidget
+from studio.widgets.loss_chart import LossChart
+from studio.widgets.metric_chart import MetricChart
+from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.units import clock_text
+
+
+def _button_for(action: QAction) -> QPushButton:
+    """A push button that triggers `action` and follows its text, tooltip and enabled state."""
+    button = QPushButton(action.icon(), action.text())
+    button.setToolTip(action.toolTip())
+    button.setEnabled(action.isEnabled())
+    button.clicked.connect(action.trigger)
+
+    def follow() -> None:
+        button.setEnabled(action.isEnabled())
+        button.setText(action.text())
+        button.setToolTip(action.toolTip())
+
+    action.changed.connect(follow)
+    return button
+
+
+class TrainPage(QWidget):
+    """Run controls, progress, the live charts and the GPU panel."""
+
+    def __init__(self, metrics: MetricStore, telemetry: TelemetryStore, editors: FieldEditors, start: QAction,
+                 stop: QAction, cancel: QAction, resume: QAction, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        header = PageHeaderWidget("Train", "Start the run and watch it learn. Stop and save writes a checkpoint "
+                                           "you can resume from; Cancel stops without saving.")
+        self.start_button = _button_for(start)
+        self.stop_button = _button_for(stop)
+        self.cancel_button = _button_for(cancel)
+        self.resume_button = _button_for(resume)
+        buttons = QHBoxLayout()
+        for button in (self.start_button, self.stop_button, self.cancel_button, self.resume_button):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        self.name_edit = editors.editor("name")
+        self.name_edit.setMinimumWidth(180)
+        buttons.addWidget(QLabel("Run name"))
+        buttons.addWidget(self.name_edit)
+
+        self.status_label = QLabel()
+        self.status_label.setWordWrap(True)
+        self.plan_label = QLabel()
+        self.plan_label.setWordWrap(True)
+        self.plan_label.setStyleSheet("color: palette(placeholder-text);")
+        self.plan_label.setVisible(False)
+        self.progress = QProgressBar()
+        self.progress.setFormat("step %v / %m")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.eta_label = QLabel("")
+        self.eta_label.setMinimumWidth(150)
+        self.tokens_label = QLabel("— tokens/s")
+        self.tokens_label.setToolTip("Non-padding tokens trained per second")
+        self.tokens_label.setMinimumWidth(110)
+        readouts = QHBoxLayout()
+        readouts.addWidget(self.progress, 1)
+        readouts.addWidget(self.eta_label)
+        readouts.addWidget(self.tokens_label)
+
+        self.chart = LossChart(metrics)
+        self.lr_chart = MetricChart(metrics, "learning_rate", "Learning rate", color="#10b981")
+        self.grad_chart = MetricChart(metrics, "grad_norm", "Gradient norm", color="#ef4444")
+        self.speed_chart = MetricChart(metrics, "tokens_per_s", "Tokens per second", color="#06b6d4")
+        charts = QWidget()
+        grid = QGridLayout(charts)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.addWidget(self.chart, 0, 0, 2, 1)
+        grid.addWidget(self.lr_chart, 0, 1)
+        grid.addWidget(self.grad_chart, 1, 1)
+        grid.addWidget(self.speed_chart, 0, 2, 2, 1)
+        grid.setColumnStretch(0, 3)
+        grid.setColumnStretch(1, 2)
+        grid.setColumnStretch(2, 2)
+        self.gpu_panel = GpuPanelWidget(telemetry)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(charts)
+        split.addWidget(self.gpu_panel)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([1000, 900])  # scaled to the space the page gets
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(header)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status_label)
+        layout.addWidget(self.plan_label)
+        layout.addLayout(readouts)
+        layout.addWidget(split, 1)
+
+    def charts(self) -> list:
+        return [self.chart, self.lr_chart, self.grad_chart, self.speed_chart,
+                self.gpu_panel.memory_chart, self.gpu_panel.util_chart]
+
+    # --- readouts -------------------------------------------------------------------------------
+    def set_status(self, text: str, details: str = "") -> None:
+        """One sentence; `details` (a crash report) shows as its tooltip."""
+        self.status_label.setText(text)
+        self.status_label.setToolTip(details)
+
+    def set_plan(self, text: str) -> None:
+        """The worker's resolved techniques (PhaseChanged "plan")."""
+        self.plan_label.setText(f"Plan: {text}" if text else "")
+        self.plan_label.setVisible(bool(text))
+
+    def set_progress(self, step: int, max_steps: int, eta_s: float | None) -> None:
+        self.progress.setRange(0, max(max_steps, 1))
+        self.progress.setValue(min(step, max(max_steps, 1)))
+        self.eta_label.setText(f"about {clock_text(eta_s)} left" if eta_s is not None else "")
+
+    def set_tokens_per_s(self, value: float | None) -> None:
+        self.tokens_label.setText("— tokens/s" if value is None else f"{value:,.0f} tokens/s")

@@ -1,0 +1,96 @@
+"""DatasetProfile: a dataset file read the way the worker reads it, plus approximate token lengths.
+
+The records, the format detection and the conversion to conversations are the worker's own
+(backend.training.records, stdlib only), so the preview shows what training will see. Token counts
+use the model's tokenizer.json through the `tokenizers` package (Rust, no torch); the chat template
+is not applied, so each message is counted as "role: content" and the figure is approximate (a
+template adds a few tokens per message). Without a tokenizer.json, words x 1.3 stands in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from backend.errors import JobError
+from backend.paths import resolve_resource
+from backend.training.records import detect_format, read_records, to_conversation
+
+PREVIEW_COUNT = 5
+MAX_MEASURED = 5000
+"""Token lengths are measured on at most this many examples (evenly spread) to stay quick."""
+WORDS_TO_TOKENS = 1.3
+"""Rough tokens per whitespace word of English text, used only when no tokenizer is found."""
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(path: str) -> Any:
+    from tokenizers import Tokenizer  # Rust tokenizers: no torch, no transformers
+
+    return Tokenizer.from_file(path)
+
+
+@dataclass(frozen=True)
+class DatasetProfile:
+    """Format, size, a preview and token lengths of one dataset file; `problem` when unreadable."""
+
+    path: str
+    format: str = ""
+    count: int = 0
+    preview: tuple[tuple[dict[str, str], ...], ...] = ()
+    lengths: tuple[int, ...] = ()
+    measured: int = 0
+    tokenizer: str = ""
+    """Where token counts came from: a tokenizer.json path, or "" for the word-count estimate."""
+    problem: str = ""
+    hint: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def read(cls, data_path: str, model_path: str = "", fmt: str = "auto") -> "DatasetProfile":
+        """Never raises: a file the worker would refuse comes back with its sentence in `problem`."""
+        if not data_path:
+            return cls(data_path, problem="Choose a dataset file.")
+        path = resolve_resource(data_path)
+        try:
+            records = read_records(path)
+            detected = detect_format(records, path) if fmt == "auto" else fmt
+            preview = tuple(tuple(to_conversation(r, detected, f"{path} record {i + 1}"))
+                            for i, r in enumerate(records[:PREVIEW_COUNT]))
+        except JobError as exc:
+            return cls(data_path, problem=exc.message, hint=exc.hint)
+        except OSError as exc:
+            return cls(data_path, problem=f"{path}: {exc.strerror or exc}")
+        stride = max(1, len(records) // MAX_MEASURED)
+        sample = records[::stride][:MAX_MEASURED]
+        texts, skipped = [], 0
+        for i, record in enumerate(sample):
+            try:
+                messages = to_conversation(record, detected, f"record {i * stride + 1}")
+            except JobError:
+                skipped += 1
+                continue
+            texts.append("\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"]
+                                   for m in messages))
+        lengths, source = _token_lengths(texts, model_path)
+        notes = (f"{skipped} of the measured examples could not be read as {detected}",) if skipped else ()
+        return cls(data_path, detected, len(records), preview, tuple(lengths), len(texts), source, notes=notes)
+
+    def truncated_share(self, seq_len: int) -> float:
+        """Share of the measured examples longer than seq_len tokens."""
+        if not self.lengths:
+            return 0.0
+        return sum(1 for n in self.lengths if n > seq_len) / len(self.lengths)
+
+
+def _token_lengths(texts: list[str], model_path: str) -> tuple[list[int], str]:
+    if model_path:
+        tokenizer_file = resolve_resource(model_path) / "tokenizer.json"
+        if tokenizer_file.is_file():
+            try:
+                tokenizer = _load_tokenizer(str(tokenizer_file))
+                return [len(e.ids) for e in tokenizer.encode_batch(texts)], str(tokenizer_file)
+            except Exception:  # a tokenizer.json this version of `tokenizers` cannot read
+                pass
+    return [max(1, round(len(t.split()) * WORDS_TO_TOKENS)) for t in texts], ""

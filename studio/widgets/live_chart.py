@@ -1,0 +1,167 @@
+"""LiveChart: the base of every chart that follows a store while a run streams in.
+
+The rules that keep the event loop free however fast events arrive and however long the run is:
+- a store change only marks the chart dirty; the window's RedrawScheduler redraws dirty charts one
+  at a time, in turn, so no single block of work is long;
+- a chart that is not visible (another page is shown) does not redraw until it is shown;
+- pyqtgraph draws only the visible range (clipToView) at about one point per pixel column
+  (auto downsampling, "peak" mode so spikes survive);
+- the axes are cached as pixmaps, and the view range grows in steps ("sticky" range) instead of
+  following every new point, so the axes (text: the costly part of a repaint) are redrawn only when
+  their range really changes. Zooming by hand pauses this; the "A" button resumes it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent
+from PySide6.QtGui import QPalette, QPen, QShowEvent
+from PySide6.QtWidgets import QGraphicsItem, QWidget
+
+from studio.widgets.redraw_scheduler import RedrawScheduler
+
+COLORS = ("#3b82f6", "#f97316", "#10b981", "#a855f7", "#ef4444", "#eab308", "#06b6d4", "#ec4899")
+"""Series colours that read on both light and dark backgrounds."""
+GROW = 0.25
+"""When data leaves the sticky range, the range grows to fit it plus this share."""
+
+
+def arrays(xs, ys) -> tuple[np.ndarray, np.ndarray]:
+    """Float copies of a series (a store's views change under pyqtgraph's feet otherwise)."""
+    return np.array(xs, dtype=float), np.array(ys, dtype=float)
+
+
+def line_pen(color: str, style=None) -> QPen:
+    """A one-pixel cosmetic pen: wider pens make Qt's raster engine several times slower."""
+    pen = pg.mkPen(color, width=1)
+    if style is not None:
+        pen.setStyle(style)
+    return pen
+
+
+def sticky(current: tuple[float, float] | None, low: float, high: float, floor_zero: bool = False) -> tuple[float, float]:
+    """The range to show for data spanning [low, high]: `current` while it still fits the data well
+    (contains it, and the data fills at least a third of it), else the data plus GROW of headroom."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return current or (0.0, 1.0)
+    span = max(high - low, abs(high) * 1e-3, 1e-12)
+    if current is not None:
+        lo, hi = current
+        if lo <= low and high <= hi and span >= (hi - lo) / 3:
+            return current
+    lo, hi = low - span * GROW * 0.2, high + span * GROW
+    if floor_zero and low >= 0:
+        lo = max(0.0, lo)
+    return lo, hi
+
+
+class LiveChart(pg.PlotWidget):
+    """A PlotWidget with scheduled, visibility-aware redraws; subclasses implement `redraw()` and
+    may call `fit(xs_min, xs_max, ys_min, ys_max)` to keep a sticky view range. Live charts have no
+    grid (`grid=True` for charts drawn once, like the run overlay)."""
+
+    def __init__(self, title: str = "", left: str = "", bottom: str = "step",
+                 parent: QWidget | None = None, axis_items: dict | None = None, grid: bool = False) -> None:
+        super().__init__(parent=parent, background=None, axisItems=axis_items)
+        self._dirty = False
+        self._scheduler = RedrawScheduler.instance()
+        self._x_range: tuple[float, float] | None = None
+        self._y_range: tuple[float, float] | None = None
+        self._manual = False
+        item = self.getPlotItem()
+        item.setClipToView(True)
+        item.setDownsampling(auto=True, mode="peak")
+        if grid:  # grid lines are drawn by the axes across the whole plot: they triple a repaint's cost
+            item.showGrid(x=True, y=True, alpha=0.15)
+        item.setMenuEnabled(False)
+        for name in ("left", "bottom", "right", "top"):
+            item.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        if title:
+            item.setTitle(title, size="9pt")
+        if left:
+            item.setLabel("left", left)
+        if bottom:
+            item.setLabel("bottom", bottom)
+        item.getViewBox().sigRangeChangedManually.connect(self._on_view_range_changed_manually)
+        self.setMinimumHeight(120)
+        self._styled = True
+        self._apply_palette()
+
+    # --- redraw scheduling --------------------------------------------------------------------
+    def mark_dirty(self) -> None:
+        """The data changed: redraw at this chart's next turn (or when shown)."""
+        self._dirty = True
+        self._scheduler.request(self)
+
+    def flush(self) -> None:
+        """Redraw now if anything changed (tests and `point_count`-style readers call it)."""
+        if self._dirty:
+            self._dirty = False
+            self.redraw()
+
+    def redraw(self) -> None:  # pragma: no cover (abstract)
+        raise NotImplementedError
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        if self._dirty:
+            self._scheduler.request(self)
+
+    # --- sticky range -------------------------------------------------------------------------
+    def line(self, color: str, name: str | None = None, style=None, **options) -> pg.PlotDataItem:
+        """A live curve: one-pixel pen, at most about one bin per pixel column when downsampled."""
+        curve = self.getPlotItem().plot(name=name, pen=line_pen(color, style), **options)
+        curve.opts["autoDownsampleFactor"] = 1.0
+        return curve
+
+    def fit(self, x_low: float, x_high: float, y_low: float, y_high: float, y_floor_zero: bool = False) -> None:
+        """Show [x_low, x_high] x [y_low, y_high], changing the view only when the data outgrew it."""
+        view = self.getPlotItem().getViewBox()
+        auto_x, auto_y = view.autoRangeEnabled()
+        if auto_x or auto_y:  # the "A" button was pressed: back to automatic (sticky) ranging
+            self._manual = False
+            view.disableAutoRange()
+            self._x_range = self._y_range = None
+        if self._manual or not all(map(math.isfinite, (x_low, x_high, y_low, y_high))):
+            return
+        x_range = sticky(self._x_range, x_low, x_high, floor_zero=True)
+        y_range = sticky(self._y_range, y_low, y_high, floor_zero=y_floor_zero)
+        if (x_range, y_range) != (self._x_range, self._y_range):
+            self._x_range, self._y_range = x_range, y_range
+            view.setRange(xRange=x_range, yRange=y_range, padding=0)
+
+    def fit_arrays(self, *pairs: tuple[np.ndarray, np.ndarray], y_floor_zero: bool = False) -> None:
+        """`fit` to the bounds of every non-empty (x, y) pair of arrays."""
+        pairs = tuple((x, y) for x, y in pairs if len(x))
+        if pairs:
+            self.fit(min(float(x.min()) for x, _ in pairs), max(float(x.max()) for x, _ in pairs),
+                     min(float(np.nanmin(y)) for _, y in pairs), max(float(np.nanmax(y)) for _, y in pairs),
+                     y_floor_zero=y_floor_zero)
+
+    def reset_range(self) -> None:
+        """Forget the sticky range (new data set: a cleared store, another run)."""
+        self._x_range = self._y_range = None
+
+    def _on_view_range_changed_manually(self, *_args: object) -> None:
+        self._manual = True
+
+    # --- look ---------------------------------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and getattr(self, "_styled", False):
+            self._apply_palette()
+
+    def _apply_palette(self) -> None:
+        text = self.palette().color(QPalette.ColorRole.WindowText)
+        item = self.getPlotItem()
+        for name in ("left", "bottom", "right"):
+            axis = item.getAxis(name)
+            axis.setPen(pg.mkPen(text.darker(130) if text.lightness() > 128 else text.lighter(160)))
+            axis.setTextPen(pg.mkPen(text))
+        item.titleLabel.setText(item.titleLabel.text, color=text.name())
+        legend = item.legend
+        if legend is not None:
+            legend.setLabelTextColor(text)

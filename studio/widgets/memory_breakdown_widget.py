@@ -1,0 +1,175 @@
+"""MemoryBreakdownWidget: the estimate's parts as one stacked bar against the device's memory.
+
+A person choosing techniques wants two answers at a glance: does it fit, and what is taking the
+room. The bar answers the second (one coloured segment per part, scaled so the device's memory line
+is always on screen), the verdict line the first, and the table gives the numbers.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QIcon, QPainter, QPalette, QPen, QPixmap
+from PySide6.QtWidgets import (
+    QHeaderView,
+    QLabel,
+    QSizePolicy,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.state.estimate_state import EstimateState
+from studio.widgets.units import human_bytes
+
+PART_COLORS = {
+    "weights": "#3b82f6",
+    "adapters": "#06b6d4",
+    "gradients": "#10b981",
+    "optimizer": "#eab308",
+    "master_weights": "#f97316",
+    "activations": "#a855f7",
+    "logits": "#ec4899",
+    "runtime": "#94a3b8",
+}
+PART_WORDS = {
+    "weights": "Weights", "adapters": "Adapters", "gradients": "Gradients", "optimizer": "Optimizer state",
+    "master_weights": "Master weights", "activations": "Activations", "logits": "Logits / loss",
+    "runtime": "Runtime (CUDA, slack)",
+}
+VERDICTS = {
+    "fits": ("Fits", "#16a34a"),
+    "tight": ("Tight: the peak fits, the sum of all parts does not", "#d97706"),
+    "too_big": ("Does not fit", "#dc2626"),
+    "unknown": ("Unknown", "#6b7280"),
+}
+
+
+def _swatch(color: str) -> QIcon:
+    pixmap = QPixmap(12, 12)
+    pixmap.fill(QColor(color))
+    return QIcon(pixmap)
+
+
+class _StackedBar(QWidget):
+    """The painted bar: segments left to right, the device limit as a red line with its label."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.parts: list[tuple[str, int]] = []
+        self.limit: int | None = None
+        self.setMinimumHeight(46)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        return QSize(320, 46)
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        text = self.palette().color(QPalette.ColorRole.WindowText)
+        total = sum(v for _, v in self.parts)
+        scale_max = max(total, self.limit or 0) * 1.04 or 1
+        bar = QRectF(0, 4, self.width() - 1, 22)
+        painter.setPen(QPen(text.lighter(150) if text.lightness() < 128 else text.darker(150), 1))
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        painter.drawRoundedRect(bar, 3, 3)
+        x = bar.left()
+        for name, value in self.parts:
+            width = bar.width() * value / scale_max
+            if width > 0:
+                painter.fillRect(QRectF(x, bar.top() + 1, width, bar.height() - 1), QColor(PART_COLORS[name]))
+                x += width
+        if self.limit:
+            lx = bar.left() + bar.width() * self.limit / scale_max
+            painter.setPen(QPen(QColor("#dc2626"), 2))
+            painter.drawLine(int(lx), 0, int(lx), int(bar.bottom()) + 4)
+            label = f"limit {human_bytes(self.limit)}"
+            width = painter.fontMetrics().horizontalAdvance(label)
+            painter.setPen(text)
+            painter.drawText(int(max(0, min(lx - width, self.width() - width))), int(bar.bottom()) + 17, label)
+        painter.end()
+
+
+class MemoryBreakdownWidget(QWidget):
+    """Follows an EstimateState: the stacked bar, a verdict line, and a table of the parts."""
+
+    def __init__(self, estimate: EstimateState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._estimate = estimate
+        self.title = QLabel("<b>Estimated memory per device</b>")
+        self.verdict_label = QLabel()
+        self.verdict_label.setWordWrap(True)
+        self.limit_label = QLabel()
+        self.limit_label.setWordWrap(True)
+        self.bar = _StackedBar()
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["Part", "Size", "Share"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QTableWidget.SelectionMode.NoSelection)
+        self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in (1, 2):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        self.notes_label = QLabel()
+        self.notes_label.setWordWrap(True)
+        self.notes_label.setStyleSheet("color: palette(placeholder-text);")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        for widget in (self.title, self.bar, self.verdict_label, self.limit_label, self.table, self.notes_label):
+            layout.addWidget(widget)
+        layout.addStretch(1)
+        estimate.changed.connect(self._on_estimate_changed)
+        self._on_estimate_changed()
+
+    def verdict(self) -> str:
+        return self._estimate.verdict()
+
+    def part_sizes(self) -> dict[str, int]:
+        """What the bar shows, part by part (tests read it)."""
+        return dict(self.bar.parts)
+
+    def _on_estimate_changed(self) -> None:
+        estimate = self._estimate
+        breakdown = estimate.breakdown
+        self.bar.limit = estimate.limit_bytes
+        self.limit_label.setText(f"Device: {estimate.limit_label}" if estimate.limit_label else
+                                 "Device: detecting…")
+        if breakdown is None:
+            self.bar.parts = []
+            self.table.setRowCount(0)
+            self.verdict_label.setText(f"<span style='color:#dc2626'>No estimate: {estimate.problem}</span>"
+                                       if estimate.problem else "Estimating…")
+            self.notes_label.setText("")
+            self.bar.update()
+            return
+        parts = breakdown.breakdown()
+        self.bar.parts = [(name, value) for name, value in parts.items() if name in PART_COLORS]
+        total = breakdown.total_bytes or 1
+        self.table.setRowCount(len(parts) + 1)
+        for row, (name, value) in enumerate([*parts.items(), ("total", breakdown.total_bytes)]):
+            label = QTableWidgetItem(PART_WORDS.get(name, name) if name in PART_COLORS else "Total")
+            if name in PART_COLORS:
+                label.setIcon(_swatch(PART_COLORS[name]))
+            else:
+                font = label.font()
+                font.setBold(True)
+                label.setFont(font)
+            size = QTableWidgetItem(human_bytes(value))
+            size.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            share = QTableWidgetItem(f"{value / total:.0%}")
+            share.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            for column, item in enumerate((label, size, share)):
+                self.table.setItem(row, column, item)
+        self.table.resizeRowsToContents()
+        frame = 2 * self.table.frameWidth()
+        self.table.setFixedHeight(self.table.verticalHeader().length() + self.table.horizontalHeader().height() + frame)
+        word, color = VERDICTS[estimate.verdict()]
+        peak = human_bytes(estimate.peak_bytes)
+        self.verdict_label.setText(f"<b style='color:{color}'>{word}</b> — predicted peak {peak}, "
+                                   f"sum of parts {human_bytes(breakdown.total_bytes)}")
+        warnings = (breakdown.details or {}).get("warnings") or []
+        self.notes_label.setText("\n".join(f"Note: {w}" for w in warnings))
+        self.bar.update()

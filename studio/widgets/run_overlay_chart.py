@@ -1,0 +1,37 @@
+"""RunOverlayChart: the loss curves of several past runs on one chart, one colour each."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtWidgets import QWidget
+
+from studio.widgets.live_chart import COLORS, LiveChart, arrays
+
+
+class RunOverlayChart(LiveChart):
+    """`set_runs([(label, steps, losses), ...])` replaces the curves."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(title="Training loss of the selected runs", left="loss", parent=parent, grid=True)
+        self.getPlotItem().addLegend(offset=(-10, 10))
+        self._runs: list[tuple[str, list[float], list[float]]] = []
+        self._curves: list[pg.PlotDataItem] = []
+
+    def set_runs(self, runs: list[tuple[str, list[float], list[float]]]) -> None:
+        self._runs = runs
+        self.mark_dirty()
+        self.flush()
+
+    def curve_count(self) -> int:
+        self.flush()
+        return len(self._curves)
+
+    def redraw(self) -> None:
+        item = self.getPlotItem()
+        for curve in self._curves:
+            item.removeItem(curve)
+        self._curves = []
+        for index, (label, steps, losses) in enumerate(self._runs):
+            pen = pg.mkPen(COLORS[index % len(COLORS)], width=2)
+            self._curves.append(item.plot(*arrays(steps, losses), name=label, pen=pen))
+        self._apply_palette()

@@ -1,0 +1,76 @@
+"""TokenHistogramChart: how long the examples are, against the chosen seq_len.
+
+Bars count examples per token-length bin; a red vertical line marks train.seq_len, and the bars
+beyond it (the examples that will be truncated) are drawn in red, so the share lost reads at a
+glance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QWidget
+
+from studio.widgets.live_chart import LiveChart
+
+BINS = 40
+
+
+class TokenHistogramChart(LiveChart):
+    """set_lengths() once per dataset, set_seq_len() whenever the seq_len changes."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(title="Tokens per example", left="examples", bottom="tokens", parent=parent, grid=True)
+        self._lengths = np.zeros(0)
+        self.seq_len = 0
+        self._bars = pg.BarGraphItem(x0=[], x1=[], height=[], brush="#3b82f6", pen=None)
+        self._over = pg.BarGraphItem(x0=[], x1=[], height=[], brush="#ef4444", pen=None)
+        item = self.getPlotItem()
+        item.addItem(self._bars)
+        item.addItem(self._over)
+        self._line = pg.InfiniteLine(angle=90, movable=False,
+                                     pen=pg.mkPen("#dc2626", width=2, style=Qt.PenStyle.DashLine),
+                                     label="seq_len {value:.0f}",
+                                     labelOpts={"position": 0.9, "color": "#dc2626", "anchors": [(1, 0), (1, 0)]})
+        item.addItem(self._line)
+        self._far_label = pg.TextItem(color="#dc2626", anchor=(1, 0))
+        item.addItem(self._far_label, ignoreBounds=True)
+        self.bar_count = 0
+        """How many bins are drawn (tests read it)."""
+
+    def set_lengths(self, lengths: list[int] | tuple[int, ...]) -> None:
+        self._lengths = np.asarray(lengths, dtype=float)
+        self.mark_dirty()
+
+    def set_seq_len(self, seq_len: int) -> None:
+        self.seq_len = seq_len
+        self.mark_dirty()
+
+    def line_position(self) -> float:
+        return float(self._line.value())
+
+    def redraw(self) -> None:
+        lengths = self._lengths
+        self._line.setValue(self.seq_len)
+        if not len(lengths):
+            for bars in (self._bars, self._over):
+                bars.setOpts(x0=[], x1=[], height=[])
+            self.bar_count = 0
+            self._far_label.setText("")
+            return
+        longest = float(lengths.max())
+        counts, edges = np.histogram(lengths, bins=BINS, range=(0, longest + 1))
+        left, right = edges[:-1], edges[1:]
+        over = right > self.seq_len
+        gap = (right - left) * 0.08
+        self._bars.setOpts(x0=left[~over] + gap[~over], x1=right[~over] - gap[~over], height=counts[~over])
+        self._over.setOpts(x0=left[over] + gap[over], x1=right[over] - gap[over], height=counts[over])
+        self.bar_count = int((counts > 0).sum())
+        # A seq_len far beyond every example would squeeze the bars into a sliver: then the line
+        # stays off to the right and its label says so.
+        far = self.seq_len > 2.5 * longest
+        top = longest * 1.15 if far else max(longest, float(self.seq_len)) * 1.05
+        self._far_label.setText(f"seq_len {self.seq_len} →" if far else "")
+        self._far_label.setPos(top, float(counts.max()))
+        self.getPlotItem().setXRange(0, top, padding=0.0)
