@@ -74,6 +74,8 @@ class Capabilities(BaseModel):
     bf16: bool = False
     bitsandbytes: str | None = Field(default=None, description="bitsandbytes version, None if absent.")
     flash_attn: bool = False
+    deepspeed: bool = False
+    liger_kernel: bool = False
     cpu_threads: int = 1
 
 

@@ -235,6 +235,7 @@ class RunIndex:
         self.root = self.home / "runs"
         self.home.mkdir(parents=True, exist_ok=True)
         self.db_path = self.home / "runs.sqlite"
+        self._seen: dict[str, tuple[float, int]] = {}
         self._db = sqlite3.connect(self.db_path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, path TEXT, name TEXT,"
@@ -256,18 +257,30 @@ class RunIndex:
         return s
 
     def sync(self) -> list[RunSummary]:
-        """Re-read every folder; drop rows whose folder is gone."""
-        present = []
+        """Re-read the folders whose events changed since the last sync; drop rows whose folder is
+        gone. Unchanged runs cost one stat, so a page that syncs on every show stays quick."""
+        ids = set()
         if self.root.is_dir():
             for child in self.root.iterdir():
                 if child.is_dir() and (child / "config.yaml").exists():
-                    present.append(self.update(RunFolder(child)))
-        ids = {s.run_id for s in present}
+                    ids.add(child.name)
+                    stamp = self._stamp(child)
+                    if self._seen.get(child.name) != stamp:
+                        self.update(RunFolder(child))
+                        self._seen[child.name] = stamp
         with self._db:
             for (run_id,) in self._db.execute("SELECT run_id FROM runs").fetchall():
                 if run_id not in ids:
                     self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
         return self.list()
+
+    @staticmethod
+    def _stamp(path: Path) -> tuple[float, int]:
+        try:
+            info = (path / "events.jsonl").stat()
+            return info.st_mtime, info.st_size
+        except OSError:
+            return 0.0, -1
 
     def list(self) -> list[RunSummary]:
         rows = self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC").fetchall()

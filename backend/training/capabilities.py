@@ -42,5 +42,7 @@ def probe_capabilities() -> Capabilities:
         bf16=bool(cuda and torch.cuda.is_bf16_supported()),
         bitsandbytes=_version("bitsandbytes"),
         flash_attn=flash,
+        deepspeed=importlib.util.find_spec("deepspeed") is not None,
+        liger_kernel=importlib.util.find_spec("liger_kernel") is not None,
         cpu_threads=torch.get_num_threads(),
     )

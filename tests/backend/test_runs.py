@@ -1,0 +1,43 @@
+"""Run folders are the truth; the SQLite index follows them, including hand-deleted folders."""
+
+import json
+import shutil
+
+from backend.config import RunConfig
+from backend.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
+
+
+def finish(folder: RunFolder, loss: float, job: str = "finetune") -> None:
+    folder.append_event({"type": "JobStarted", "v": 1, "job": job, "run_dir": str(folder.path)})
+    folder.append_event({"type": "MetricsLogged", "v": 1, "step": 3, "max_steps": 3, "loss": loss})
+    folder.append_event({"type": "JobFinished", "v": 1, "run_dir": str(folder.path), "final_loss": loss,
+                         "tokens_per_s": 10.0 if job == "finetune" else None})
+
+
+def test_index_follows_the_folders(studio_home):
+    a = RunFolder.create(RunConfig(name="a"))
+    b = RunFolder.create(RunConfig(name="b"))
+    index = RunIndex()
+    assert {s.status for s in index.sync()} == {"incomplete"}
+    finish(a, 1.5)
+    runs = {s.name: s for s in index.sync()}
+    assert runs["a"].status == "finished" and runs["a"].final_loss == 1.5 and runs["a"].steps == 3
+    finish(a, 9.9, job="export")  # an export afterwards does not change the run's figures
+    runs = {s.name: s for s in index.sync()}
+    assert runs["a"].final_loss == 1.5 and runs["a"].status == "finished" and runs["a"].tokens_per_s == 10.0
+    shutil.rmtree(b.path)
+    assert [s.name for s in index.sync()] == ["a"]
+    index.close()
+
+
+def test_torn_last_line_and_incomplete_checkpoints(studio_home):
+    folder = RunFolder.create(RunConfig(name="torn"))
+    finish(folder, 2.0)
+    with folder.events_path.open("a") as handle:
+        handle.write('{"type": "MetricsLogged", "step": 4')  # the worker died mid-write
+    assert folder.status() == "finished"
+    (folder.checkpoints_dir / "checkpoint-2").mkdir(parents=True)
+    (folder.checkpoints_dir / "checkpoint-2" / CHECKPOINT_MARKER).write_text(json.dumps({"step": 2}))
+    (folder.checkpoints_dir / "checkpoint-4").mkdir()
+    assert folder.latest_checkpoint().name == "checkpoint-2"
+    assert [p.name for p in folder.remove_incomplete_checkpoints()] == ["checkpoint-4"]
