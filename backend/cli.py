@@ -16,6 +16,9 @@ from backend.runs import RunFolder, RunIndex
 from backend.worker_process import WorkerProcess
 
 
+_printed = {"step": 0}
+
+
 def _progress(event: dict, out) -> None:
     kind = event["type"]
     if kind == "PhaseChanged":
@@ -35,8 +38,12 @@ def _progress(event: dict, out) -> None:
             text += f"  MFU {100 * event['mfu']:.1f}%"
         if out.isatty():
             out.write("\r\033[K" + text)
-        elif step == total or step % max(1, total // 10) == 0:
+        elif step == total or step - _printed["step"] >= max(1, total // 10):
+            # Not a terminal: a line every tenth of the run (metrics arrive coalesced, not every step).
+            _printed["step"] = step
             out.write(text + "\n")
+    elif kind == "TokensGenerated" and event.get("done"):
+        out.write(f"    -> {event['text'].strip()[:100]!r}\n")
     elif kind == "CheckpointSaved":
         out.write(("\r\033[K" if out.isatty() else "") + f"checkpoint saved at step {event['step']}\n")
     elif kind == "EvalFinished" and event.get("eval_loss") is not None:
