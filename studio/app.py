@@ -116,10 +116,13 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
                sampler: Callable[..., Any] | None = None, theme: Any = None,
                synchronous_data: bool = False) -> Studio:
     """Every other page (pyqtgraph, numpy), the worker client, the GPU monitor, and the wiring."""
+    from studio.pages.chat_page import ChatPage, memory_warning
     from studio.pages.data_page import DataPage
+    from studio.pages.export_page import ExportPage
     from studio.pages.runs_page import RunsPage
     from studio.pages.techniques_page import TechniquesPage
     from studio.pages.train_page import TrainPage
+    from studio.recovery_controller import RecoveryController
     from studio.run_controller import RunController
     from studio.services.gpu_monitor import GpuMonitor
     from studio.services.theme import Theme
@@ -139,14 +142,32 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     pages["train"] = TrainPage(store, telemetry, editors, window.start_action, window.stop_action,
                                window.cancel_action, window.resume_action)
     pages["runs"] = RunsPage()
-    for key in ("data", "techniques", "train", "runs"):
+    clients = {"export": WorkerClient(), "evaluate": WorkerClient(), "chat": WorkerClient()}
+    pages["export"] = ExportPage(clients["export"], clients["evaluate"], worker_command, worker_env)
+    pages["export"].picker.preferred = lambda: next((s.path for s in pages["runs"].selected()), "")
+    pages["chat"] = ChatPage(clients["chat"], worker_command, worker_env)
+    pages["chat"].picker.preferred = pages["export"].picker.preferred
+    for key in ("data", "techniques", "train", "runs", "export", "chat"):
         window.install_page(key, pages[key])
     controller = RunController(window, pages["train"], pages["runs"], client, store, telemetry, state, estimate,
                                config_factory=config.config, worker_command=worker_command,
                                worker_env=worker_env, parent=window)
+    recovery = RecoveryController(controller, config, parent=window)
+
+    def training_warning() -> str:
+        if not client.is_running() or controller.folder is None:
+            return ""
+        try:
+            running = controller.folder.load_config()
+        except ValueError:
+            running = None
+        return memory_warning(running, estimate.device, estimate.limit_bytes, estimate.limit_label)
+
+    pages["chat"].training_warning = training_warning
+    monitor.sampled.connect(lambda sample: pages["techniques"].hardware.set_gpu_count(len(sample.devices)))
     router = TelemetryController(window, monitor, client, telemetry, estimate, pages["train"].gpu_panel,
                                  parent=window)
-    for child in (store, telemetry, state, client, monitor):
+    for child in (store, telemetry, state, client, monitor, *clients.values()):
         child.setParent(controller)
     window.save_config_requested.connect(pages["techniques"].command_line.save_button.click)
     if core.problem:
@@ -155,7 +176,8 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     theme = theme or Theme(QApplication.instance())
     _wire_settings(window, config, core.settings, theme, controller)
     studio = Studio(window, controller, client, store, state, config, estimate, telemetry, monitor, core.settings,
-                    editors, pages, {"telemetry_controller": router, "theme": theme})
+                    editors, pages, {"telemetry_controller": router, "theme": theme, "recovery": recovery,
+                                      "clients": clients})
     estimate.recompute()
     monitor.start()
     controller.show_peaks()
@@ -253,6 +275,8 @@ def run_app(argv: list[str] | None = None) -> int:
             studio = build_rest(core, theme=theme)
             built.append(studio)
             app.aboutToQuit.connect(studio.client.shutdown)
+            for other in studio.extras["clients"].values():
+                app.aboutToQuit.connect(other.shutdown)
             app.aboutToQuit.connect(studio.monitor.stop)
             if probing and page != 0:
                 _AfterFirstPaint(window.stack.currentWidget(), lambda: _probe("STARTUP_READY", then_quit=True))

@@ -26,7 +26,8 @@ from PySide6.QtWidgets import (
 
 from backend.paths import resources_dir
 
-PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("train", "Train"), ("runs", "Runs"))
+PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("train", "Train"), ("runs", "Runs"),
+         ("export", "Export"), ("chat", "Chat"))
 """(key, title) of each page, in the order a first run walks through them."""
 LOG_MAX_LINES = 5000
 """The log pane keeps only the newest lines, so a chatty worker cannot grow the studio's memory."""
@@ -42,7 +43,8 @@ def icon(name: str) -> QIcon:
             if png.is_file():
                 result.addFile(str(png), QSize(size, size))
         return result if not result.isNull() else QIcon(str(folder / "app.svg"))
-    return QIcon(str(folder / f"{name}.svg"))
+    path = folder / f"{name}.svg"
+    return QIcon(str(path)) if path.is_file() else QIcon()
 
 
 class MainWindow(QMainWindow):
@@ -70,7 +72,7 @@ class MainWindow(QMainWindow):
         """Called on close; returning False keeps the window open."""
         self.pages: dict[str, QWidget] = {}
         self._running = False
-        """Installed pages by key (model, data, techniques, train, runs)."""
+        """Installed pages by key (model, data, techniques, train, runs, export, chat)."""
 
         self.page_list = QListWidget()
         self.page_list.setObjectName("PageList")

@@ -25,6 +25,7 @@ from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
 from studio.widgets.command_line_widget import CommandLineWidget
 from studio.widgets.field_editors import FieldEditors
+from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 
@@ -80,6 +81,8 @@ class TechniquesPage(QWidget):
                 self.labels[key] = text
                 form.addRow(text, widget)
             (left if index in (0, 2, 4) else right).addWidget(box)
+        self.hardware = HardwareWidget(state, editors)
+        left.addWidget(self.hardware)
         left.addStretch(1)
         right.addStretch(1)
         columns.addLayout(left)

@@ -23,11 +23,13 @@ from PySide6.QtWidgets import (
 
 from studio.state.metric_store import MetricStore
 from studio.state.telemetry_store import TelemetryStore
+from studio.widgets.failure_panel_widget import FailurePanelWidget
 from studio.widgets.field_editors import FieldEditors
 from studio.widgets.gpu_panel_widget import GpuPanelWidget
 from studio.widgets.loss_chart import LossChart
 from studio.widgets.metric_chart import MetricChart
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.sample_list_widget import SampleListWidget
 from studio.widgets.units import clock_text
 
 
@@ -74,6 +76,7 @@ class TrainPage(QWidget):
         self.plan_label.setWordWrap(True)
         self.plan_label.setStyleSheet("color: palette(placeholder-text);")
         self.plan_label.setVisible(False)
+        self.failure_panel = FailurePanelWidget()
         self.progress = QProgressBar()
         self.progress.setFormat("step %v / %m")
         self.progress.setRange(0, 1)
@@ -98,7 +101,15 @@ class TrainPage(QWidget):
         grid.addWidget(self.chart, 0, 0, 2, 1)
         grid.addWidget(self.lr_chart, 0, 1)
         grid.addWidget(self.grad_chart, 1, 1)
-        grid.addWidget(self.speed_chart, 0, 2, 2, 1)
+        grid.addWidget(self.speed_chart, 0, 2)
+        self.samples = SampleListWidget()
+        samples_box = QWidget()
+        samples_layout = QVBoxLayout(samples_box)
+        samples_layout.setContentsMargins(0, 0, 0, 0)
+        samples_layout.setSpacing(2)
+        samples_layout.addWidget(QLabel("Sample answers"))
+        samples_layout.addWidget(self.samples, 1)
+        grid.addWidget(samples_box, 1, 2)
         grid.setColumnStretch(0, 3)
         grid.setColumnStretch(1, 2)
         grid.setColumnStretch(2, 2)
@@ -115,6 +126,7 @@ class TrainPage(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
         layout.addWidget(self.plan_label)
+        layout.addWidget(self.failure_panel)
         layout.addLayout(readouts)
         layout.addWidget(split, 1)
 

@@ -102,12 +102,14 @@ class WorkerClient(QObject):
         return int(self._process.processId()) or None
 
     def start(self, folder: RunFolder, config: RunConfig, resume: bool = False,
-              command: Sequence[str] | None = None, env: dict[str, str] | None = None) -> None:
-        """Launch a worker for `folder`; the StartJob is written once it says WorkerReady."""
+              command: Sequence[str] | None = None, env: dict[str, str] | None = None,
+              job: str = "finetune", params: dict | None = None) -> None:
+        """Launch a worker for `folder` to run `job` (finetune, export, evaluate, chat) with `params`;
+        the StartJob is written once it says WorkerReady."""
         if self._running:
             raise RuntimeError("a worker is already running; stop it before starting another")
-        argv = list(command) if command else job_argv(folder, config, resume)
-        self._reset(folder, start_line(folder, config, resume))
+        argv = list(command) if command else job_argv(folder, config, resume, job, params)
+        self._reset(folder, start_line(folder, config, resume, job, params))
         process = QProcess(self)
         environment = QProcessEnvironment()
         for key, value in (worker_env() if env is None else env).items():

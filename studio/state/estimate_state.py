@@ -67,7 +67,10 @@ class EstimateState(QObject):
         self._timer.stop()
         try:
             config = self._config.config()
-            self.breakdown = estimate(config.model.path, config, device=self.device)  # type: ignore[arg-type]
+            hardware = config.hardware
+            zero_stage = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}.get(hardware.strategy, 0)
+            self.breakdown = estimate(config.model.path, config, device=self.device,  # type: ignore[arg-type]
+                                      num_gpus=hardware.num_processes, zero_stage=zero_stage)
             self.problem = ""
         except (ConfigError, ValueError, OSError, KeyError, TypeError, ZeroDivisionError) as exc:
             self.breakdown, self.problem = None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -2,7 +2,11 @@
 
 GUI tests need a worker that starts in a blink, behaves the same every time and can misbehave on
 purpose (garbage on stdout, a crash mid-run, a run that only ends when told to stop). Run as
-`python tests/fakes/fake_worker.py --scenario normal|malformed|crash|sigkill|slow|stream`.
+`python tests/fakes/fake_worker.py --scenario normal|malformed|crash|sigkill|slow|stream|oom|disk_full|export_fail`.
+
+The job in the StartJob picks the behaviour: finetune (the scenarios above; `oom` ends at step 3 with
+an out_of_memory JobFailed carrying a fix, `disk_full` ends at step 6, after a checkpoint), or an
+export, evaluate or chat job acting like backend/jobs (see fake_jobs.py; `export_fail` fails a check).
 
 Like the real worker it writes events.jsonl itself, writes checkpoint folders with their completion
 marker, honours StopJob(save=...) (a cancel ends in JobFailed "cancelled") and a resume (continuing
@@ -43,12 +47,13 @@ from backend.protocol import (  # noqa: E402 (after the sys.path line, so the sc
     PhaseChanged,
     StopJob,
     TelemetrySampled,
+    TokensGenerated,
     WorkerReady,
     decode_command,
     encode,
 )
 
-SCENARIOS = ("normal", "malformed", "crash", "sigkill", "slow", "stream")
+SCENARIOS = ("normal", "malformed", "crash", "sigkill", "slow", "stream", "oom", "disk_full", "export_fail")
 MIB = 1 << 20
 MARKER = "checkpoint_complete.json"  # backend.runs.CHECKPOINT_MARKER, without importing the runs module
 
@@ -123,6 +128,10 @@ class FakeWorker:
         log = open(self.run_dir / "worker.log", "a", encoding="utf-8")  # noqa: SIM115 (lives to exit)
         os.dup2(log.fileno(), 2)
         threading.Thread(target=self.listen_for_stop, daemon=True).start()
+        if start.job != "finetune":
+            from tests.fakes.fake_jobs import run_job
+
+            return run_job(self, start)
         first, resumed = self.resume_point() if start.resume else (0, None)
         if self.scenario == "stream":
             train = start.config.get("train", {})
@@ -156,9 +165,21 @@ class FakeWorker:
                 if self.scenario == "sigkill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(9)
+            if self.scenario == "oom" and step == 3:
+                self.emit(JobFailed(kind="out_of_memory", message="CUDA out of memory in the backward pass at step 3",
+                                    hint="halve the micro batch, double gradient accumulation", phase="backward",
+                                    peak_bytes=23 << 30, predicted_bytes=20 << 30,
+                                    fix={"train.micro_batch_size": 1, "train.gradient_accumulation_steps": 8}))
+                return 0
             if step % 5 == 0 and self.scenario != "slow":
                 self.emit(EvalFinished(step=step, eval_loss=loss * 1.1))
                 self.save_checkpoint(step)
+                self.emit(PhaseChanged(phase="sample", detail=f"What is {step} + {step}?"))
+                self.emit(TokensGenerated(text=f"{2 * step}", done=True))
+            if self.scenario == "disk_full" and step == 6:
+                self.emit(JobFailed(kind="disk_full", message="the disk holding the run folder is full",
+                                    hint="free some space, then resume", phase="save"))
+                return 0
             if self.stop.is_set():
                 return self.finish_stopped(step, loss)
             if self.scenario != "slow" and step >= max_steps:

@@ -43,3 +43,5 @@ def make_studio(qtbot) -> Iterator[Callable[..., object]]:
     for studio in built:
         studio.monitor.stop()
         studio.client.shutdown()
+        for client in studio.extras.get("clients", {}).values():
+            client.shutdown()

@@ -89,13 +89,29 @@ def main() -> int:
     runs = studio.pages["runs"]
     runs.select_runs([s.run_id for s in runs.summaries[:2]])
     shoot("runs")
+    export = studio.pages["export"]
+    window.show_page("export")
+    export.set_format("gguf-q8_0")
+    export.export_button.click()
+    wait(app, lambda: not export.client.is_running())
+    export.evaluation.evaluate_button.click()
+    wait(app, lambda: not export.evaluation.client.is_running())
+    shoot("export")
+    chat = studio.pages["chat"]
+    window.show_page("chat")
+    chat.set_model("both")
+    chat.max_tokens.setValue(12)
+    chat.message_edit.setText("Give me a haiku about gradients.")
+    chat.send_button.click()
+    wait(app, lambda: not chat.client.is_running())
+    shoot("chat")
     studio.extras["theme"].apply("dark")
     window.show_page("train")
     shoot("train-dark")
     studio.monitor.stop()
     QTimer.singleShot(0, window.close)
     settle(app, 0.2)
-    return 0 if len(shots) == 6 else 1
+    return 0 if len(shots) == 8 else 1
 
 
 if __name__ == "__main__":

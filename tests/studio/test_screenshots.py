@@ -20,7 +20,7 @@ from PySide6.QtGui import QImage
 
 ROOT = Path(__file__).resolve().parents[2]
 TOUR = Path(__file__).resolve().parent / "screenshot_tour.py"
-PAGES = ("model", "data", "techniques", "train", "runs", "train-dark")
+PAGES = ("model", "data", "techniques", "train", "runs", "export", "chat", "train-dark")
 
 
 def _start_xvfb() -> tuple[subprocess.Popen, str]:

@@ -1,0 +1,261 @@
+"""ExportPage: step 6, turn a finished run into files another program loads, verified, and measure it.
+
+Pick a finished run and a format (each says who loads it), the dtype for merged and bitsandbytes
+exports, the output folder (RUN_DIR/exports/FORMAT unless changed) and whether to overwrite. Export
+runs the export job in a fresh worker with a progress bar; the verification report is shown check
+by check (a failed check in red). Beside it, Evaluate compares the base and the tuned model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices, QShowEvent
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backend.export.formats import DTYPES, FORMATS
+from backend.protocol import JobFailed, JobFinished, MetricsLogged, PhaseChanged
+from studio.services.worker_client import WorkerClient
+from studio.widgets.evaluation_widget import EvaluationWidget
+from studio.widgets.export_report_widget import ExportReportWidget
+from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.run_picker_widget import RunPickerWidget
+
+REPORT = "export_report.json"
+DTYPE_FORMATS = ("merged", "bnb-8bit", "bnb-4bit")
+"""Formats whose written weights (or the merge before quantizing) take the dtype option."""
+
+
+class ExportPage(QWidget):
+    """Run picker, export options, Export with progress, the verification report, and Evaluate."""
+
+    def __init__(self, client: WorkerClient, eval_client: WorkerClient, worker_command: Sequence[str] | None = None,
+                 worker_env: dict[str, str] | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.client = client
+        self.worker_command, self.worker_env = worker_command, worker_env
+        self.confirm_overwrite: Callable[[Path], bool] = self._ask_overwrite
+        """Asked before replacing an existing export folder; tests replace it."""
+        self.open_url: Callable[[QUrl], object] = QDesktopServices.openUrl
+        """Opens a folder in the file manager; tests replace it."""
+        self._out_edited = False
+        self._out: Path | None = None
+        header = PageHeaderWidget("Export and evaluate", "Write a finished run in the format the program you "
+                                  "serve it with loads; every export is loaded back and checked against the "
+                                  "trained model. Evaluate compares the base and the tuned model.")
+        self.picker = RunPickerWidget()
+        self.picker.run_changed.connect(self._on_picker_run_changed)
+
+        self.format_combo = QComboBox()
+        for name, what in FORMATS.items():
+            self.format_combo.addItem(name, name)
+            self.format_combo.setItemData(self.format_combo.count() - 1, what, 3)  # ToolTipRole
+        self.format_combo.currentIndexChanged.connect(self._on_format_combo_current_index_changed)
+        self.format_help = QLabel()
+        self.format_help.setWordWrap(True)
+        self.format_help.setStyleSheet("color: palette(placeholder-text);")
+        self.dtype_combo = QComboBox()
+        self.dtype_combo.addItems(list(DTYPES))
+        self.dtype_combo.setToolTip("16-bit type of the merged weights: bf16 keeps the range, fp16 the precision")
+        self.out_edit = QLineEdit()
+        self.out_edit.textEdited.connect(self._on_out_edit_text_edited)
+        self.browse_button = QPushButton("Browse…")
+        self.browse_button.clicked.connect(self._on_browse_button_clicked)
+        out_row = QHBoxLayout()
+        out_row.addWidget(self.out_edit, 1)
+        out_row.addWidget(self.browse_button)
+        self.overwrite_check = QCheckBox("Overwrite an existing export in that folder")
+        form = QFormLayout()
+        form.addRow("Format", self.format_combo)
+        form.addRow("", self.format_help)
+        form.addRow("Weights dtype", self.dtype_combo)
+        form.addRow("Output folder", out_row)
+        form.addRow("", self.overwrite_check)
+
+        self.export_button = QPushButton("Export")
+        self.export_button.clicked.connect(self._on_export_button_clicked)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(lambda: self.client.stop(save=False))
+        self.open_button = QPushButton("Open folder")
+        self.open_button.clicked.connect(self._on_open_button_clicked)
+        buttons = QHBoxLayout()
+        for button in (self.export_button, self.stop_button, self.open_button):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.status_label = QLabel("")
+        self.status_label.setWordWrap(True)
+        self.report = ExportReportWidget()
+
+        export_box = QGroupBox("Export")
+        export_layout = QVBoxLayout(export_box)
+        export_layout.addLayout(form)
+        export_layout.addLayout(buttons)
+        export_layout.addWidget(self.progress)
+        export_layout.addWidget(self.status_label)
+        export_layout.addWidget(self.report, 1)
+        self.evaluation = EvaluationWidget(eval_client, worker_command, worker_env)
+        eval_box = QGroupBox("Evaluate: base vs tuned")
+        QVBoxLayout(eval_box).addWidget(self.evaluation)
+        split = QSplitter()
+        split.addWidget(export_box)
+        split.addWidget(eval_box)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        layout = QVBoxLayout(self)
+        layout.addWidget(header)
+        layout.addWidget(self.picker)
+        layout.addWidget(split, 1)
+
+        client.event_received.connect(self._on_client_event_received)
+        client.job_finished.connect(self._on_client_job_finished)
+        client.job_failed.connect(self._on_client_job_failed)
+        client.worker_crashed.connect(self._on_client_worker_crashed)
+        client.running_changed.connect(self._on_client_running_changed)
+        self._on_format_combo_current_index_changed(0)
+        self._on_client_running_changed(False)
+
+    # --- choices --------------------------------------------------------------------------------
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
+        super().showEvent(event)
+        if not self.client.is_running():
+            self.picker.refresh()
+
+    def fmt(self) -> str:
+        return str(self.format_combo.currentData())
+
+    def set_format(self, name: str) -> None:
+        self.format_combo.setCurrentIndex(self.format_combo.findData(name))
+
+    def default_out(self) -> str:
+        path = self.picker.path()
+        return str(Path(path) / "exports" / self.fmt()) if path else ""
+
+    def out_path(self) -> Path | None:
+        text = self.out_edit.text().strip()
+        return Path(text).expanduser() if text else None
+
+    def _on_picker_run_changed(self, path: str) -> None:
+        if not self._out_edited:
+            self.out_edit.setText(self.default_out())
+        self.evaluation.set_run(path)
+        self._update_buttons()
+
+    def _on_format_combo_current_index_changed(self, _index: int) -> None:
+        self.format_help.setText(FORMATS.get(self.fmt(), ""))
+        self.dtype_combo.setEnabled(self.fmt() in DTYPE_FORMATS)
+        if not self._out_edited:
+            self.out_edit.setText(self.default_out())
+
+    def _on_out_edit_text_edited(self, text: str) -> None:
+        self._out_edited = bool(text.strip())
+
+    def _on_browse_button_clicked(self) -> None:
+        chosen = QFileDialog.getExistingDirectory(self, "Export into", self.out_edit.text())
+        if chosen:
+            self.out_edit.setText(chosen)
+            self._out_edited = True
+
+    def _ask_overwrite(self, path: Path) -> bool:
+        answer = QMessageBox.question(self, "Replace the export?", f"{path} already exists. Replace what it holds "
+                                      "with this export? (The old files are removed only once the new ones are "
+                                      "written and verified.)")
+        return answer == QMessageBox.StandardButton.Yes
+
+    # --- export ---------------------------------------------------------------------------------
+    def _on_export_button_clicked(self) -> None:
+        folder, out = self.picker.folder(), self.out_path()
+        if folder is None or out is None or self.client.is_running():
+            return
+        if out.exists():
+            if not self.overwrite_check.isChecked():
+                self._say(f"{out} already holds an export: tick Overwrite, or pick another folder.", error=True)
+                return
+            if not self.confirm_overwrite(out):
+                return
+        try:
+            config = folder.load_config()
+        except ValueError as exc:
+            self._say(f"cannot read {folder.config_path}: {exc}", error=True)
+            return
+        params: dict[str, Any] = {"format": self.fmt(), "out": str(out),
+                                  "overwrite": self.overwrite_check.isChecked()}
+        if self.fmt() in DTYPE_FORMATS:
+            params["dtype"] = self.dtype_combo.currentText()
+        self._out = out
+        self.report.clear("Exporting…")
+        self.progress.setRange(0, 0)
+        self._say(f"Exporting {folder.run_id} as {self.fmt()}…")
+        self.client.start(folder, config, command=self.worker_command, env=self.worker_env, job="export",
+                          params=params)
+
+    def _on_client_event_received(self, event: Any) -> None:
+        if isinstance(event, MetricsLogged) and event.max_steps:
+            self.progress.setRange(0, event.max_steps)
+            self.progress.setValue(min(event.step, event.max_steps))
+        elif isinstance(event, PhaseChanged):
+            self._say(f"{event.phase.replace('_', ' ').capitalize()}: {event.detail}" if event.detail
+                      else event.phase)
+
+    def _on_client_job_finished(self, event: JobFinished) -> None:
+        self.progress.setRange(0, 1)
+        self.progress.setValue(1)
+        self._say("Stopped." if event.stopped else f"Exported and verified: {self._out}")
+        self._show_report()
+
+    def _on_client_job_failed(self, event: JobFailed) -> None:
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        hint = f" Hint: {event.hint}" if event.hint else ""
+        self._say(f"Export failed ({event.kind}): {event.message}.{hint}", error=True)
+        self._show_report()
+
+    def _on_client_worker_crashed(self, report: str) -> None:
+        self.progress.setRange(0, 1)
+        self._say(report.splitlines()[0] if report else "the export worker crashed", error=True)
+        self.status_label.setToolTip(report)
+
+    def _on_client_running_changed(self, running: bool) -> None:
+        self._update_buttons()
+
+    def _show_report(self) -> None:
+        if self._out is not None and (self._out / REPORT).is_file():
+            self.report.load(self._out / REPORT)
+
+    def _on_open_button_clicked(self) -> None:
+        out = self.out_path()
+        target = out if out is not None and out.exists() else (Path(self.picker.path()) if self.picker.path() else None)
+        if target is not None:
+            self.open_url(QUrl.fromLocalFile(str(target)))
+
+    def _update_buttons(self) -> None:
+        running = self.client.is_running()
+        has_run = bool(self.picker.path())
+        self.export_button.setEnabled(has_run and not running)
+        self.stop_button.setEnabled(running)
+        self.picker.setEnabled(not running)
+        self.open_button.setEnabled(has_run)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        self.status_label.setText(text)
+        self.status_label.setToolTip("")
+        self.status_label.setStyleSheet("color: #dc2626;" if error else "")

@@ -1,0 +1,152 @@
+"""EvaluationWidget: the base and the tuned model side by side (perplexity, exact match) for one run.
+
+Evaluate runs the evaluate job (backend/jobs/evaluate.py) in a fresh worker on the run's folder;
+the figures come from the eval_report.json it writes there (an existing report is shown as soon as
+the run is picked). A skipped measure says why.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backend.protocol import JobFailed, PhaseChanged
+from backend.runs import RunFolder
+from studio.services.worker_client import WorkerClient
+
+REPORT = "eval_report.json"
+ROWS = ("Perplexity (lower is better)", "Exact match (higher is better)")
+
+
+class EvaluationWidget(QWidget):
+    """Evaluate / Stop, a status line, a Base | Tuned table and a few example answers."""
+
+    def __init__(self, client: WorkerClient, worker_command: Sequence[str] | None = None,
+                 worker_env: dict[str, str] | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.client, self.worker_command, self.worker_env = client, worker_command, worker_env
+        self._path = ""
+        self.evaluate_button = QPushButton("Evaluate")
+        self.evaluate_button.setToolTip("Measure the base and the tuned model on the run's validation split "
+                                        "and held-out prompts")
+        self.evaluate_button.clicked.connect(self._on_evaluate_button_clicked)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(lambda: self.client.stop(save=False))
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.evaluate_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+        self.status_label = QLabel("")
+        self.status_label.setWordWrap(True)
+        self.table = QTableWidget(len(ROWS), 2)
+        self.table.setHorizontalHeaderLabels(("Base", "Tuned"))
+        self.table.setVerticalHeaderLabels(ROWS)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.setMaximumHeight(self.table.verticalHeader().length() + self.table.horizontalHeader().height() + 6)
+        self.examples = QTextBrowser()
+        self.examples.setPlaceholderText("Example answers of both models appear here after an evaluation.")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status_label)
+        layout.addWidget(self.table)
+        layout.addWidget(self.examples, 1)
+        client.event_received.connect(self._on_client_event_received)
+        client.job_finished.connect(lambda _event: self._load())
+        client.job_failed.connect(self._on_client_job_failed)
+        client.worker_crashed.connect(lambda report: self._say(report.splitlines()[0] if report else "crashed", True))
+        client.running_changed.connect(lambda _running: self._update_buttons())
+        self._update_buttons()
+
+    def set_run(self, path: str) -> None:
+        """The run to evaluate; its existing report (if any) is shown."""
+        if self.client.is_running():
+            return
+        self._path = path
+        self._say("")
+        self._load()
+        self._update_buttons()
+
+    def _on_evaluate_button_clicked(self) -> None:
+        if not self._path or self.client.is_running():
+            return
+        folder = RunFolder(self._path)
+        try:
+            config = folder.load_config()
+        except ValueError as exc:
+            self._say(f"cannot read {folder.config_path}: {exc}", True)
+            return
+        self._say("Evaluating the base and the tuned model…")
+        self.client.start(folder, config, command=self.worker_command, env=self.worker_env, job="evaluate",
+                          params={})
+
+    def _on_client_event_received(self, event: Any) -> None:
+        if isinstance(event, PhaseChanged):
+            self._say(f"{event.phase.replace('_', ' ').capitalize()}: {event.detail}" if event.detail else event.phase)
+
+    def _on_client_job_failed(self, event: JobFailed) -> None:
+        hint = f" Hint: {event.hint}" if event.hint else ""
+        self._say(f"Evaluation failed ({event.kind}): {event.message}.{hint}", True)
+
+    def _load(self) -> None:
+        report = None
+        if self._path:
+            try:
+                report = json.loads((Path(self._path) / REPORT).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                report = None
+        self.show_report(report)
+
+    def show_report(self, report: dict[str, Any] | None) -> None:
+        for row in range(len(ROWS)):
+            for column in range(2):
+                self.table.setItem(row, column, QTableWidgetItem("—"))
+        self.examples.clear()
+        if not report:
+            return
+        ppl, em = report.get("perplexity"), report.get("exact_match")
+        for column, which in enumerate(("base", "tuned")):
+            if ppl:
+                self.table.item(0, column).setText(f"{ppl[which]['perplexity']:.2f}")
+            if em:
+                item = em[which]
+                self.table.item(1, column).setText(f"{item['accuracy']:.1%} ({item['hits']}/{item['n']})")
+        skipped = report.get("skipped") or []
+        if skipped and not self.status_label.text():
+            self._say("; ".join(skipped))
+        parts = []
+        for example in report.get("examples") or []:
+            marks = {k: "✓" if example.get(f"{k}_match") else "✗" for k in ("base", "tuned")}
+            parts.append(f"<p><b>{html.escape(str(example.get('prompt', '')))}</b><br>"
+                         f"expected: {html.escape(str(example.get('expected', '')))}<br>"
+                         f"base {marks['base']}: {html.escape(str(example.get('base', '')))}<br>"
+                         f"tuned {marks['tuned']}: {html.escape(str(example.get('tuned', '')))}</p>")
+        self.examples.setHtml("".join(parts))
+
+    def figures(self) -> list[tuple[str, str]]:
+        """(base, tuned) text of each row (for tests)."""
+        return [(self.table.item(r, 0).text(), self.table.item(r, 1).text()) for r in range(len(ROWS))]
+
+    def _update_buttons(self) -> None:
+        running = self.client.is_running()
+        self.evaluate_button.setEnabled(bool(self._path) and not running)
+        self.stop_button.setEnabled(running)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        self.status_label.setText(text)
+        self.status_label.setStyleSheet("color: #dc2626;" if error else "")

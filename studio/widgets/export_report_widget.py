@@ -1,0 +1,89 @@
+"""ExportReportWidget: the verification of an export, one row per check, a failed check in red.
+
+Reads export_report.json (backend/jobs/export.py): each check has a name, what it measures, the
+measured figure, the tolerance and whether it passed. Nothing is hidden: a failed check is shown
+with its figure, in red, above the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from studio.widgets.units import human_bytes
+
+COLUMNS = ("Check", "Measured", "Tolerance", "Result", "What it measures")
+RED, GREEN = "#dc2626", "#16a34a"
+
+
+def figure(name: str, value: Any) -> str:
+    """A measured figure or tolerance as a person reads it (perplexity as a relative change)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if name == "perplexity":
+        return f"{value:+.2%}"
+    return f"{value:.3g}"
+
+
+class ExportReportWidget(QWidget):
+    """The verdict line and the table of checks of one export_report.json."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.verdict = QLabel("No export yet.")
+        self.verdict.setWordWrap(True)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.verdict)
+        layout.addWidget(self.table, 1)
+
+    def load(self, path: Path) -> bool:
+        """Show the report at `path`; False (and a sentence saying so) when it is missing or unreadable."""
+        try:
+            report = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            self.clear(f"No verification report at {path}.")
+            return False
+        self.show_report(report)
+        return True
+
+    def clear(self, text: str = "No export yet.") -> None:
+        self.verdict.setText(text)
+        self.verdict.setStyleSheet("")
+        self.table.setRowCount(0)
+
+    def show_report(self, report: dict[str, Any]) -> None:
+        checks = report.get("checks") or []
+        passed = bool(report.get("passed"))
+        size = f", {human_bytes(report['total_bytes'])}" if report.get("total_bytes") else ""
+        word = "passed every check" if passed else "FAILED " + ", ".join(c["name"] for c in checks if not c.get("passed"))
+        self.verdict.setText(f"{report.get('format', '?')} export {word}{size}: {report.get('path', '')}")
+        self.verdict.setStyleSheet(f"color: {GREEN if passed else RED}; font-weight: bold;")
+        self.table.setRowCount(len(checks))
+        for row, check in enumerate(checks):
+            name = str(check.get("name", ""))
+            ok = bool(check.get("passed"))
+            cells = (name, figure(name, check.get("measured")), figure(name, check.get("tolerance")),
+                     "pass" if ok else "FAIL", str(check.get("what", "")))
+            for column, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if not ok:
+                    item.setForeground(QColor(RED))
+                elif column == 3:
+                    item.setForeground(QColor(GREEN))
+                self.table.setItem(row, column, item)
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """The table's text, row by row (for tests)."""
+        return [tuple(self.table.item(r, c).text() for c in range(self.table.columnCount()))
+                for r in range(self.table.rowCount())]

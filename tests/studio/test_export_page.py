@@ -1,0 +1,92 @@
+"""Export page against the fake worker: options, progress, the verification report, overwrite, evaluate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backend.runs import RunFolder
+from tests.fakes import fake_command
+
+WAIT_MS = 30_000
+
+
+def finished_run(studio, name: str = "done") -> RunFolder:
+    """A run folder whose fine-tune finished (as the worker would have recorded it)."""
+    config = studio.config.config().model_copy(update={"name": name})
+    folder = RunFolder.create(config)
+    folder.append_event({"type": "JobStarted", "v": 1, "job": "finetune", "run_dir": str(folder.path), "max_steps": 10})
+    folder.append_event({"type": "JobFinished", "v": 1, "run_dir": str(folder.path), "steps": 10})
+    return folder
+
+
+def test_export_runs_shows_progress_and_the_passing_report(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    older = finished_run(studio, "older")
+    folder = finished_run(studio, "newer")
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    assert page.picker.path() in (str(folder.path), str(older.path))
+    assert page.picker.combo.count() == 2
+    page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(folder.path)))
+    page.set_format("merged")
+    assert "transformers" in page.format_help.text() and page.dtype_combo.isEnabled()
+    assert page.out_edit.text() == str(folder.path / "exports" / "merged")
+    page.set_format("gguf-q4_0")
+    assert "llama.cpp" in page.format_help.text() and not page.dtype_combo.isEnabled()
+    assert page.out_edit.text().endswith("gguf-q4_0")
+    page.set_format("adapter")
+    page.export_button.click()
+    assert page.client.is_running() and not page.export_button.isEnabled()
+    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    assert page.progress.value() == page.progress.maximum() == 1
+    assert "verified" in page.status_label.text()
+    rows = page.report.rows()
+    assert [r[0] for r in rows] == ["logits", "tokenizer"] and rows[0][1:4] == ("0.0031", "0.01", "pass")
+    assert "passed every check" in page.report.verdict.text()
+    assert RunFolder(folder.path).status() == "finished"  # the export does not change the run's status
+    opened = []
+    page.open_url = opened.append
+    page.open_button.click()
+    assert Path(opened[0].toLocalFile()) == folder.path / "exports" / "adapter"
+
+
+def test_a_failed_check_is_shown_in_red_and_overwrite_asks_first(qtbot, make_studio):
+    studio = make_studio(fake_command("export_fail"))
+    folder = finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    page.set_format("gguf-q4_0")
+    page.export_button.click()
+    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    assert "failed its perplexity check" in page.status_label.text()
+    rows = page.report.rows()
+    assert rows[0][:4] == ("perplexity", "+31.00%", "+25.00%", "FAIL")
+    assert page.report.table.item(0, 0).foreground().color().name() == "#dc2626"
+    assert "FAILED perplexity" in page.report.verdict.text()
+    # the folder exists now: without Overwrite the page refuses, with it the person is asked
+    page.export_button.click()
+    assert not page.client.is_running() and "tick Overwrite" in page.status_label.text()
+    asked = []
+    page.confirm_overwrite = lambda path: asked.append(path) or False
+    page.overwrite_check.setChecked(True)
+    page.export_button.click()
+    assert asked == [folder.path / "exports" / "gguf-q4_0"] and not page.client.is_running()
+    page.confirm_overwrite = lambda path: True
+    page.export_button.click()
+    assert page.client.is_running()
+    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+
+
+def test_evaluate_shows_base_and_tuned_side_by_side(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    folder = finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    evaluation = page.evaluation
+    assert evaluation.figures() == [("—", "—"), ("—", "—")]
+    evaluation.evaluate_button.click()
+    qtbot.waitUntil(lambda: not evaluation.client.is_running(), timeout=WAIT_MS)
+    assert evaluation.figures() == [("12.50", "4.25"), ("25.0% (1/4)", "75.0% (3/4)")]
+    assert "What is 2 + 2?" in evaluation.examples.toPlainText()
+    assert (folder.path / "eval_report.json").is_file()
+    assert RunFolder(folder.path).status() == "finished"
