@@ -299,7 +299,7 @@ def test_default_technique_is_plain_lora():
     assert (t.method, t.gradient_checkpointing, t.attention, t.precision, t.optimizer, t.offload) == (
         "lora", False, "auto", "auto", "adamw", "none",
     )
-    assert t.neftune_alpha is None and t.packing is False
+    assert t.neftune_alpha is None and t.packing is True  # padding-free packing is the default
 
 
 @pytest.mark.parametrize(
