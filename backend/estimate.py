@@ -84,7 +84,9 @@ Assumptions (where a real run can differ):
   instead (DeepSpeed's way; then each adapted linear saves a 4-byte copy of its input).
 - SDPA runs without a padding mask (packed or unpadded batches: the flash / memory-efficient
   kernels); a padding mask can make torch fall back to a kernel that expands K/V to all heads.
-- Every sequence is `train.seq_len` long (the worst case; with packing it is the usual case).
+- Every sequence is `train.seq_len` long (the worst case). With packing (the default) a micro-batch is
+  one row of up to micro_batch_size x seq_len tokens, so the eager score matrix and the 4-D mask grow
+  with the square of that row; set packing off (or use FlashAttention-2's varlen path) to avoid it.
 - NEFTune, packing and LoRA dropout 0 add no saved tensors; LoRA dropout > 0 adds a mask-sized copy
   of each adapted input, counted.
 - ZeRO stage 3 keeps two layers' gathered weights on each GPU (the one computing and the prefetched
@@ -523,8 +525,10 @@ def resolve_setup(
         targets=frozenset(targets) if t.method != "full" else frozenset(),
         attention=attention,
         checkpointing=t.gradient_checkpointing,
-        batch=run.train.micro_batch_size,
-        seq=run.train.seq_len,
+        # Packing turns a micro-batch into one row of up to micro_batch x seq_len tokens: the same
+        # tokens, but the attention scores (eager) and the 4-D mask scale with that row's length.
+        batch=1 if t.packing else run.train.micro_batch_size,
+        seq=run.train.seq_len * (run.train.micro_batch_size if t.packing else 1),
         device=device,
         autocast=autocast,
         w_e=w_e,

@@ -179,6 +179,7 @@ class Case:
                     "gradient_checkpointing": self.checkpointing,
                     "attention": self.attention,
                     "precision": self.precision,
+                    "packing": False,  # the matrix measures padded micro-batches of seq_len rows
                 },
                 "train": {"micro_batch_size": self.batch, "seq_len": self.seq_len},
             }

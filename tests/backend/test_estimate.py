@@ -203,11 +203,17 @@ def test_checkpointing_keeps_layer_inputs_plus_one_layer():
 
 
 def test_attention_scores_only_for_eager():
-    eager = estimate(TINY, run_config(attention="eager", train={"seq_len": 512}), device="cpu")
-    sdpa = estimate(TINY, run_config(attention="sdpa", train={"seq_len": 512}), device="cpu")
+    eager = estimate(TINY, run_config(attention="eager", packing=False, train={"seq_len": 512}), device="cpu")
+    sdpa = estimate(TINY, run_config(attention="sdpa", packing=False, train={"seq_len": 512}), device="cpu")
     assert eager.details["activations"]["attention_scores_per_layer"] == 8 * 4 * 512 * 512 * 4
     assert sdpa.details["activations"]["attention_scores_per_layer"] == 0
     assert eager.activations > sdpa.activations
+
+
+def test_packed_rows_make_eager_scores_grow_with_the_row():
+    """Packing 8 examples into one row: the eager score matrix is (8 x 512)^2, not 8 x 512^2."""
+    packed = estimate(TINY, run_config(attention="eager", train={"seq_len": 512}), device="cpu")
+    assert packed.details["activations"]["attention_scores_per_layer"] == 4 * (8 * 512) ** 2 * 4
 
 
 def test_grouped_query_attention_saves_less_than_full_heads_with_sdpa():
