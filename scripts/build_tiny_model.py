@@ -16,7 +16,8 @@ this script makes everything from text that is committed to the repository:
 4. Pre-training: plain torch loop, one CPU thread (the build shares the machine), a fixed number of
    steps (not a wall-clock budget, so reruns give the same weights), then samples and losses.
 
-Run: `python scripts/build_tiny_model.py` (about 15 minutes on one thread of a 2-core machine).
+Run: `python scripts/build_tiny_model.py` (12 minutes on one thread of an idle 2-core machine, about
+20 when other jobs share it). `--out DIR` writes elsewhere; `--steps N` makes a quick smoke build.
 """
 
 from __future__ import annotations
@@ -88,8 +89,6 @@ STEPS = 800
 PEAK_LR = 3e-3
 WARMUP = 40
 MIN_LR_RATIO = 0.1
-ECHO_PROB = 0.3  # share of training paragraphs followed by an echo line (see with_echoes)
-ECHO_MAX_WORDS = 16
 HELD_OUT_EVERY = 20  # every 20th document of the corpus is held out for the held-out loss
 SAMPLE_PROMPTS = ["The function", "In Python, a list", "This module provides", "If the file"]
 MAX_FOLDER_BYTES = 20 * 1024 * 1024
@@ -255,6 +254,7 @@ def check_tokenizer(tokenizer) -> None:
     text = "Return the value of x.\n  It works  (twice)!"
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
     assert tokenizer(text)["input_ids"][0] == ids[BOS]
+    # Leading spaces and newlines in contents are where a careless template breaks the prefix rule.
     conversation = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Reverse the words.\n\nred green blue"},
@@ -276,7 +276,6 @@ def check_tokenizer(tokenizer) -> None:
             assert full.startswith(prefix), (k, prefix)
             prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
             assert full_ids[: len(prefix_ids)] == prefix_ids, f"render of messages[:{k}] is not a token prefix"
-    assert full_ids[full_ids.index(ids["<|assistant|>"]):].count(ids[END]) >= 1
     # The assistant's turn ends with the eos token, so generation stops there.
     answer = tokenizer.apply_chat_template(conversation[:3], tokenize=False)
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
@@ -286,28 +285,6 @@ def check_tokenizer(tokenizer) -> None:
 # ---------------------------------------------------------------------------------------------
 # 3./4. Model and pre-training
 # ---------------------------------------------------------------------------------------------
-def with_echoes(documents: list[str], rng: random.Random, prob: float = ECHO_PROB) -> list[str]:
-    """Follow some paragraphs with a line that repeats a few of their words.
-
-    Why: copying from the context (induction heads) is what fine-tunes of a small model lean on,
-    the demo tasks included, but 1.6M tokens of documentation hold too few exact repeats for four
-    layers to learn it. An echo line like `the default value is None` after its paragraph teaches
-    it within the same budget, and costs little fluency (held-out text has no echoes).
-    """
-    echoed = []
-    for document in documents:
-        lines = []
-        for paragraph in document.split("\n"):
-            lines.append(paragraph)
-            words = paragraph.split()
-            if len(words) >= 4 and rng.random() < prob:
-                length = rng.randint(2, min(ECHO_MAX_WORDS, len(words)))
-                start = rng.randrange(len(words) - length + 1)
-                lines.append(" ".join(words[start: start + length]))
-        echoed.append("\n".join(lines))
-    return echoed
-
-
 def pack(tokenizer, documents: list[str]) -> torch.Tensor:
     """Documents as `<|bos|> text <|end|>`, concatenated and cut into SEQ_LEN blocks."""
     stream: list[int] = []
@@ -335,8 +312,8 @@ def mean_loss(model, blocks: torch.Tensor, limit: int = 64) -> float:
     return sum(losses) / len(losses)
 
 
-def pretrain(model, train_blocks: torch.Tensor, plain_blocks: torch.Tensor, held_blocks: torch.Tensor,
-             steps: int = STEPS, log_every: int = 50, device: str = "cpu") -> dict:
+def pretrain(model, train_blocks: torch.Tensor, held_blocks: torch.Tensor, steps: int = STEPS,
+             log_every: int = 50, device: str = "cpu") -> dict:
     """AdamW over shuffled packed blocks for `steps` steps; returns the figures for the README."""
     generator = torch.Generator().manual_seed(SEED)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -370,8 +347,7 @@ def pretrain(model, train_blocks: torch.Tensor, plain_blocks: torch.Tensor, held
         "train_seconds": round(seconds),
         "train_tokens": steps * BATCH * SEQ_LEN,
         "epochs": round(steps * BATCH / len(train_blocks), 2),
-        # Both on plain text (no echo lines), so the two figures compare.
-        "train_loss": round(mean_loss(model, plain_blocks[torch.randperm(len(plain_blocks), generator=generator)]), 3),
+        "train_loss": round(mean_loss(model, train_blocks[torch.randperm(len(train_blocks), generator=generator)]), 3),
         "held_out_loss": round(mean_loss(model, held_blocks), 3),
     }
 
@@ -410,7 +386,6 @@ def main() -> None:
                         help=f"rebuild {CORPUS.relative_to(ROOT)} from {DEBIAN_DOC_SOURCES} (python3.11-doc) first")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--steps", type=int, default=STEPS, help="pre-training steps (fewer for a smoke test)")
-    parser.add_argument("--echo-prob", type=float, default=ECHO_PROB, help="share of paragraphs echoed")
     parser.add_argument("--device", default="cpu",
                         help="cpu builds the bundled weights; cuda is only for trying variants fast")
     args = parser.parse_args()
@@ -427,11 +402,9 @@ def main() -> None:
     train_docs, held_docs = read_documents(CORPUS)
     tokenizer = train_tokenizer(train_docs)
     check_tokenizer(tokenizer)
-    train_blocks = pack(tokenizer, with_echoes(train_docs, random.Random(SEED), args.echo_prob))
-    plain_blocks, held_blocks = pack(tokenizer, train_docs), pack(tokenizer, held_docs)
+    train_blocks, held_blocks = pack(tokenizer, train_docs), pack(tokenizer, held_docs)
     print(f"corpus: {len(train_docs)} train / {len(held_docs)} held-out documents, "
-          f"{plain_blocks.numel():,} / {held_blocks.numel():,} tokens "
-          f"({train_blocks.numel():,} with echo lines)")
+          f"{train_blocks.numel():,} / {held_blocks.numel():,} tokens")
 
     config = LlamaConfig(
         **MODEL_DIMS,
@@ -452,7 +425,7 @@ def main() -> None:
     print(f"model: {params:,} parameters")
 
     model.to(args.device)
-    figures = pretrain(model, train_blocks, plain_blocks, held_blocks, steps=args.steps, device=args.device)
+    figures = pretrain(model, train_blocks, held_blocks, steps=args.steps, device=args.device)
     model.to("cpu")
     texts = samples(model, tokenizer)
 

@@ -1,28 +1,36 @@
 """Generate the bundled demo dataset: `resources/datasets/demo_train.jsonl` and `demo_eval.jsonl`.
 
-Why this task: the studio's first-run preset (LoRA, 60 steps, micro-batch 8, lr 2e-3, seq_len 256)
-must show, in about a minute on a laptop CPU, that fine-tuning changed the bundled tiny model in a
-way anyone can check. Small word games with one right answer do that: the base model has never
-seen them (exact-match accuracy near zero) and a LoRA learns them within 60 steps, because each
-answer is made by copying words from the prompt, which generalises to words never seen in
-training. Answers are exact strings, so improvement is measured by exact-match accuracy
-(`bench/demo_task_check.py`).
+The task: "Is this a question? Answer yes or no." about short sentences such as
+"How do I use the socket?" (yes) or "The socket holds a buffer." (no).
 
-Words come from the pre-training corpus (resources/corpus/python-docs-3.11.txt): its frequent
-lowercase words, split into disjoint train and eval pools, so held-out prompts share no input word
-with the training set. Alpaca format, one JSON object per line: {instruction, input, output}.
-Deterministic: fixed seed, sorted word lists, no clock. Run: `python scripts/make_demo_data.py`.
+Why this task: the studio's first-run preset (LoRA rank 8, 60 steps of micro-batch 8, lr 2e-3,
+seq_len 256, about a minute on a laptop CPU) must visibly change the bundled tiny model in a way
+that exact-match accuracy can measure. The tiny model (4M parameters, 1.6M tokens of pre-training)
+cannot copy words from its prompt, and 60 rank-8 steps cannot teach it to: word games such as
+"repeat the word", "return the last word", "reverse these words" or even "repeat these digits"
+stayed at 0-7% after tuning, and mixtures of several instructions did not learn either
+(bench/demo_task_check.py, numbers in resources/README.md). What 60 steps do teach is one answer
+format plus one salient feature of the input: here the question mark and the question word, so
+the tuned model answers "yes" or "no" and stops, and is right on held-out sentences, where the
+base model rambles on (0% exact match).
+
+Sentences come from templates filled with nouns of the pre-training corpus
+(resources/corpus/python-docs-3.11.txt): words that often follow "the" there. The nouns are split
+into disjoint train and eval pools, so no held-out sentence appears in training. Classes are
+balanced, templates come in matching pairs ("Is the x a kind of y?" / "A x is a kind of y."),
+so neither the length nor the nouns give the answer away.
+
+Alpaca format, one JSON object per line: {instruction, input, output}. Deterministic: fixed seed,
+sorted word lists, no clock. Run: `python scripts/make_demo_data.py` (a second or two).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "resources" / "corpus" / "python-docs-3.11.txt"
@@ -30,66 +38,72 @@ OUT = ROOT / "resources" / "datasets"
 SEED = 20240611
 TRAIN_EXAMPLES = 600
 EVAL_EXAMPLES = 100
-MIN_COUNT = 60  # frequent words only: the tokenizer knows them as one or two tokens
-EVAL_WORD_SHARE = 0.25
-NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
-SEP = "\n"  # one word per line: see the module docstring
+MIN_NOUN_COUNT = 12  # "the <word>" before a verb or punctuation at least this often in the corpus
+EVAL_NOUN_SHARE = 0.25
+INSTRUCTION = "Is this a question? Answer yes or no."
+# Words found in that position that still read badly as a thing in the templates.
+NOT_NOUNS = {"beginning", "caller", "case", "default", "end", "equivalent", "first", "following", "form",
+             "future", "latter", "left", "mean", "number", "other", "presence", "programmer", "rest",
+             "right", "same", "second", "start", "time", "top", "use", "user"}
+
+QUESTIONS = [
+    "What does the {a} do?",
+    "How do I use the {a}?",
+    "Where is the {a} defined?",
+    "Can the {a} hold {b}?",
+    "Why does the {a} need {b}?",
+    "Is the {a} a kind of {b_bare}?",
+    "Which {a} should I use?",
+    "When is the {a} closed?",
+    "Does every {a} have {b}?",
+    "Who owns the {a}?",
+]
+STATEMENTS = [
+    "The {a} does the work.",
+    "I use the {a} every day.",
+    "The {a} is defined in the {b_bare}.",
+    "The {a} can hold {b}.",
+    "The {a} needs {b}.",
+    "{a_art} is a kind of {b_bare}.",
+    "You should use the {a}.",
+    "The {a} is closed after use.",
+    "Every {a} has {b}.",
+    "The {b_bare} owns the {a}.",
+]
 
 Example = dict[str, str]
-Task = Callable[[random.Random, list[str]], Example]
 
 
-def word_pool(corpus: Path) -> list[str]:
-    """Frequent lowercase words of 3 to 8 letters from the corpus, sorted for determinism."""
-    counts = Counter(re.findall(r"(?<![\w.'-])[a-z]{3,8}(?![\w'-])", corpus.read_text(encoding="utf-8")))
-    return sorted(w for w, c in counts.items() if c >= MIN_COUNT)
+def noun_pool(corpus: Path) -> list[str]:
+    """Lowercase words of 3 to 10 letters found as "the <word>" right before a verb or punctuation
+    (so mostly nouns: "the file is", "the socket."), sorted."""
+    text = corpus.read_text(encoding="utf-8")
+    after = r"(?:[.,;:)]| is\b| was\b| of\b| and\b| to\b| in\b| has\b| can\b)"
+    counts = Counter(m.group(1) for m in re.finditer(r"\bthe ([a-z]{3,10})" + after, text))
+    return sorted(w for w, c in counts.items() if c >= MIN_NOUN_COUNT and w not in NOT_NOUNS)
 
 
-def _words(rng: random.Random, pool: list[str], low: int, high: int) -> list[str]:
-    return rng.sample(pool, rng.randint(low, high))
+def with_article(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
-def repeat_word(rng: random.Random, pool: list[str]) -> Example:
-    word, times = rng.choice(pool), rng.choice([2, 3])
-    return {"instruction": f"Repeat the word {NUMBER_WORDS[times]} times.", "input": word,
-            "output": SEP.join([word] * times)}
+def make_example(rng: random.Random, nouns: list[str], question: bool) -> Example:
+    a, b = rng.sample(nouns, 2)
+    template = rng.choice(QUESTIONS if question else STATEMENTS)
+    sentence = template.format(a=a, a_art=with_article(a), b=with_article(b), b_bare=b)
+    return {"instruction": INSTRUCTION, "input": sentence[0].upper() + sentence[1:],
+            "output": "yes" if question else "no"}
 
 
-def first_word(rng: random.Random, pool: list[str]) -> Example:
-    words = _words(rng, pool, 3, 5)
-    return {"instruction": "Return the first word.", "input": SEP.join(words), "output": words[0]}
-
-
-def last_word(rng: random.Random, pool: list[str]) -> Example:
-    words = _words(rng, pool, 3, 5)
-    return {"instruction": "Return the last word.", "input": SEP.join(words), "output": words[-1]}
-
-
-def reverse_words(rng: random.Random, pool: list[str]) -> Example:
-    words = _words(rng, pool, 2, 3)
-    return {"instruction": "Reverse the order of these words.", "input": SEP.join(words),
-            "output": SEP.join(reversed(words))}
-
-
-def count_words(rng: random.Random, pool: list[str]) -> Example:
-    words = _words(rng, pool, 2, 5)
-    return {"instruction": "How many words are there? Answer with a number.", "input": SEP.join(words),
-            "output": str(len(words))}
-
-
-TASKS: list[Task] = [repeat_word, first_word, last_word, reverse_words, count_words]
-
-
-def make_examples(rng: random.Random, pool: list[str], n: int, avoid: set[str]) -> list[Example]:
-    """n examples, tasks in turn (balanced), none whose (instruction, input) is in `avoid`."""
+def make_examples(rng: random.Random, nouns: list[str], n: int) -> list[Example]:
+    """n distinct examples, half questions, in random order."""
     examples: list[Example] = []
-    seen = set(avoid)
+    seen: set[str] = set()
     while len(examples) < n:
-        example = TASKS[len(examples) % len(TASKS)](rng, pool)
-        key = example["instruction"] + "\n" + example["input"]
-        if key in seen:
+        example = make_example(rng, nouns, question=len(examples) % 2 == 0)
+        if example["input"] in seen:
             continue
-        seen.add(key)
+        seen.add(example["input"])
         examples.append(example)
     rng.shuffle(examples)
     return examples
@@ -103,25 +117,19 @@ def write_jsonl(path: Path, examples: list[Example]) -> None:
 
 
 def main() -> None:
-    global SEP
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layout", choices=["lines", "spaces"], default="lines")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    SEP = "\n" if args.layout == "lines" else " "
     rng = random.Random(SEED)
-    pool = word_pool(CORPUS)
-    shuffled = pool[:]
+    nouns = noun_pool(CORPUS)
+    shuffled = nouns[:]
     rng.shuffle(shuffled)
-    cut = int(len(shuffled) * EVAL_WORD_SHARE)
-    eval_pool, train_pool = sorted(shuffled[:cut]), sorted(shuffled[cut:])
-    train = make_examples(rng, train_pool, TRAIN_EXAMPLES, avoid=set())
-    held_out = make_examples(rng, eval_pool, EVAL_EXAMPLES,
-                             avoid={e["instruction"] + "\n" + e["input"] for e in train})
-    write_jsonl(args.out / "demo_train.jsonl", train)
-    write_jsonl(args.out / "demo_eval.jsonl", held_out)
-    print(f"{len(pool)} words ({len(train_pool)} train / {len(eval_pool)} eval); "
-          f"wrote {len(train)} train and {len(held_out)} eval examples to {args.out}")
+    cut = int(len(shuffled) * EVAL_NOUN_SHARE)
+    eval_nouns, train_nouns = sorted(shuffled[:cut]), sorted(shuffled[cut:])
+    train = make_examples(rng, train_nouns, TRAIN_EXAMPLES)
+    held_out = make_examples(rng, eval_nouns, EVAL_EXAMPLES)
+    assert not {e["input"] for e in train} & {e["input"] for e in held_out}
+    write_jsonl(OUT / "demo_train.jsonl", train)
+    write_jsonl(OUT / "demo_eval.jsonl", held_out)
+    print(f"{len(nouns)} nouns ({len(train_nouns)} train / {len(eval_nouns)} eval); "
+          f"wrote {len(train)} train and {len(held_out)} eval examples to {OUT}")
 
 
 if __name__ == "__main__":
