@@ -17,6 +17,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.paths import resolve_resource
+from backend.training.data import IGNORE, PadCollator, build_datasets, encode_conversation
 
 log = logging.getLogger(__name__)
 MAX_ROWS = 64
@@ -27,7 +28,6 @@ PROMPTS = (
     "How many words are there? Answer with a number: one two three four",
     "Write one short sentence about the sea.",
 )
-IGNORE = -100
 
 
 @dataclass
@@ -72,7 +72,6 @@ def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
 
 
 def _perplexity_rows(config: RunConfig, tokenizer: Any) -> tuple[list[dict[str, list[int]]], str]:
-    from backend.training.data import build_datasets, encode_conversation
     from backend.training.records import detect_format, read_records, to_conversation
 
     try:
@@ -111,16 +110,8 @@ def measure(model: Any, probe: Probe, pad_id: int) -> Measurement:
         logits.append(out.float().cpu())
     total, count = 0.0, 0
     for start in range(0, len(probe.rows), BATCH):
-        batch = probe.rows[start:start + BATCH]
-        width = max(len(r["input_ids"]) for r in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, row in enumerate(batch):
-            n = len(row["input_ids"])
-            ids[i, :n] = torch.tensor(row["input_ids"])
-            labels[i, :n] = torch.tensor(row["labels"])
-            mask[i, :n] = 1
+        padded = PadCollator(pad_id)(probe.rows[start:start + BATCH])  # the padding training used
+        ids, labels, mask = padded["input_ids"], padded["labels"], padded["attention_mask"]
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float().cpu()
         shift_logits, shift_labels = out[:, :-1], labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(
