@@ -40,7 +40,7 @@ def test_fine_tune_emits_sample_answers_at_each_evaluation(trained):
     assert len(samples) == 6, samples  # 3 fixed prompts at step 15 and at step 30 (the final eval repeats 30)
     assert all(b["type"] == "TokensGenerated" and b["done"] for _, b in samples)
     prompts = [a["detail"] for a, _ in samples]
-    assert prompts[:3] == prompts[3:] and prompts[0].startswith("Return the last word.")  # demo_eval.jsonl
+    assert prompts[:3] == prompts[3:] and prompts[0].startswith("Is this a question?")  # demo_eval.jsonl
 
 
 def test_evaluate_compares_base_and_tuned(trained):
