@@ -1,0 +1,63 @@
+"""The result: bytes per part (Breakdown) and how it is shown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PARTS = ("weights", "adapters", "gradients", "optimizer", "master_weights", "activations", "logits", "runtime")
+"""The parts of a Breakdown, in display order."""
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass
+class Breakdown:
+    """Bytes per part of one training step on one device (see the module docstring)."""
+
+    weights: int = 0
+    adapters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    master_weights: int = 0
+    activations: int = 0
+    logits: int = 0
+    runtime: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.breakdown().values())
+
+    def breakdown(self) -> dict[str, int]:
+        return {part: int(getattr(self, part)) for part in PARTS}
+
+    def to_json(self, details: bool = False) -> dict[str, Any]:
+        """`{"total_bytes": int, "breakdown": {part: int}}` (and `details` when asked)."""
+        out: dict[str, Any] = {"total_bytes": self.total_bytes, "breakdown": self.breakdown()}
+        if details:
+            out["details"] = self.details
+        return out
+
+    def format_table(self) -> str:
+        """A CLI table: part, bytes in GiB/MiB, share of the total."""
+        total = self.total_bytes or 1
+        lines = [f"{'part':<16}{'size':>12}{'share':>8}"]
+        for part, value in self.breakdown().items():
+            lines.append(f"{part:<16}{human_bytes(value):>12}{value / total:>8.1%}")
+        lines.append(f"{'total':<16}{human_bytes(self.total_bytes):>12}{1:>8.0%}")
+        for warning in self.details.get("warnings", []):
+            lines.append(f"note: {warning}")
+        return "\n".join(lines)
+
+
+def human_bytes(n: int) -> str:
+    """1.50 GiB, 12.0 MiB, 512 KiB, 12 B."""
+    if n >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if n >= MIB:
+        return f"{n / MIB:.1f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.0f} KiB"
+    return f"{n} B"

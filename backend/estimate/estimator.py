@@ -1,0 +1,318 @@
+"""estimate(): every part of one training step's memory on one device."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from backend.config import RunConfig
+from backend.estimate.activations import activation_bytes, attention_kernel
+from backend.estimate.architectures import Arch, Dims, ParamCounts, count_params, layer_linears, load_model_config, read_dims
+from backend.estimate.breakdown import MIB, Breakdown
+from backend.estimate.quantization import ADAM8_BLOCK, ADAM8_MIN_SIZE, nf4_bytes
+from backend.estimate.setup import Setup, resolve_setup
+
+CUDA_CONTEXT_BYTES = 768 * MIB
+"""CUDA context and loaded kernels per GPU, outside PyTorch's allocator: 750-835 MiB measured on an
+H200 with CUDA 13 and torch 2.11 (the upper end with bitsandbytes loaded); older stacks use less."""
+CUBLAS_WORKSPACE_BYTES = 64 * MIB
+"""cuBLAS / cuBLASLt workspaces, allocated once through PyTorch's caching allocator (64 MiB seen
+on an H200)."""
+ALLOCATOR_SLACK = 0.05
+"""Allowance for allocator fragmentation: this share of the part that changes every step.
+(The first seed article warns that fragmentation can waste up to 30% in extreme cases.)"""
+
+
+def estimate(
+    model_config: dict[str, Any] | str | Path,
+    run: RunConfig,
+    *,
+    num_gpus: int = 1,
+    zero_stage: int = 0,
+    device: Literal["cuda", "cpu"] = "cpu",
+    bf16_supported: bool = True,
+    autocast: bool | None = None,
+) -> Breakdown:
+    """Estimate the memory of one training step of `run` on one device.
+
+    model_config: config.json as a dict, a model folder (only config.json is read, nothing is
+    downloaded), the file itself, or a `bundled:` path. num_gpus / zero_stage: data-parallel GPUs
+    and the DeepSpeed ZeRO stage (0-3); technique.offload raises the stage to 2 or 3 and moves
+    state to CPU memory. device: "cpu" resolves precision auto to fp32 and has no runtime part;
+    "cuda" resolves it to bf16 (fp16 when bf16_supported is False).
+
+    autocast (bf16/fp16 only): True is the Hugging Face Trainer's recipe, which the worker runs:
+    adapters over a base loaded in bf16/fp16, full tuning over fp32 weights (4 B weights + 4 B
+    gradients + 8 B Adam, no separate master copy, plus bf16 copies of the weights saved by
+    autocast), k-bit bases with their other weights cast to fp32 by peft's
+    prepare_model_for_kbit_training, all run under torch.autocast. False: the model is held in
+    bf16/fp16 and runs as it is, full tuning keeping an fp32 master copy in the optimizer (the ZeRO
+    paper's 2 + 2 + 4 + 8 bytes; what DeepSpeed does). None (default): True, except with DeepSpeed
+    (zero_stage > 0 or technique.offload).
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if num_gpus < 1:
+        raise ValueError("num_gpus must be at least 1")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError("zero_stage must be 0, 1, 2 or 3")
+    raw = load_model_config(model_config)
+    arch, d, warnings = read_dims(raw)
+    deepspeed = device == "cuda" and (zero_stage > 0 or run.technique.offload != "none")
+    s, more = resolve_setup(arch, d, run, device, bf16_supported, autocast, deepspeed)
+    warnings += more
+    t = run.technique
+    counts = count_params(arch, d)
+
+    # -- weights, by storage type
+    e = s.e
+    w_dtype = "fp32" if s.w_e == 4 else s.dtype
+    buffers = 2 * (d.rotary_dim // 2) * 4  # rotary inv_freq and original_inv_freq, fp32
+    unquantized = counts.total - counts.linear_weights
+    storage: dict[str, Any] = {"fp32": 0, "bf16": 0, "fp16": 0, "int8": 0, "nf4": 0, "nf4_constants": 0, "int8_scales": 0}
+    if s.quant == "nf4":
+        lins = layer_linears(arch, d)
+        nf4 = {"data": 0, "constants": 0}
+        for lin in lins:
+            one = nf4_bytes(lin.inp * lin.out, double_quant=True)
+            nf4["data"] += one["data"] * d.layers
+            nf4["constants"] += one["constants"] * d.layers
+        storage["nf4"] = nf4["data"]
+        storage["nf4_constants"] = nf4["constants"]
+        storage["double_quant"] = True
+        storage[w_dtype] += unquantized * s.w_e
+    elif s.quant == "int8":
+        storage["int8"] = counts.linear_weights
+        storage["int8_scales"] = sum(l.out for l in layer_linears(arch, d)) * d.layers * 4
+        storage[w_dtype] += unquantized * s.w_e
+    else:
+        storage[w_dtype] += counts.total * s.w_e
+    storage["fp32"] += buffers
+    weights = sum(v for k, v in storage.items() if isinstance(v, int) and not isinstance(v, bool))
+
+    # -- adapters
+    lins = layer_linears(arch, d)
+    adapter_params = 0
+    adapter_tensors = 0
+    if s.adapted:
+        for lin in lins:
+            if lin.role in s.targets:
+                adapter_params += s.rank * (lin.inp + lin.out) + (lin.out if s.method == "dora" else 0)
+                adapter_tensors += 2 + (1 if s.method == "dora" else 0)
+        adapter_params *= d.layers
+        adapter_tensors *= d.layers
+        if "lm_head" in s.targets:
+            adapter_params += s.rank * (d.hidden + d.vocab) + (d.vocab if s.method == "dora" else 0)
+            adapter_tensors += 2 + (1 if s.method == "dora" else 0)
+    adapters = adapter_params * s.adapter_e
+
+    # -- model states: gradients, optimizer, master weights
+    if s.full:
+        # Gradients take the weights' dtype; an fp32 master copy exists only when the weights
+        # themselves are bf16/fp16 (without autocast).
+        trained, trained_tensors, grad_e = counts.total, counts.tensors, s.w_e
+        master = counts.total * 4 if s.w_e != 4 else 0
+    else:
+        trained, trained_tensors, grad_e = adapter_params, adapter_tensors, s.adapter_e
+        master = 0
+    gradients = trained * grad_e
+    if t.optimizer == "adamw":
+        optimizer = trained * 8 + trained_tensors * 4
+        opt_detail = {"kind": "adamw", "bytes_per_param": 8, "step_tensors": trained_tensors * 4}
+    else:
+        sizes = _trained_tensor_sizes(arch, d, s, counts)
+        small = sum(n for n in sizes if n < ADAM8_MIN_SIZE)
+        big = sum(n for n in sizes if n >= ADAM8_MIN_SIZE)
+        blocks = sum(math.ceil(n / ADAM8_BLOCK) for n in sizes if n >= ADAM8_MIN_SIZE)
+        optimizer = big * 2 + blocks * 2 * 4 + small * 8 + 2 * 256 * 4
+        opt_detail = {
+            "kind": t.optimizer,
+            "bytes_per_param": 2,
+            "block_constants": blocks * 2 * 4,
+            "fp32_small_tensors": small * 8,
+            "paged": t.optimizer == "paged_adamw_8bit",
+        }
+
+    # -- activations and logits
+    act = activation_bytes(arch, d, s)
+    activations = act["total"]
+    tv = s.tokens * d.vocab
+    logit_e = e if s.autocast else s.w_e
+    logits_fwd = tv * (logit_e + 4 + (4 if logit_e != 4 else 0))
+    logits_bwd = tv * (4 + 4 + 4)
+    logits = max(logits_fwd, logits_bwd)
+    if t.liger_kernel:
+        # Liger's fused linear cross-entropy never materialises the logits: it walks the tokens in
+        # chunks and keeps one chunk's fp32 logits and their gradient (Liger's chunk is about
+        # vocab/hidden rows, at least 1). Not measured here (it needs CUDA); derived from the kernel.
+        chunk = max(1, min(s.tokens, -(-d.vocab // d.hidden)))
+        logits_fwd = logits_bwd = logits = chunk * d.vocab * (4 + 4)
+
+    # -- distribution: ZeRO stages, DDP buckets, offload
+    dist: dict[str, Any] = {"num_gpus": num_gpus, "zero_stage": zero_stage, "offload": t.offload}
+    offloaded = 0
+    if device == "cuda":
+        stage = zero_stage
+        if t.offload == "zero2_optimizer":
+            stage = max(stage, 2)
+        elif t.offload == "zero3_optimizer_params":
+            stage = 3
+        dist["effective_stage"] = stage
+        n = num_gpus
+        if stage == 0 and n > 1:
+            dist["ddp_bucket_bytes"] = gradients  # DDP's flat buckets hold a second copy of the gradients
+            gradients *= 2
+        if stage >= 1:
+            optimizer = math.ceil(optimizer / n)
+            master = math.ceil(master / n)
+        if stage >= 2:
+            gradients = math.ceil(gradients / n)
+        if stage >= 3:
+            per_layer_weights = (weights - buffers) // max(1, d.layers)
+            gathered = 2 * per_layer_weights  # the layer being computed and the prefetched one
+            dist["zero3_gathered_bytes"] = gathered
+            if t.offload == "zero3_optimizer_params":
+                offloaded += weights + adapters
+                weights = gathered
+            else:
+                weights = math.ceil(weights / n) + gathered
+            adapters = math.ceil(adapters / n)
+        if t.offload != "none":
+            offloaded += optimizer + master
+            optimizer = 0
+            master = 0
+        dist["cpu_offloaded_bytes"] = offloaded
+    elif num_gpus > 1 or zero_stage or t.offload != "none":
+        warnings.append("num_gpus, zero_stage and offload apply to CUDA only; ignored for device cpu")
+
+    # -- runtime: fixed costs plus the larger of the transients of the two phases of a step
+    runtime_detail = {
+        "cuda_context": 0,
+        "cublas_workspace": 0,
+        "allocator_slack": 0,
+        "dequant_buffer": 0,
+        "dora_weight_norm": 0,
+        "optimizer_step_buffer": 0,
+    }
+    if device == "cuda":
+        runtime_detail["cuda_context"] = CUDA_CONTEXT_BYTES
+        runtime_detail["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
+        runtime_detail["allocator_slack"] = int(ALLOCATOR_SLACK * (activations + logits + gradients))
+        if s.quant:
+            runtime_detail["dequant_buffer"] = counts.largest_linear * e
+        if s.method == "dora":
+            runtime_detail["dora_weight_norm"] = dora_transient(arch, d, s)
+        if t.optimizer == "adamw" and dist.get("effective_stage", 0) == 0:
+            # torch's foreach AdamW (the CUDA default) builds sqrt(v) for all parameters at once;
+            # DeepSpeed's fused Adam (ZeRO stages, offload) does not.
+            runtime_detail["optimizer_step_buffer"] = trained * 4
+    fixed = runtime_detail["cuda_context"] + runtime_detail["cublas_workspace"] + runtime_detail["allocator_slack"]
+    fwd_bwd_transient = runtime_detail["dequant_buffer"] + runtime_detail["dora_weight_norm"]
+    step_transient = runtime_detail["optimizer_step_buffer"]
+    runtime = fixed + max(fwd_bwd_transient, step_transient)
+
+    # A tighter peak than the sum: a steady-state step holds the static states throughout; at the
+    # start of the backward pass all activations plus the loss buffers (or, once lm_head's backward
+    # runs in full tuning, the logits' gradient and lm_head's weight gradient); at the optimizer step
+    # the gradients plus the optimizer's temporary. Gradients survive between micro-batches when
+    # accumulating. (Checked against torch.cuda.max_memory_allocated on an H200: within 8%.)
+    static = weights + adapters + optimizer + master
+    lm_head_grad = d.vocab * d.hidden * grad_e if s.full else 0
+    accumulated = gradients if run.train.gradient_accumulation_steps > 1 else 0
+    phases = {
+        "backward_start": static + activations + max(logits, tv * 4 + lm_head_grad) + accumulated + fwd_bwd_transient,
+        "optimizer_step": static + gradients + step_transient,
+    }
+    phases["peak"] = max(phases.values()) + fixed
+
+    details: dict[str, Any] = {
+        "model": {
+            "model_type": d.model_type,
+            "family": arch.family,
+            "parameters": counts.total,
+            "linear_parameters": counts.linear_weights,
+            "embedding_parameters": counts.embedding + counts.lm_head,
+            "tied_embeddings": d.tied,
+            "layers": d.layers,
+            "hidden_size": d.hidden,
+            "intermediate_size": d.intermediate,
+            "heads": d.heads,
+            "kv_heads": d.kv_heads,
+            "head_dim": d.head_dim,
+            "vocab_size": d.vocab,
+        },
+        "setup": {
+            "method": s.method,
+            "precision": s.dtype,
+            "attention": s.attention,
+            "attention_kernel": attention_kernel(d, s),
+            "autocast": s.autocast,
+            "weights_dtype": w_dtype,
+            "gradient_checkpointing": s.checkpointing,
+            "micro_batch_size": s.batch,
+            "seq_len": s.seq,
+            "device": device,
+            "lora_targets": sorted(s.targets),
+        },
+        "weights": storage,
+        "trainable_parameters": trained,
+        "adapter_parameters": adapter_params,
+        "optimizer": opt_detail,
+        "activations": act,
+        "logits": {"forward": logits_fwd, "backward": logits_bwd, "elements": tv},
+        "distributed": dist,
+        "runtime": runtime_detail,
+        "peak_phases": phases,
+        "warnings": warnings,
+    }
+    return Breakdown(
+        weights=weights,
+        adapters=adapters,
+        gradients=gradients,
+        optimizer=optimizer,
+        master_weights=master,
+        activations=activations,
+        logits=logits,
+        runtime=runtime,
+        details=details,
+    )
+
+
+def dora_transient(arch: Arch, d: Dims, s: Setup) -> int:
+    """PEFT's DoRA recomputes the weight norm ||W + s*B@A|| in every forward pass (and in the
+    recompute with checkpointing): B@A is built by pushing an identity (in x in, adapter dtype)
+    through the adapter, and W + s*B@A is materialized (out x in): a transient of about
+    in^2*4 + out*in*(4 + 2e) bytes for the largest adapted linear."""
+    worst = 0
+    for lin in layer_linears(arch, d):
+        if lin.role in s.targets:
+            ae, e = s.adapter_e, s.e
+            size = lin.inp * lin.inp * ae + lin.out * lin.inp * (ae + (e if e != ae else 0) + 2 * e)
+            worst = max(worst, size)
+    return worst
+
+
+def _trained_tensor_sizes(arch: Arch, d: Dims, s: Setup, counts: ParamCounts) -> list[int]:
+    """Element counts of every trained tensor (for 8-bit Adam's small-tensor rule)."""
+    sizes: list[int] = []
+    lins = layer_linears(arch, d)
+    if s.full:
+        for lin in lins:
+            sizes.append(lin.inp * lin.out)
+            if lin.bias:
+                sizes.append(lin.out)
+        sizes = sizes * d.layers
+        per_norm = [d.hidden] * (2 if arch.norm == "layer" else 1)
+        sizes += per_norm * (2 * d.layers + 1)
+        sizes.append(counts.embedding)
+        if counts.lm_head:
+            sizes.append(counts.lm_head)
+        return sizes
+    for lin in lins:
+        if lin.role in s.targets:
+            sizes += [s.rank * lin.inp, s.rank * lin.out] + ([lin.out] if s.method == "dora" else [])
+    sizes = sizes * d.layers
+    if "lm_head" in s.targets:
+        sizes += [s.rank * d.hidden, s.rank * d.vocab] + ([d.vocab] if s.method == "dora" else [])
+    return sizes
