@@ -12,6 +12,7 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
+from backend.training.loss_positions import keep_loss_positions, supports_loss_positions
 from backend.training.phase import set_phase
 
 IGNORE = -100
@@ -36,7 +37,14 @@ class CountingTrainer(Trainer):
         set_phase("forward", self.state.global_step + 1)
         return super().training_step(model, inputs, num_items_in_batch)
 
+    _loss_positions: bool | None = None
+
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
+        if self._loss_positions is None:
+            # Liger's fused linear cross-entropy already skips the full logits; NEFTune and the rest are unaffected.
+            self._loss_positions = not self.args.use_liger_kernel and supports_loss_positions(model)
+        if model.training and self._loss_positions and not kwargs.get("return_outputs"):
+            inputs = keep_loss_positions(inputs)  # logits only where the loss looks: same loss, less work
         result = super().compute_loss(model, inputs, *args, **kwargs)
         if model.training:
             set_phase("backward")
