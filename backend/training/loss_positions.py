@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-IGNORE = -100
+from backend.training.data import IGNORE  # one definition of the ignored label
 
 
 def supports_loss_positions(model: Any) -> bool:
