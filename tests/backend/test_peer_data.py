@@ -1,17 +1,32 @@
 """The two real datasets from another project load as they are, with their format detected, and
-fine-tune the bundled model (shared/peer-data, kept byte for byte)."""
+fine-tune the bundled model (shared/peer-data, kept byte for byte).
+
+A byte-for-byte copy lives in tests/fixtures/peer-data so that a clone without ../shared (CI's clean
+clone) runs these tests too; where ../shared is present, the copy is checked against it."""
 
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 
 from backend.training.records import detect_format, read_records, to_conversation
 from tests.conftest import ROOT
 
-PEER = ROOT.parent / "shared" / "peer-data"
+SHARED = ROOT.parent / "shared" / "peer-data"
+PEER = ROOT / "tests" / "fixtures" / "peer-data"
 CASES = [("alpaca_en_demo.json", "alpaca", 999), ("glaive_toolcall_en_demo.json", "sharegpt", 300)]
+SHA256 = {"alpaca_en_demo.json": "bcc37c64db1a739a0789a1b81f251146fcf4459f903474bc9e3c21bbb5628318",
+          "glaive_toolcall_en_demo.json": "8b84773e44e71881f32490080350734cad3069dc227eafd771ccfb80732f6437"}
 
-pytestmark = pytest.mark.skipif(not PEER.is_dir(), reason="shared/peer-data is not beside the checkout")
+
+@pytest.mark.parametrize("name", sorted(SHA256))
+def test_fixture_copy_is_unchanged(name):
+    """The copy must stay the peer project's bytes, or the test stops proving anything about them."""
+    data = (PEER / name).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == SHA256[name]
+    if SHARED.is_dir():
+        assert data == (SHARED / name).read_bytes()
 
 
 @pytest.mark.parametrize("name, fmt, count", CASES)
