@@ -42,3 +42,4 @@ def bundled_model() -> Path:
 
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests reaches the Hub; the fake hub tests lift it

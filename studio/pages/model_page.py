@@ -1,6 +1,7 @@
 """ModelPage: step 1, choose the model to fine-tune and see what it is.
 
-A local Hugging Face folder (Browse, or drop it on the page) or the bundled tiny model. The page
+A local Hugging Face folder (Browse, or drop it on the page), a hub id downloaded on request into the
+studio's models folder (then used as a local folder), or the bundled tiny model. The page
 reads only config.json and file names: architecture, parameter count (the estimator's count, so it
 agrees with the memory estimate), context length, dtype, and whether the folder ships its own Python
 (`auto_map`), which runs only if the person ticks trust_remote_code.
@@ -29,11 +30,11 @@ from studio.services.model_info import ModelInfo
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
 from studio.widgets.field_editors import FieldEditors, description
+from studio.widgets.hub_download_widget import HubDownloadWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.units import human_count
 
 BUNDLED_MODEL = "bundled:tiny"
-OFFLINE = "offline: downloads are not available in this build"
 
 
 def dropped_folder(event: QDragEnterEvent | QDropEvent) -> str:
@@ -48,19 +49,21 @@ def dropped_folder(event: QDragEnterEvent | QDropEvent) -> str:
 
 
 class ModelPage(QWidget):
-    """Path, Browse, bundled model, an offline hub field, the model's facts and trust_remote_code."""
+    """Path, Browse, bundled model, a hub download, the model's facts and trust_remote_code."""
 
     model_chosen = Signal(str)
     """Emitted with the config path (`bundled:tiny` or a folder) after the person picked a model."""
 
-    def __init__(self, state: ConfigState, editors: FieldEditors, parent: QWidget | None = None) -> None:
+    def __init__(self, state: ConfigState, editors: FieldEditors, parent: QWidget | None = None,
+                 hub_endpoint: str | None = None) -> None:
         super().__init__(parent)
         self._state = state
         self.info = ModelInfo(path="")
         self.setAcceptDrops(True)
         header = PageHeaderWidget("Model", "Choose the model to fine-tune: a Hugging Face model folder on "
-                                           "this computer (Browse, or drop the folder on this page), or the "
-                                           "small model bundled with the studio.")
+                                           "this computer (Browse, or drop the folder on this page), a model "
+                                           "from the Hugging Face Hub (downloaded when you ask), or the small "
+                                           "model bundled with the studio.")
         self.path_edit = QLineEdit()
         self.path_edit.setPlaceholderText("/path/to/a/model/folder (holding config.json)")
         self.path_edit.setToolTip(description("model.path"))
@@ -69,24 +72,17 @@ class ModelPage(QWidget):
         browse.clicked.connect(self._on_browse_clicked)
         bundled = QPushButton("Use the bundled model")
         bundled.clicked.connect(lambda: self.choose(BUNDLED_MODEL))
-        self.hub_edit = QLineEdit()
-        self.hub_edit.setPlaceholderText("organisation/model-name")
-        self.hub_edit.setEnabled(False)
-        self.hub_edit.setToolTip(OFFLINE)
-        self.hub_note = QLabel(OFFLINE)
-        self.hub_note.setStyleSheet("color: palette(placeholder-text);")
+        self.hub = HubDownloadWidget(hub_endpoint)
+        self.hub.downloaded.connect(self.choose)
 
-        pick = QGroupBox("Model folder")
+        pick = QGroupBox("Where the model comes from")
         rows = QFormLayout(pick)
         path_row = QHBoxLayout()
         path_row.addWidget(self.path_edit, 1)
         path_row.addWidget(browse)
         path_row.addWidget(bundled)
         rows.addRow("Folder", path_row)
-        hub_row = QHBoxLayout()
-        hub_row.addWidget(self.hub_edit, 1)
-        hub_row.addWidget(self.hub_note)
-        rows.addRow("Hub id", hub_row)
+        rows.addRow("Hub id", self.hub)
 
         self.facts: dict[str, QLabel] = {}
         about = QGroupBox("About this model")
