@@ -49,3 +49,25 @@ def test_cuda_techniques_train(bundled_model, overrides):
     assert terminal["type"] == "JobFinished", terminal
     losses = [e["loss"] for e in events if e["type"] == "MetricsLogged"]
     assert losses and all(loss == loss for loss in losses)
+
+
+def test_real_nvml_sees_the_card_and_this_process():
+    """The studio's sampler on a real driver (the other tests use a fake pynvml): totals match torch's,
+    and 512 MiB allocated here shows in the card's used memory and, where the container lets NVML map
+    PIDs, in this process's share."""
+    import os
+
+    import torch
+
+    from studio.services.nvml_sampler import NvmlSampler
+
+    block = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    sampler = NvmlSampler()
+    sample = sampler(os.getpid())
+    assert sample.nvml and sample.devices, sample.note
+    device = sample.devices[torch.cuda.current_device()]
+    assert abs(device.total_bytes - torch.cuda.get_device_properties(0).total_memory) < 0.1 * device.total_bytes
+    assert device.used_bytes >= block.numel()
+    assert device.process_bytes is None or device.process_bytes >= block.numel()
+    sampler.close()
