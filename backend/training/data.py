@@ -170,23 +170,32 @@ class PadCollator:
 class PackingCollator:
     """Padding-free packing: a batch becomes one row, with position ids restarting at each example.
 
-    transformers reads the restarting position ids as example boundaries (varlen FlashAttention-2
-    on CUDA, a block-diagonal mask with SDPA/eager), so no example attends to another and not one
-    pad token is computed.
+    The example boundaries also go in as transformers' varlen arguments (`cu_seq_lens_q/k`,
+    `max_length_q/k`): FlashAttention-2 on CUDA and the studio's `sdpa_packed` elsewhere attend
+    within each example only; eager attention reads the restarting position ids instead (a
+    block-diagonal mask). Either way no example attends to another and not one pad token is computed.
     """
 
     def __call__(self, features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         ids: list[int] = []
         labels: list[int] = []
         positions: list[int] = []
+        bounds = [0]
         for feature in features:
             n = len(feature["input_ids"])
             ids += feature["input_ids"]
             # The first token of each example must not be predicted from the previous example.
             labels += [IGNORE] + list(feature["labels"][1:])
             positions += list(range(n))
+            bounds.append(bounds[-1] + n)
+        cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)
+        longest = max((b - a for a, b in zip(bounds, bounds[1:])), default=0)
         return {
             "input_ids": torch.tensor([ids], dtype=torch.long),
             "labels": torch.tensor([labels], dtype=torch.long),
             "position_ids": torch.tensor([positions], dtype=torch.long),
+            "cu_seq_lens_q": cu_seq_lens,
+            "cu_seq_lens_k": cu_seq_lens,
+            "max_length_q": longest,
+            "max_length_k": longest,
         }

@@ -87,11 +87,20 @@ def load_model(path: Path, config: RunConfig, plan: TechniquePlan) -> Any:
         dtype=plan.load_dtype,
         trust_remote_code=config.model.trust_remote_code,
         use_safetensors=not config.model.allow_pickle,
-        attn_implementation=plan.attention,
+        attn_implementation=_attention_implementation(plan.attention),
         **kwargs,
     )
     model.config.use_cache = False
     return model if plan.quantization else model.to(plan.device)
+
+
+def _attention_implementation(attention: str) -> str:
+    """The plan's sdpa loads as `sdpa_packed`: SDPA, but per example for packed rows (packed_attention.py)."""
+    if attention != "sdpa":
+        return attention
+    from backend.training.packed_attention import register
+
+    return register()
 
 
 def check_lora_rank(model: Any, config: RunConfig) -> None:

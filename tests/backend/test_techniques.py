@@ -132,23 +132,42 @@ def test_lora_rank_larger_than_a_layer_is_refused(bundled_model, tmp_path):
         run_steps(tmp_path, ["technique.lora_rank=1024"])
 
 
-def test_packing_gives_the_same_loss_as_padding(bundled_model):
-    """Padding-free packing must not let examples see each other: same loss within 1e-5."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "sdpa_packed"])
+def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, monkeypatch):
+    """Padding-free packing must not let examples see each other: same loss and gradients within 1e-5,
+    whether the boundaries come from the position ids (a block-diagonal mask: sdpa, eager) or from the
+    collator's cu_seq_lens (one causal SDPA per example: sdpa_packed, what training loads for sdpa)."""
     from transformers import AutoModelForCausalLM
 
     from backend.training.data import PackingCollator, PadCollator
+    from backend.training.packed_attention import register
 
-    model = AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32, attn_implementation="sdpa").eval()
+    register()
+    model = AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32, attn_implementation=attention)
     g = torch.Generator().manual_seed(0)
     features = []
     for n in (9, 17, 5, 30):
         ids = torch.randint(10, 200, (n,), generator=g).tolist()
         features.append({"input_ids": ids, "labels": [-100] * 2 + ids[2:]})
-    with torch.no_grad():
-        padded = model(**PadCollator(pad_id=0)(features), use_cache=False).loss
+
+    def loss_and_grads(batch):
+        model.zero_grad()
         # Training runs without a KV cache; with one, transformers does not look for packed rows.
-        packed = model(**PackingCollator()(features), use_cache=False).loss
-    assert abs(padded.item() - packed.item()) < 1e-5, (padded.item(), packed.item())
+        loss = model(**batch, use_cache=False).loss
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    padded, padded_grads = loss_and_grads(PadCollator(pad_id=0)(features))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(a[0].shape[2]) or sdpa(*a, **k))
+    packed, packed_grads = loss_and_grads(PackingCollator()(features))
+    if attention == "sdpa_packed":  # one call per example and layer, each over its own tokens only
+        assert calls == [9, 17, 5, 30] * model.config.num_hidden_layers
+    assert abs(padded - packed) < 1e-5, (padded, packed)
+    assert len(padded_grads) == len(packed_grads) > 0
+    assert max((a - b).abs().max().item() for a, b in zip(padded_grads, packed_grads)) < 1e-5
 
 
 def test_offload_needs_the_deepspeed_strategy():
