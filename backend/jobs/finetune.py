@@ -25,6 +25,7 @@ from backend.training.callbacks import ReportingCallback
 from backend.training.capabilities import probe_capabilities
 from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
+from backend.training.last_layer_rows import LastLayerRows
 from backend.training.mfu import flops_per_token, forget_peak, peak_flops
 from backend.training.phase import set_phase
 from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
@@ -147,6 +148,12 @@ def run_finetune(
         callbacks=[callback, PhaseCallback()],
     )
     callback.trainer = trainer
+    t = config.technique
+    if not (t.liger_kernel or t.torch_compile or config.hardware.strategy in ("fsdp", "deepspeed_zero2", "deepspeed_zero3")):
+        rows = LastLayerRows()
+        if rows.install(model):
+            trainer.rows = rows
+            log.info("last layer's %s run on the loss rows only", " and ".join(rows.modules))
     trainer.remove_callback(PrinterCallback)  # its log dicts would only repeat our events in worker.log
     done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
     if done >= config.train.max_steps:

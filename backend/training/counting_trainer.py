@@ -12,6 +12,7 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
+from backend.training.last_layer_rows import LastLayerRows
 from backend.training.loss_positions import keep_loss_positions, supports_loss_positions
 from backend.training.phase import set_phase
 
@@ -26,6 +27,8 @@ class PhaseCallback(TrainerCallback):
 class CountingTrainer(Trainer):
     trained_tokens: int = 0
     input_tokens: int = 0  # every non-padding token the model computes on (what MFU counts)
+    rows: LastLayerRows | None = None
+    """Set by the job where the last layer may run on the loss rows only (last_layer_rows.py)."""
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
         labels = inputs.get("labels")
@@ -35,7 +38,11 @@ class CountingTrainer(Trainer):
         mask = inputs.get("attention_mask")
         self.input_tokens += int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
         set_phase("forward", self.state.global_step + 1)
-        return super().training_step(model, inputs, num_items_in_batch)
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:  # the rows hold for forward and backward (checkpoint recomputation) of this step only
+            if self.rows is not None:
+                self.rows.mask = None
 
     _loss_positions: bool | None = None
 
@@ -45,6 +52,8 @@ class CountingTrainer(Trainer):
             self._loss_positions = not self.args.use_liger_kernel and supports_loss_positions(model)
         if model.training and self._loss_positions and not kwargs.get("return_outputs"):
             inputs = keep_loss_positions(inputs)  # logits only where the loss looks: same loss, less work
+            if self.rows is not None:
+                self.rows.mask = inputs.get("logits_to_keep")
         result = super().compute_loss(model, inputs, *args, **kwargs)
         if model.training:
             set_phase("backward")

@@ -30,7 +30,7 @@ def run_steps(tmp_path, overrides: list[str]) -> tuple[list[float], dict]:
                                      "train.seq_len=128", "train.micro_batch_size=4", "data.validation_split=0",
                                      *overrides])
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(parents=True)
     stream = io.StringIO()
     reporter = Reporter(stream)
     reporter.attach_run(run_dir)
@@ -196,3 +196,21 @@ def test_throughput_and_mfu_are_reported(tmp_path, bundled_model):
     _, finished = run_steps(tmp_path, [])
     assert finished["tokens_per_s"] > 0
     assert 0 < finished["mfu"] < 1.5  # against this machine's measured peak (re-measured if beaten)
+
+
+def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch):
+    """The job's own shortcuts (logits at the loss positions, the last layer on those rows, per-example
+    attention for packed rows) give the losses of the plain computation, with activation checkpointing
+    too (its recomputation inside backward must see the same rows)."""
+    from backend.training import counting_trainer
+    from backend.training.last_layer_rows import LastLayerRows
+
+    shortcut, _ = run_steps(tmp_path / "a", [])
+    checkpointed, _ = run_steps(tmp_path / "b", ["technique.gradient_checkpointing=true"])
+    monkeypatch.setattr(counting_trainer, "supports_loss_positions", lambda model: False)
+    monkeypatch.setattr(LastLayerRows, "install", lambda self, model: False)
+    monkeypatch.setattr("backend.training.loading._attention_implementation", lambda name: name)
+    plain, _ = run_steps(tmp_path / "c", [])
+    assert len(plain) == 3
+    for losses in (shortcut, checkpointed):
+        assert max(abs(a - b) for a, b in zip(losses, plain)) < 1e-5, (losses, plain)
