@@ -119,8 +119,13 @@ class _Job(QThread):
             self.error = explain(exc, self.repo_id, self.endpoint or constants.ENDPOINT)
 
     def _download(self) -> str:
-        from huggingface_hub import HfApi, hf_hub_download
+        from huggingface_hub import HfApi, constants, hf_hub_download
         from tqdm.std import tqdm  # imported here: the Model page must paint without it
+
+        # huggingface_hub reads the body in 10 MiB chunks and reports (and so can be cancelled) only
+        # between them: on a slow line that is many seconds of a frozen bar. 1 MiB keeps both prompt;
+        # only this process downloads, so the module-wide setting touches nothing else.
+        constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, 1 << 20)
 
         info = HfApi(endpoint=self.endpoint).model_info(self.repo_id, files_metadata=True)
         files = [(s.rfilename, s.size or 0) for s in info.siblings or [] if not _matches(s.rfilename, SKIP)]

@@ -60,7 +60,8 @@ def test_download_becomes_the_chosen_model(qtbot, make_studio, online):
     with FakeHub(REPO, BUNDLED_MODEL) as hub:
         page.hub.download.endpoint = hub.endpoint
         seen = []
-        page.hub.download.progress.connect(lambda p: seen.append((p.done, p.total)))
+        files = []
+        page.hub.download.progress.connect(lambda p: (seen.append((p.done, p.total)), files.append(p.file)))
         page.hub.edit.setText(REPO)
         page.hub.button.click()
         assert page.hub.button.text() == "Cancel" and page.hub.bar.isVisible()
@@ -72,6 +73,7 @@ def test_download_becomes_the_chosen_model(qtbot, make_studio, online):
         assert filecmp.cmp(source, folder / source.name, shallow=False), source.name
     total = sum(p.stat().st_size for p in BUNDLED_MODEL.iterdir())
     assert seen[-1] == (total, total) and all(done <= total for done, _ in seen)
+    assert files.count("model.safetensors") >= 16  # the 16 MiB of weights report (and can stop) every MiB
     assert "Downloaded to" in page.hub.note.text()
 
 
