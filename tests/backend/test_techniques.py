@@ -132,11 +132,13 @@ def test_lora_rank_larger_than_a_layer_is_refused(bundled_model, tmp_path):
         run_steps(tmp_path, ["technique.lora_rank=1024"])
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "sdpa_packed"])
-def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, monkeypatch):
+@pytest.mark.parametrize("attention, bounds", [("sdpa", True), ("eager", True), ("sdpa_packed", True),
+                                               ("sdpa_packed", False)])
+def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, bounds, monkeypatch):
     """Padding-free packing must not let examples see each other: same loss and gradients within 1e-5,
     whether the boundaries come from the position ids (a block-diagonal mask: sdpa, eager) or from the
-    collator's cu_seq_lens (one causal SDPA per example: sdpa_packed, what training loads for sdpa)."""
+    collator's cu_seq_lens or, without them, the position ids (one causal SDPA per example, no mask:
+    sdpa_packed, what training loads for sdpa)."""
     from transformers import AutoModelForCausalLM
 
     from backend.training.data import PackingCollator, PadCollator
@@ -161,10 +163,13 @@ def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, monkey
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append(a[0].shape[2]) or sdpa(*a, **k))
-    packed, packed_grads = loss_and_grads(PackingCollator()(features))
-    if attention == "sdpa_packed":  # one call per example and layer, each over its own tokens only
-        assert calls == [9, 17, 5, 30] * model.config.num_hidden_layers
+                        lambda *a, **k: calls.append((a[0].shape[2], k.get("attn_mask"))) or sdpa(*a, **k))
+    batch = PackingCollator()(features)
+    if not bounds:
+        batch = {k: v for k, v in batch.items() if not k.startswith(("cu_seq_lens", "max_length"))}
+    packed, packed_grads = loss_and_grads(batch)
+    if attention == "sdpa_packed":  # one call per example and layer, each over its own tokens only, no mask
+        assert calls == [(n, None) for n in (9, 17, 5, 30)] * model.config.num_hidden_layers
     assert abs(padded - packed) < 1e-5, (padded, packed)
     assert len(padded_grads) == len(packed_grads) > 0
     assert max((a - b).abs().max().item() for a, b in zip(padded_grads, packed_grads)) < 1e-5
@@ -214,3 +219,21 @@ def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch)
     assert len(plain) == 3
     for losses in (shortcut, checkpointed):
         assert max(abs(a - b) for a, b in zip(losses, plain)) < 1e-5, (losses, plain)
+
+
+def test_sdpa_packed_generates_as_sdpa_does(bundled_model):
+    """Models load as sdpa_packed for chat and evaluation too: prefill and cached decoding unchanged."""
+    from transformers import AutoModelForCausalLM
+
+    from backend.training.packed_attention import register
+
+    ids = torch.randint(10, 200, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # a left-padded row: the mask path, not the per-example one
+    outputs = []
+    for name in ("sdpa", register()):
+        model = AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32, attn_implementation=name)
+        with torch.no_grad():
+            outputs.append(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                          pad_token_id=0))
+    assert torch.equal(outputs[0], outputs[1])
