@@ -49,7 +49,10 @@ logits
     its backward runs, the gradient of the log-probabilities and the gradient of the logits (fp32):
     12 bytes per element, more than the forward pass' logits (2 or 4 B) + log-probabilities (4 B)
     + transient fp32 upcast. This follows the Trainer, which keeps only the loss, not the logits,
-    for the backward pass.
+    for the backward pass. The worker projects only the positions whose next token is a target
+    (backend/training/loss_positions.py), so the real buffer is (targets x vocab); the estimate counts
+    every position as a target, the worst case (raw text), and over-states this part for instruction
+    data, where prompts are masked, by the prompts' share of the tokens.
 runtime
     On CUDA: the CUDA context (outside PyTorch's allocator), cuBLAS workspaces, the dequantized copy of
     the largest quantized linear (QLoRA / 8-bit), DoRA's weight-norm buffers (see `dora_transient`)
@@ -84,6 +87,8 @@ Assumptions (where a real run can differ):
   instead (DeepSpeed's way; then each adapted linear saves a 4-byte copy of its input).
 - SDPA runs without a padding mask (packed or unpadded batches: the flash / memory-efficient
   kernels); a padding mask can make torch fall back to a kernel that expands K/V to all heads.
+  Packed rows really do run without one: the worker's `sdpa_packed` attends per example and builds
+  no block-diagonal mask (backend/training/packed_attention.py).
 - Every sequence is `train.seq_len` long (the worst case). With packing (the default) a micro-batch is
   one row of up to micro_batch_size x seq_len tokens, so the eager score matrix and the 4-D mask grow
   with the square of that row; set packing off (or use FlashAttention-2's varlen path) to avoid it.
