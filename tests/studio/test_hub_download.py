@@ -119,3 +119,20 @@ def test_unreachable_hub(qtbot, online):
     widget.button.click()
     _wait_idle(qtbot, widget)
     assert "could not reach http://127.0.0.1:9" in widget.note.text()
+
+
+def test_closing_mid_download_stops_the_thread(qtbot, online, tmp_path):
+    """Quitting the studio while a download runs cancels it and waits: no thread outlives the window."""
+    import time
+
+    source = tmp_path / "repo"
+    shutil.copytree(BUNDLED_MODEL, source)
+    widget = _widget(qtbot, None)
+    with FakeHub(REPO, source, delay=0.05) as hub:
+        widget.download.endpoint = hub.endpoint
+        widget.edit.setText(REPO)
+        widget.button.click()
+        qtbot.waitUntil(lambda: "model.safetensors" in widget.note.text(), timeout=30_000)
+        started = time.monotonic()
+        widget.shutdown()
+        assert not widget.download.is_running() and time.monotonic() - started < 10
