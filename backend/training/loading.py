@@ -87,16 +87,19 @@ def load_model(path: Path, config: RunConfig, plan: TechniquePlan) -> Any:
         dtype=plan.load_dtype,
         trust_remote_code=config.model.trust_remote_code,
         use_safetensors=not config.model.allow_pickle,
-        attn_implementation=_attention_implementation(plan.attention),
+        attn_implementation=_attention_implementation(plan.attention, config.technique.torch_compile),
         **kwargs,
     )
     model.config.use_cache = False
     return model if plan.quantization else model.to(plan.device)
 
 
-def _attention_implementation(attention: str) -> str:
-    """The plan's sdpa loads as `sdpa_packed`: SDPA, but per example for packed rows (packed_attention.py)."""
-    if attention != "sdpa":
+def _attention_implementation(attention: str, compiled: bool = False) -> str:
+    """The plan's sdpa loads as `sdpa_packed`: SDPA, but per example for packed rows (packed_attention.py).
+
+    Not under torch.compile: a Python loop over data-dependent example boundaries would recompile
+    the graph for every new packing of a batch."""
+    if attention != "sdpa" or compiled:
         return attention
     from backend.training.packed_attention import register
 

@@ -214,7 +214,7 @@ def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch)
     checkpointed, _ = run_steps(tmp_path / "b", ["technique.gradient_checkpointing=true"])
     monkeypatch.setattr(counting_trainer, "supports_loss_positions", lambda model: False)
     monkeypatch.setattr(LastLayerRows, "install", lambda self, model: False)
-    monkeypatch.setattr("backend.training.loading._attention_implementation", lambda name: name)
+    monkeypatch.setattr("backend.training.loading._attention_implementation", lambda name, compiled: name)
     plain, _ = run_steps(tmp_path / "c", [])
     assert len(plain) == 3
     for losses in (shortcut, checkpointed):
@@ -237,3 +237,12 @@ def test_sdpa_packed_generates_as_sdpa_does(bundled_model):
             outputs.append(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
                                           pad_token_id=0))
     assert torch.equal(outputs[0], outputs[1])
+
+
+def test_sdpa_loads_as_sdpa_packed_except_under_compile():
+    from backend.training.loading import _attention_implementation
+
+    assert _attention_implementation("sdpa") == "sdpa_packed"
+    assert _attention_implementation("sdpa", compiled=True) == "sdpa"  # no recompiles per packing
+    assert _attention_implementation("eager") == "eager"
+    assert _attention_implementation("flash_attention_2") == "flash_attention_2"
