@@ -149,7 +149,7 @@ def run_finetune(
     )
     callback.trainer = trainer
     t = config.technique
-    if not (t.liger_kernel or t.torch_compile or config.hardware.strategy in ("fsdp", "deepspeed_zero2", "deepspeed_zero3")):
+    if not (t.liger_kernel or t.torch_compile) and config.hardware.strategy in ("single", "ddp"):
         rows = LastLayerRows()
         if rows.install(model):
             trainer.rows = rows

@@ -12,11 +12,10 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
+from backend.training.data import IGNORE  # one definition of the ignored label
 from backend.training.last_layer_rows import LastLayerRows
 from backend.training.loss_positions import keep_loss_positions, supports_loss_positions
 from backend.training.phase import set_phase
-
-IGNORE = -100
 
 
 class PhaseCallback(TrainerCallback):

@@ -97,7 +97,7 @@ def _example_bounds(kwargs: dict[str, Any], length: int) -> list[int] | None:
 
 def _read_bounds(source: torch.Tensor, cumulative: bool) -> list[int] | None:
     if cumulative:
-        return [int(v) for v in source.tolist()]
+        return source.tolist()
     positions = source.reshape(-1) if source.dim() == 1 or source.shape[0] == 1 else None
     if positions is None:
         return None

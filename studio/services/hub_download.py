@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from fnmatch import fnmatch
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +71,6 @@ class Progress:
 
 
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    from fnmatch import fnmatch
-
     return any(fnmatch(name, pattern) for pattern in patterns)
 
 
