@@ -26,6 +26,7 @@ from backend.training.capabilities import probe_capabilities
 from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
 from backend.training.last_layer_rows import LastLayerRows
+from backend.training.lora_matmul import LoraMatmul
 from backend.training.mfu import flops_per_token, forget_peak, peak_flops
 from backend.training.phase import set_phase
 from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
@@ -149,6 +150,8 @@ def run_finetune(
     )
     callback.trainer = trainer
     t = config.technique
+    if plan.device == "cpu" and plan.precision == "fp32":  # before LastLayerRows, which must wrap it
+        log.info("%d LoRA layers multiply rank-first (lora_matmul.py)", LoraMatmul().install(model))
     if not (t.liger_kernel or t.torch_compile) and config.hardware.strategy in ("single", "ddp"):
         rows = LastLayerRows()
         if rows.install(model):

@@ -205,15 +205,17 @@ def test_throughput_and_mfu_are_reported(tmp_path, bundled_model):
 
 def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch):
     """The job's own shortcuts (logits at the loss positions, the last layer on those rows, per-example
-    attention for packed rows) give the losses of the plain computation, with activation checkpointing
+    attention for packed rows, rank-first LoRA products) give the losses of the plain computation, with activation checkpointing
     too (its recomputation inside backward must see the same rows)."""
     from backend.training import counting_trainer
     from backend.training.last_layer_rows import LastLayerRows
+    from backend.training.lora_matmul import LoraMatmul
 
     shortcut, _ = run_steps(tmp_path / "a", [])
     checkpointed, _ = run_steps(tmp_path / "b", ["technique.gradient_checkpointing=true"])
     monkeypatch.setattr(counting_trainer, "supports_loss_positions", lambda model: False)
     monkeypatch.setattr(LastLayerRows, "install", lambda self, model: False)
+    monkeypatch.setattr(LoraMatmul, "install", lambda self, model: 0)
     monkeypatch.setattr("backend.training.loading._attention_implementation", lambda name, compiled: name)
     plain, _ = run_steps(tmp_path / "c", [])
     assert len(plain) == 3
