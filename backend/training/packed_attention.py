@@ -55,7 +55,7 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                           is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """(batch, heads, seq, dim) in, (batch, seq, heads, dim) out, as transformers' attention functions do."""
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward, use_gqa_in_sdpa
 
     length = query.shape[2]
     cuts = None
@@ -65,13 +65,16 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:
+    gqa = groups > 1 and use_gqa_in_sdpa(None, key, value)
+    if groups > 1 and not gqa:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    # split, not slices: its backward is one cat, where each slice's backward writes a zero tensor
+    # of the whole row (3.2 -> 1.3 ms per layer with GQA on the preset's row, 1 CPU thread).
+    sizes = [end - start for start, end in zip(cuts[:-1], cuts[1:])]
     parts = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-            dropout_p=dropout, scale=scaling, is_causal=True)
-        for start, end in zip(cuts[:-1], cuts[1:]) if end > start
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
+                                                         enable_gqa=gqa)
+        for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2)) if q.shape[2]
     ]
     output = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return output.transpose(1, 2).contiguous(), None
