@@ -136,6 +136,11 @@ def plan_techniques(config: RunConfig, caps: Capabilities) -> TechniquePlan:
         quantization = "int8"
 
     optimizer = OPTIMIZERS[t.optimizer]
+    if t.optimizer == "adamw" and config.hardware.strategy in ("single", "ddp"):
+        # One kernel per step instead of ~10 ops per tensor: 1.75 -> 0.30 ms a step on the preset's
+        # 56 adapter tensors (1 CPU thread); the Trainer's own default since torch 2.8. Sharded and
+        # DeepSpeed strategies keep the per-tensor AdamW their optimizer wrapping expects.
+        optimizer = "adamw_torch_fused"
     if t.optimizer != "adamw":
         reason = bnb_can("adam8", device)
         if reason:
