@@ -6,12 +6,17 @@ not counted, for either side. Prints each run, the medians and the ratio (studio
 
     python bench/throughput.py                       # the preset on the bundled model
     python bench/throughput.py --rounds 3 --steps 40
+    python bench/throughput.py --data tests/fixtures/peer-data/alpaca_en_demo.json   # uneven lengths
+    # on a GPU: a 0.6B model built from a config, bf16 (both sides), LoRA and QLoRA, peak memory too
+    python bench/throughput.py --model-size 0.6b --data tests/fixtures/peer-data/alpaca_en_demo.json \
+        --seq-len 1024 --method qlora --rounds 2
 
 The studio side runs with its default threads (all cores but one, so the desktop keeps a core, and
 OMP_WAIT_POLICY=PASSIVE) and with as many threads as the baseline uses; the baseline runs with its
 defaults (every core, OpenMP's spinning wait) and with the studio's default thread count. The
 headline ratio is defaults against defaults; the equal-threads ratio shows what the training path
-itself gains, apart from the core the studio leaves to the desktop.
+itself gains, apart from the core the studio leaves to the desktop. On a GPU both sides run their
+defaults (bf16), and the peak of torch's allocated memory is compared too.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForSe
                           TrainerCallback, TrainingArguments)
 cfg = json.loads(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(cfg["model"])
-rows = [json.loads(l) for l in open(cfg["data"], encoding="utf-8") if l.strip()]
+text = open(cfg["data"], encoding="utf-8").read()
+rows = json.loads(text) if cfg["data"].endswith(".json") else [json.loads(l) for l in text.splitlines() if l.strip()]
 def encode(r):
     prompt = r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")
     msgs = [{"role": "user", "content": prompt}]
@@ -49,7 +55,15 @@ def encode(r):
 ds = Dataset.from_list([encode(r) for r in rows])
 ds = ds.train_test_split(test_size=cfg["validation_split"], seed=cfg["seed"])["train"]
 cuda = torch.cuda.is_available()
-model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32)
+quant = {}
+if cfg["method"] == "qlora":
+    from transformers import BitsAndBytesConfig
+    quant = {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+             bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16), "device_map": {"": 0}}
+model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32, **quant)
+if quant:
+    from peft import prepare_model_for_kbit_training
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 model = get_peft_model(model, LoraConfig(r=cfg["rank"], lora_alpha=cfg["alpha"], target_modules="all-linear",
                                          task_type="CAUSAL_LM"))
 base = DataCollatorForSeq2Seq(tok, padding="longest")
@@ -72,7 +86,8 @@ tokens = sum(counts[: cfg["steps"]])
 out.metrics["train_runtime"] = Clock.end - Clock.begin
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
 print("RESULT " + json.dumps({"tokens_per_s": tokens / out.metrics["train_runtime"], "threads": torch.get_num_threads(),
-                              "first_loss": losses[0], "final_loss": losses[-1], "losses": losses}))
+                              "first_loss": losses[0], "final_loss": losses[-1], "losses": losses,
+                              "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}))
 '''
 
 
@@ -102,8 +117,44 @@ def run_studio(preset: Path, overrides: list[str]) -> dict:
     events = [json.loads(line) for line in (folder.path / "events.jsonl").read_text().splitlines()]
     last = [e for e in events if e["type"] == "MetricsLogged"][-1]
     losses = [e["loss"] for e in events if e["type"] == "MetricsLogged"]
+    peaks = [(e.get("memory") or {}).get("peak_bytes") for e in events if e["type"] == "MetricsLogged"]
     return {**terminal, "reported_tokens_per_s": terminal["tokens_per_s"],
-            "tokens_per_s": last["tokens_seen"] / last["elapsed_s"], "losses": losses}
+            "tokens_per_s": last["tokens_seen"] / last["elapsed_s"], "losses": losses,
+            "peak_bytes": max((p for p in peaks if p), default=None)}
+
+
+MODEL_SIZES = {
+    # Llama shapes at the bundled tokenizer's 4096-token vocabulary; weights random (seeded): speed
+    # and memory depend on the shapes, not on what the weights know.
+    "0.6b": dict(hidden_size=1536, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=12,
+                 num_key_value_heads=4, head_dim=128),
+}
+
+
+def build_model(size: str, tokenizer_dir: Path, out: Path) -> Path:
+    """A model of the named size from a config, with the bundled tokenizer, saved in bf16."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    bundled = json.loads((tokenizer_dir / "config.json").read_text())
+    config = LlamaConfig(vocab_size=bundled["vocab_size"], max_position_embeddings=2048, tie_word_embeddings=True,
+                         bos_token_id=bundled["bos_token_id"], eos_token_id=bundled["eos_token_id"],
+                         pad_token_id=bundled["pad_token_id"], **MODEL_SIZES[size])
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, out / name)
+    print(f"built a {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B-parameter model in {out}", flush=True)
+    return out
+
+
+def gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
 
 def quarters(losses: list[float]) -> list[float]:
@@ -117,40 +168,67 @@ def main() -> int:
     parser.add_argument("--preset", default=str(ROOT / "resources/presets/tiny_lora.yaml"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--model-size", choices=sorted(MODEL_SIZES), help="build a model of this size from a config")
+    parser.add_argument("--data", help="instruction data (JSON lines or an alpaca JSON list); default: the preset's")
+    parser.add_argument("--method", choices=["lora", "qlora"], help="default: the preset's")
+    parser.add_argument("--batch", type=int, help="micro-batch size; default: the preset's")
+    parser.add_argument("--seq-len", type=int, help="default: the preset's")
     args = parser.parse_args()
+
+    import torch
 
     from backend.config import RunConfig
     from backend.training.capabilities import default_threads
 
     os.environ["FINETUNE_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
-    config = RunConfig.load(args.preset)
+    common = [f"train.max_steps={args.steps}", f"train.save_steps={args.steps}"]
+    for flag, key in ((args.data, "data.path"), (args.method, "technique.method"), (args.batch, "train.micro_batch_size"),
+                      (args.seq_len, "train.seq_len")):
+        if flag is not None:
+            common.append(f"{key}={Path(flag).resolve() if key == 'data.path' else flag}")
+    config = RunConfig.load(args.preset, common)
+    if args.model_size:
+        model = build_model(args.model_size, config.resolved_model_path(), Path(tempfile.mkdtemp(prefix="bench-model-")))
+        common.append(f"model.path={model}")
+        config = RunConfig.load(args.preset, common)
     base_threads = os.cpu_count() or 1
     params = {
         "model": str(config.resolved_model_path()), "data": str(config.resolved_data_path()),
         "seq_len": config.train.seq_len, "rank": config.technique.lora_rank, "alpha": config.technique.lora_alpha,
         "batch": config.train.micro_batch_size, "lr": config.train.learning_rate, "steps": args.steps,
-        "seed": config.train.seed, "validation_split": config.data.validation_split,
+        "seed": config.train.seed, "validation_split": config.data.validation_split, "method": config.technique.method,
         "out": tempfile.mkdtemp(prefix="bench-baseline-"),
     }
-    common = [f"train.max_steps={args.steps}", f"train.save_steps={args.steps}"]
+    cuda = torch.cuda.is_available()
     studio_threads = default_threads()
-    results: dict[str, list[float]] = {"studio (default threads)": [], "studio (same threads)": [], "baseline": [],
-                                       "baseline (studio's threads)": []}
+    results: dict[str, list[float]] = {"studio (default threads)": [], "baseline": []}
+    if not cuda:  # threads only matter on the CPU
+        results.update({"studio (same threads)": [], "baseline (studio's threads)": []})
     curves: dict[str, list[list[float]]] = {"studio": [], "baseline": []}
+    peaks: dict[str, list[int]] = {"studio": [], "baseline": []}
+    print(f"{config.technique.method} on {params['model']}, data {params['data']}, micro-batch {params['batch']}, "
+          f"seq_len {params['seq_len']}, {args.steps} steps, {'CUDA' if cuda else 'CPU'}", flush=True)
     for round_ in range(args.rounds):
         t0 = time.monotonic()
         a = run_studio(Path(args.preset), common)
-        b = run_studio(Path(args.preset), common + [f"train.cpu_threads={base_threads}"])
         c = run_baseline(params)
-        d = run_baseline(params, threads=studio_threads)
         results["studio (default threads)"].append(a["tokens_per_s"])
-        results["studio (same threads)"].append(b["tokens_per_s"])
         results["baseline"].append(c["tokens_per_s"])
-        results["baseline (studio's threads)"].append(d["tokens_per_s"])
-        print(f"round {round_ + 1}: studio@{studio_threads}t {a['tokens_per_s']:,.0f} tok/s (loss {a['first_loss']:.3f}->"
-              f"{a['final_loss']:.3f}), studio@{base_threads}t {b['tokens_per_s']:,.0f}, baseline@{c['threads']}t "
-              f"{c['tokens_per_s']:,.0f} (loss {c['first_loss']:.3f}->{c['final_loss']:.3f}), baseline@{d['threads']}t "
-              f"{d['tokens_per_s']:,.0f}  [{time.monotonic() - t0:.0f}s]", flush=True)
+        line = (f"round {round_ + 1}: studio {a['tokens_per_s']:,.0f} tok/s (loss {a['first_loss']:.3f}->"
+                f"{a['final_loss']:.3f}), baseline {c['tokens_per_s']:,.0f} (loss {c['first_loss']:.3f}->"
+                f"{c['final_loss']:.3f})")
+        if cuda:
+            peaks["studio"].append(a["peak_bytes"])
+            peaks["baseline"].append(c["peak_bytes"])
+            line += f", peak memory studio {gib(a['peak_bytes'])}, baseline {gib(c['peak_bytes'])}"
+        else:
+            b = run_studio(Path(args.preset), common + [f"train.cpu_threads={base_threads}"])
+            d = run_baseline(params, threads=studio_threads)
+            results["studio (same threads)"].append(b["tokens_per_s"])
+            results["baseline (studio's threads)"].append(d["tokens_per_s"])
+            line += (f"; threads: studio {studio_threads}, baseline {c['threads']}; studio@{base_threads}t "
+                     f"{b['tokens_per_s']:,.0f}, baseline@{d['threads']}t {d['tokens_per_s']:,.0f}")
+        print(line + f"  [{time.monotonic() - t0:.0f}s]", flush=True)
         curves["studio"].append(quarters(a["losses"]))
         curves["baseline"].append(quarters(c["losses"]))
     for name, runs in curves.items():  # speed must not be bought with different training
@@ -160,9 +238,14 @@ def main() -> int:
     for name, value in medians.items():
         print(f"median {name:26} {value:10,.0f} useful tokens/s")
     print(f"ratio studio/baseline (default threads): {medians['studio (default threads)'] / medians['baseline']:.2f}x")
-    print(f"ratio studio/baseline (same threads):    {medians['studio (same threads)'] / medians['baseline']:.2f}x")
-    equal = medians["studio (default threads)"] / medians["baseline (studio's threads)"]
-    print(f"ratio studio/baseline (both {studio_threads} thread(s), each side's default otherwise): {equal:.2f}x")
+    if cuda:
+        studio_peak, baseline_peak = max(peaks["studio"] or [0]), max(peaks["baseline"] or [0])
+        print(f"peak memory: studio {gib(studio_peak)}, baseline {gib(baseline_peak)}"
+              + (f" ({studio_peak / baseline_peak:.2f}x)" if studio_peak and baseline_peak else ""))
+    else:
+        print(f"ratio studio/baseline (same threads):    {medians['studio (same threads)'] / medians['baseline']:.2f}x")
+        equal = medians["studio (default threads)"] / medians["baseline (studio's threads)"]
+        print(f"ratio studio/baseline (both {studio_threads} thread(s), each side's default otherwise): {equal:.2f}x")
     return 0
 
 
