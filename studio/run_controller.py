@@ -233,7 +233,7 @@ class RunController(QObject):
         self.page.set_status(state.message, details=self._details)
         self.window.run_status.setText(state.message)
         self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None)
-        self.page.set_tokens_per_s(state.tokens_per_s)
+        self.page.set_throughput(state.tokens_per_s, state.mfu, state.compile_seconds)
         self.page.set_plan(state.plan)
 
     # --- readouts ---------------------------------------------------------------------------------

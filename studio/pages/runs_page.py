@@ -32,7 +32,7 @@ from studio.state.config_state import diff_configs
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
 
-COLUMNS = ("Run", "Status", "Steps", "Final loss", "Tokens/s", "Method", "Model", "Started")
+COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started")
 MAX_OVERLAY = 8
 
 

@@ -32,6 +32,14 @@ from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.sample_list_widget import SampleListWidget
 from studio.widgets.units import clock_text
 
+THROUGHPUT_TIP = (
+    "Useful tokens/s: tokens the loss is computed on, per second of training; padding and prompt tokens are "
+    "not counted (saving checkpoints and evaluating are not timed).\n"
+    "MFU: model FLOPs over this machine's peak for the precision in use (a large matmul, measured once and "
+    "cached). Every computed token counts 6 FLOPs per trained weight, 4 per frozen one (no weight gradient), "
+    "plus attention; prompts count here, padding does not."
+)
+
 
 def _button_for(action: QAction) -> QPushButton:
     """A push button that triggers `action` and follows its text, tooltip and enabled state."""
@@ -83,8 +91,8 @@ class TrainPage(QWidget):
         self.progress.setValue(0)
         self.eta_label = QLabel("")
         self.eta_label.setMinimumWidth(150)
-        self.tokens_label = QLabel("— tokens/s")
-        self.tokens_label.setToolTip("Non-padding tokens trained per second")
+        self.tokens_label = QLabel("— useful tokens/s")
+        self.tokens_label.setToolTip(THROUGHPUT_TIP)
         self.tokens_label.setMinimumWidth(110)
         readouts = QHBoxLayout()
         readouts.addWidget(self.progress, 1)
@@ -94,7 +102,8 @@ class TrainPage(QWidget):
         self.chart = LossChart(metrics)
         self.lr_chart = MetricChart(metrics, "learning_rate", "Learning rate", color="#10b981")
         self.grad_chart = MetricChart(metrics, "grad_norm", "Gradient norm", color="#ef4444")
-        self.speed_chart = MetricChart(metrics, "tokens_per_s", "Tokens per second", color="#06b6d4")
+        self.speed_chart = MetricChart(metrics, "tokens_per_s", "Useful tokens per second", color="#06b6d4")
+        self.speed_chart.setToolTip(THROUGHPUT_TIP)
         charts = QWidget()
         grid = QGridLayout(charts)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -150,5 +159,15 @@ class TrainPage(QWidget):
         self.progress.setValue(min(step, max(max_steps, 1)))
         self.eta_label.setText(f"about {clock_text(eta_s)} left" if eta_s is not None else "")
 
-    def set_tokens_per_s(self, value: float | None) -> None:
-        self.tokens_label.setText("— tokens/s" if value is None else f"{value:,.0f} tokens/s")
+    def set_throughput(self, tokens_per_s: float | None, mfu: float | None = None,
+                       compile_seconds: float | None = None) -> None:
+        """Useful tokens/s with MFU beside it; torch.compile's first-step time apart, never averaged in."""
+        if tokens_per_s is None:
+            self.tokens_label.setText("— useful tokens/s")
+            return
+        parts = [f"{tokens_per_s:,.0f} useful tokens/s"]
+        if mfu is not None:
+            parts.append(f"MFU {100 * mfu:.1f}%")
+        if compile_seconds is not None:
+            parts.append(f"compile {compile_seconds:.1f} s (not counted)")
+        self.tokens_label.setText(" · ".join(parts))

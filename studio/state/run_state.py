@@ -64,6 +64,8 @@ class RunState(QObject):
         self.step = 0
         self.max_steps = 0
         self.tokens_per_s: float | None = None
+        self.mfu: float | None = None
+        self.compile_seconds: float | None = None
         self.loss: float | None = None
 
     @property
@@ -74,6 +76,7 @@ class RunState(QObject):
     def begin(self, run_dir: str, max_steps: int) -> None:
         self.status, self.run_dir, self.phase = "starting", run_dir, ""
         self.step, self.max_steps, self.tokens_per_s, self.loss = 0, max_steps, None, None
+        self.mfu = self.compile_seconds = None
         self.eta_s, self._rate_start, self.plan, self.pid = None, None, "", None
         self._say("Starting the worker…", log=f"Run folder: {run_dir}")
 
@@ -123,6 +126,7 @@ class RunState(QObject):
             self.step, self.max_steps = event.step, event.max_steps or self.max_steps
             self._update_eta()
             self.tokens_per_s = event.tokens_per_s if event.tokens_per_s is not None else self.tokens_per_s
+            self.mfu = event.mfu if event.mfu is not None else self.mfu
             self.loss = event.loss if event.loss is not None else self.loss
             loss = f", loss {self.loss:.4f}" if self.loss is not None else ""
             self._say(f"Training: step {self.step} of {self.max_steps}{loss}",
@@ -157,8 +161,10 @@ class RunState(QObject):
         self.status = "stopped" if event.stopped else "finished"
         self.step = event.steps or self.step
         self.tokens_per_s = event.tokens_per_s if event.tokens_per_s is not None else self.tokens_per_s
+        self.mfu = event.mfu if event.mfu is not None else self.mfu
+        self.compile_seconds = event.compile_seconds
         loss = f", final loss {event.final_loss:.4f}" if event.final_loss is not None else ""
-        speed = f", {event.tokens_per_s:,.0f} tokens/s" if event.tokens_per_s else ""
+        speed = f", {event.tokens_per_s:,.0f} useful tokens/s" if event.tokens_per_s else ""
         if event.stopped:
             saved = f"; checkpoint in {event.checkpoint_path}" if event.checkpoint_path else ""
             text = f"Stopped at step {self.step}{loss}{saved}"

@@ -147,7 +147,8 @@ class FakeWorker:
             step += 1
             loss *= 0.85
             self.emit(MetricsLogged(step=step, max_steps=max_steps, loss=loss, learning_rate=1e-3 * (1 - step / max_steps),
-                                    grad_norm=1.0 + 0.1 * (step % 3), tokens_per_s=1234.5 + step, memory=memory(step)))
+                                    grad_norm=1.0 + 0.1 * (step % 3), tokens_per_s=1234.5 + step, mfu=0.4,
+                                    memory=memory(step)))
             print(f"fake worker: step {step}", file=sys.stderr, flush=True)
             if self.scenario == "malformed" and step == 4:
                 self.raw("this is not json\n")
@@ -184,7 +185,7 @@ class FakeWorker:
                 return self.finish_stopped(step, loss)
             if self.scenario != "slow" and step >= max_steps:
                 self.emit(JobFinished(run_dir=str(self.run_dir), steps=step, final_loss=loss, first_loss=3.0,
-                                      tokens_per_s=1234.5, adapter_path=str(self.run_dir / "adapter")))
+                                      tokens_per_s=1234.5, mfu=0.412, adapter_path=str(self.run_dir / "adapter")))
                 return 0
             time.sleep(self.delay)
 

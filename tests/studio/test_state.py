@@ -45,9 +45,11 @@ def test_run_state_wording(qtbot):
     state.apply(MetricsLogged(step=4, max_steps=10, loss=1.23456, tokens_per_s=500.0))
     assert state.message == "Training: step 4 of 10, loss 1.2346" and state.tokens_per_s == 500.0
     state.apply(CheckpointSaved(step=4, path="/runs/x/checkpoints/checkpoint-4"))
-    state.apply(JobFinished(run_dir="/runs/x", steps=10, final_loss=0.5, tokens_per_s=512.0))
+    state.apply(JobFinished(run_dir="/runs/x", steps=10, final_loss=0.5, tokens_per_s=512.0, mfu=0.25,
+                            compile_seconds=12.5))
     assert state.status == "finished" and not state.running
-    assert state.message == "Finished: 10 steps, final loss 0.5000, 512 tokens/s"
+    assert state.message == "Finished: 10 steps, final loss 0.5000, 512 useful tokens/s"
+    assert (state.mfu, state.compile_seconds) == (0.25, 12.5)
     assert "Phase: Loading the model: tiny" in logs
     assert "Checkpoint saved at step 4: /runs/x/checkpoints/checkpoint-4" in logs
 

@@ -20,7 +20,7 @@ def test_normal_run_draws_loss_and_finishes(qtbot, make_studio):
     window, page = studio.window, studio.train_page
     assert studio.state.status == "finished"
     assert page.chart.point_count() == 10
-    assert "tokens/s" in page.tokens_label.text() and "—" not in page.tokens_label.text()
+    assert page.tokens_label.text() == "1,234 useful tokens/s · MFU 41.2%"  # the finish's figures
     assert page.status_label.text().startswith("Finished")
     assert page.progress.value() == 10 and page.progress.maximum() == 10
     log = window.log_text()
@@ -124,3 +124,12 @@ def test_an_invalid_form_never_starts_a_worker(qtbot, make_studio):
     studio.train_page.start_button.click()
     assert not studio.client.is_running()
     assert "Cannot start: data.path is empty" in studio.train_page.status_label.text()
+
+
+def test_throughput_readout_says_what_it_counts(make_studio):
+    page = make_studio(fake_command("normal")).train_page
+    assert page.tokens_label.text() == "— useful tokens/s"
+    assert "padding and prompt tokens are not counted" in page.tokens_label.toolTip()
+    assert "4 per frozen one" in page.tokens_label.toolTip()
+    page.set_throughput(2048.4, 0.5, compile_seconds=31.25)
+    assert page.tokens_label.text() == "2,048 useful tokens/s · MFU 50.0% · compile 31.2 s (not counted)"
