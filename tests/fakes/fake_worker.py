@@ -224,7 +224,7 @@ class FakeWorker:
             self.emit(MetricsLogged(step=step, max_steps=a.steps, loss=loss, learning_rate=2e-4 * (1 - step / a.steps),
                                     grad_norm=0.6 + 0.6 * math.exp(-step / 300) + 0.05 * math.sin(step / 5),
                                     tokens_per_s=5000.0 + 150 * math.sin(step / 60) + 40 * math.sin(step / 3),
-                                    tokens_seen=step * 4096, elapsed_s=now - began, memory=memory(step)))
+                                    mfu=0.38, tokens_seen=step * 4096, elapsed_s=now - began, memory=memory(step)))
             if a.eval_every and step % a.eval_every < a.logging_steps:
                 self.emit(EvalFinished(step=step, eval_loss=loss * 1.05))
             if a.save_every and step % a.save_every < a.logging_steps:
@@ -232,7 +232,7 @@ class FakeWorker:
             if self.stop.is_set():
                 return self.finish_stopped(step, loss)
         self.emit(JobFinished(run_dir=str(self.run_dir), steps=step, final_loss=loss, first_loss=3.0,
-                              tokens_per_s=5000.0, seconds=time.monotonic() - began))
+                              tokens_per_s=5000.0, mfu=0.38, seconds=time.monotonic() - began))
         return 0
 
 
