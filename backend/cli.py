@@ -33,7 +33,7 @@ def _progress(event: dict, out) -> None:
         text = (f"[{'#' * filled}{'.' * (width - filled)}] step {step}/{total}"
                 f"  loss {loss:.4f}" if loss is not None else f"step {step}/{total}")
         if tps:
-            text += f"  {tps:,.0f} tok/s"
+            text += f"  {tps:,.0f} useful tok/s"
         if event.get("mfu"):
             text += f"  MFU {100 * event['mfu']:.1f}%"
         if out.isatty():
@@ -107,11 +107,11 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
     if not runs:
         print("no runs yet")
         return 0
-    print(f"{'run':44} {'status':10} {'steps':>6} {'loss':>8} {'tok/s':>8}")
+    print(f"{'run':44} {'status':10} {'steps':>6} {'loss':>8} {'useful tok/s':>12}")
     for r in runs:
         loss = f"{r.final_loss:.4f}" if r.final_loss is not None else "-"
         tps = f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "-"
-        print(f"{r.run_id:44} {r.status:10} {r.steps:>6} {loss:>8} {tps:>8}")
+        print(f"{r.run_id:44} {r.status:10} {r.steps:>6} {loss:>8} {tps:>12}")
     return 0
 
 

@@ -90,6 +90,9 @@ def test_cli_train_with_overrides_and_runs_list(bundled_model, studio_home):
     assert listed[0]["steps"] == 4
     config = RunConfig.load(listed[0]["path"] + "/config.yaml")
     assert config.train.max_steps == 4 and config.train.save_steps == 2
+    table = subprocess.run([sys.executable, "-m", "studio", "runs", "list"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60).stdout.splitlines()
+    assert "useful tok/s" in table[0] and table[1].startswith(listed[0]["run_id"])
 
 
 def test_cli_failure_is_one_line_without_traceback(tmp_path):
