@@ -138,6 +138,12 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     monitor = GpuMonitor(sampler)
     pages = core.pages
     pages["data"] = DataPage(config, editors, synchronous=synchronous_data)
+    def measured(profile: Any) -> None:
+        estimate.set_longest_answer(profile.path, profile.longest_answer())
+
+    pages["data"].profile_ready.connect(measured)
+    if pages["data"].profile is not None:  # read while the page was built (synchronously, in tests)
+        measured(pages["data"].profile)
     pages["techniques"] = TechniquesPage(config, editors, estimate)
     pages["train"] = TrainPage(store, telemetry, editors, window.start_action, window.stop_action,
                                window.cancel_action, window.resume_action)

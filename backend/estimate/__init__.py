@@ -50,9 +50,11 @@ logits
     12 bytes per element, more than the forward pass' logits (2 or 4 B) + log-probabilities (4 B)
     + transient fp32 upcast. This follows the Trainer, which keeps only the loss, not the logits,
     for the backward pass. The worker projects only the positions whose next token is a target
-    (backend/training/loss_positions.py), so the real buffer is (targets x vocab); the estimate counts
-    every position as a target, the worst case (raw text), and over-states this part for instruction
-    data, where prompts are masked, by the prompts' share of the tokens.
+    (backend/training/loss_positions.py), so the real buffer is (targets x vocab). Given the data's
+    longest answer (`target_tokens`, which the studio's Data page measures), the estimate counts
+    micro_batch x min(seq_len, target_tokens) positions, the most one micro-batch can hold; without
+    it, every position, the worst case (raw text), which over-states instruction data by the
+    prompts' share. With Liger every position goes through the fused loss, one chunk at a time.
 runtime
     On CUDA: the CUDA context (outside PyTorch's allocator), cuBLAS workspaces, the dequantized copy of
     the largest quantized linear (QLoRA / 8-bit), DoRA's weight-norm buffers (see `dora_transient`)

@@ -33,6 +33,7 @@ def estimate(
     device: Literal["cuda", "cpu"] = "cpu",
     bf16_supported: bool = True,
     autocast: bool | None = None,
+    target_tokens: int | None = None,
 ) -> Breakdown:
     """Estimate the memory of one training step of `run` on one device.
 
@@ -50,6 +51,11 @@ def estimate(
     bf16/fp16 and runs as it is, full tuning keeping an fp32 master copy in the optimizer (the ZeRO
     paper's 2 + 2 + 4 + 8 bytes; what DeepSpeed does). None (default): True, except with DeepSpeed
     (zero_stage > 0 or technique.offload).
+
+    target_tokens: the most loss tokens one example of the data holds (answers and their end
+    tokens; every token of raw text). The worker projects logits only at loss positions, so a
+    micro-batch holds at most micro_batch x min(seq_len, target_tokens) of them. None: every
+    position, the worst case, for data not measured.
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -137,7 +143,10 @@ def estimate(
     # -- activations and logits
     act = activation_bytes(arch, d, s)
     activations = act["total"]
-    tv = s.tokens * d.vocab
+    positions = s.tokens
+    if target_tokens is not None:
+        positions = min(s.tokens, run.train.micro_batch_size * min(run.train.seq_len, max(1, int(target_tokens))))
+    tv = positions * d.vocab
     logit_e = e if s.autocast else s.w_e
     logits_fwd = tv * (logit_e + 4 + (4 if logit_e != 4 else 0))
     logits_bwd = tv * (4 + 4 + 4)
@@ -260,7 +269,8 @@ def estimate(
         "adapter_parameters": adapter_params,
         "optimizer": opt_detail,
         "activations": act,
-        "logits": {"forward": logits_fwd, "backward": logits_bwd, "elements": tv},
+        "logits": {"forward": logits_fwd, "backward": logits_bwd, "elements": tv, "positions": positions,
+                   "target_tokens": target_tokens},
         "distributed": dist,
         "runtime": runtime_detail,
         "peak_phases": phases,

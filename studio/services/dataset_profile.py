@@ -22,6 +22,9 @@ MAX_MEASURED = 5000
 """Token lengths are measured on at most this many examples (evenly spread) to stay quick."""
 WORDS_TO_TOKENS = 1.3
 """Rough tokens per whitespace word of English text, used only when no tokenizer is found."""
+TURN_END_TOKENS = 8
+"""Allowance per assistant turn for what the chat template adds to the trained tokens (an end of
+turn and a newline: 1-2 tokens in Llama 3, Qwen, Gemma and the bundled template; 8 to be safe)."""
 
 
 @lru_cache(maxsize=4)
@@ -43,6 +46,9 @@ class DatasetProfile:
     measured: int = 0
     tokenizer: str = ""
     """Where token counts came from: a tokenizer.json path, or "" for the word-count estimate."""
+    targets: tuple[int, ...] = ()
+    """Per measured example, the tokens the loss is taken on: the answers plus TURN_END_TOKENS per
+    assistant turn (every token of raw text)."""
     problem: str = ""
     hint: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -64,7 +70,7 @@ class DatasetProfile:
             return cls(data_path, problem=f"{path}: {exc.strerror or exc}")
         stride = max(1, len(records) // MAX_MEASURED)
         sample = records[::stride][:MAX_MEASURED]
-        texts, skipped = [], 0
+        texts, answers, skipped = [], [], 0
         for i, record in enumerate(sample):
             try:
                 messages = to_conversation(record, detected, f"record {i * stride + 1}")
@@ -73,9 +79,23 @@ class DatasetProfile:
                 continue
             texts.append("\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"]
                                    for m in messages))
+            answers.append([m["content"] for m in messages if m["role"] in ("assistant", "text")])
         lengths, source = _token_lengths(texts, model_path)
+        flat, _ = _token_lengths([a for turns in answers for a in turns], model_path)
+        targets, at = [], 0
+        for turns in answers:
+            targets.append(sum(flat[at:at + len(turns)]) + TURN_END_TOKENS * len(turns))
+            at += len(turns)
         notes = (f"{skipped} of the measured examples could not be read as {detected}",) if skipped else ()
-        return cls(data_path, detected, len(records), preview, tuple(lengths), len(texts), source, notes=notes)
+        return cls(data_path, detected, len(records), preview, tuple(lengths), len(texts), source,
+                   targets=tuple(targets), notes=notes)
+
+    def longest_answer(self) -> int | None:
+        """The most loss tokens one example holds, for the memory estimate; None unless every example
+        was measured with the model's tokenizer (a sample could miss the longest, a word count guesses)."""
+        if not self.targets or not self.tokenizer or self.measured != self.count:
+            return None
+        return max(self.targets)
 
     def truncated_share(self, seq_len: int) -> float:
         """Share of the measured examples longer than seq_len tokens."""

@@ -39,6 +39,8 @@ class EstimateState(QObject):
         self.limit_bytes: int | None = None
         self.limit_label = ""
         """What the limit is, e.g. "GPU 0 (NVIDIA H200): 139.8 GiB" or "System RAM: 15.6 GiB"."""
+        self._answers: tuple[str, int | None] = ("", None)
+        """(data path, its longest answer in tokens) from the Data page's measurement."""
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(0)
@@ -57,6 +59,18 @@ class EstimateState(QObject):
         else:
             self.changed.emit()
 
+    def set_longest_answer(self, data_path: str, tokens: int | None) -> None:
+        """The Data page measured the data: logits are counted for its longest answer, not every position."""
+        if (data_path, tokens) != self._answers:
+            self._answers = (data_path, tokens)
+            self._timer.start()
+
+    @property
+    def longest_answer(self) -> int | None:
+        """The measured longest answer, when it belongs to the draft's data path."""
+        path, tokens = self._answers
+        return tokens if path and path == self._config.get("data.path") else None
+
     def _on_config_changed(self, key: str) -> None:
         if key != "name" and not key.startswith("export."):
             self._timer.start()
@@ -70,7 +84,8 @@ class EstimateState(QObject):
             hardware = config.hardware
             zero_stage = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}.get(hardware.strategy, 0)
             self.breakdown = estimate(config.model.path, config, device=self.device,  # type: ignore[arg-type]
-                                      num_gpus=hardware.num_processes, zero_stage=zero_stage)
+                                      num_gpus=hardware.num_processes, zero_stage=zero_stage,
+                                      target_tokens=self.longest_answer)
             self.problem = ""
         except (ConfigError, ValueError, OSError, KeyError, TypeError, ZeroDivisionError) as exc:
             self.breakdown, self.problem = None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -45,6 +45,19 @@ VERDICTS = {
 }
 
 
+def logits_note(details: dict) -> str:
+    """What the logits part counts: the data's longest answer when the Data page measured it."""
+    logits = details.get("logits") or {}
+    positions, answer = logits.get("positions"), logits.get("target_tokens")
+    if positions is None:
+        return ""
+    if answer is None:
+        return (f"Counted at all {positions:,} positions of a micro-batch, the worst case: the data is not "
+                "measured yet (or only a sample of it was), and raw text trains on every token.")
+    return (f"Counted at {positions:,} positions per micro-batch: the longest answer in the data is "
+            f"{answer:,} tokens (measured on every example), and logits are computed only where the loss is.")
+
+
 def _swatch(color: str) -> QIcon:
     pixmap = QPixmap(12, 12)
     pixmap.fill(QColor(color))
@@ -151,6 +164,8 @@ class MemoryBreakdownWidget(QWidget):
         self.table.setRowCount(len(parts) + 1)
         for row, (name, value) in enumerate([*parts.items(), ("total", breakdown.total_bytes)]):
             label = QTableWidgetItem(PART_WORDS.get(name, name) if name in PART_COLORS else "Total")
+            if name == "logits":
+                label.setToolTip(logits_note(breakdown.details or {}))
             if name in PART_COLORS:
                 label.setIcon(_swatch(PART_COLORS[name]))
             else:

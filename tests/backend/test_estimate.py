@@ -230,6 +230,20 @@ def test_activations_grow_linearly_with_batch_and_logits_with_vocab():
     assert 3.5 < four.activations / one.activations <= 4
 
 
+def test_logits_count_the_longest_answer_when_the_data_is_measured():
+    """The worker projects logits only at loss positions: at most micro_batch x the longest answer."""
+    run = run_config(attention="sdpa", train={"micro_batch_size": 4, "seq_len": 256})
+    worst = estimate(TINY, run, device="cpu")
+    measured = estimate(TINY, run, device="cpu", target_tokens=40)
+    assert worst.logits == 4 * 256 * 4096 * 12 and worst.details["logits"]["positions"] == 4 * 256
+    assert measured.logits == 4 * 40 * 4096 * 12 and measured.details["logits"]["positions"] == 160
+    assert measured.total_bytes < worst.total_bytes and measured.activations == worst.activations
+    # an answer longer than seq_len is cut to it; raw text (every token a target) is the worst case
+    assert estimate(TINY, run, device="cpu", target_tokens=10_000).logits == worst.logits
+    liger = run_config(attention="sdpa", liger_kernel=True, train={"micro_batch_size": 4, "seq_len": 256})
+    assert estimate(TINY, liger, device="cuda", target_tokens=40).logits == estimate(TINY, liger, device="cuda").logits
+
+
 def test_gpt_neox_is_supported_and_differs_from_llama():
     b = estimate(NEOX, run_config(method="full"), device="cpu")
     assert b.details["model"]["family"] == "gpt_neox"

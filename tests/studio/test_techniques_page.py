@@ -42,6 +42,27 @@ def test_the_breakdown_follows_every_change(qtbot, make_studio):
     assert rows == len(after) + 1 and page.breakdown.table.item(rows - 1, 0).text() == "Total"
 
 
+def test_logits_follow_the_longest_answer_the_data_page_measured(qtbot, make_studio, tmp_path):
+    """The bundled demo answers are a few tokens: the logits part counts those, not all 8 x 256 positions."""
+    from studio.services.dataset_profile import DatasetProfile
+
+    studio = make_studio(sampler=FakeSampler())
+    page, estimate = studio.pages["techniques"], studio.estimate
+    longest = DatasetProfile.read(studio.config.get("data.path"), studio.config.get("model.path")).longest_answer()
+    assert longest is not None and longest < 20
+    qtbot.waitUntil(lambda: estimate.breakdown.details["logits"]["target_tokens"] == longest, timeout=5000)
+    micro_batch = int(studio.config.get("train.micro_batch_size"))
+    assert estimate.breakdown.details["logits"]["positions"] == micro_batch * longest
+    row = [page.breakdown.table.item(r, 0).text() for r in range(page.breakdown.table.rowCount())].index("Logits / loss")
+    assert f"longest answer in the data is {longest} tokens" in page.breakdown.table.item(row, 0).toolTip()
+    measured = page.breakdown.part_sizes()["logits"]
+
+    other = tmp_path / "other.jsonl"  # a new file: the old measurement no longer applies
+    other.write_text('{"text": "raw text trains on every token"}\n', encoding="utf-8")
+    studio.config.set("data.path", str(other))
+    qtbot.waitUntil(lambda: page.breakdown.part_sizes()["logits"] > measured, timeout=5000)
+
+
 def test_fits_and_does_not_fit_against_the_device(qtbot, make_studio):
     studio = make_studio(sampler=FakeSampler(total=24 << 30))
     breakdown = studio.pages["techniques"].breakdown
