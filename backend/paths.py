@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sysconfig
 from pathlib import Path
 
 from platformdirs import user_data_path
@@ -10,12 +11,24 @@ from platformdirs import user_data_path
 BUNDLED_PREFIX = "bundled:"
 
 
+BESIDE = Path(__file__).resolve().parent.parent / "resources"
+"""Where a checkout (`pip install -e .`) and the PyInstaller bundle keep `resources/`."""
+SHARED = Path("share") / "finetune-studio" / "resources"
+"""Where a wheel (`pip install .`) puts it, under the environment's (or the user's) data prefix."""
+
+
 def resources_dir() -> Path:
-    """The `resources/` folder shipped beside the packages (override: FINETUNE_STUDIO_RESOURCES)."""
+    """The bundled `resources/` folder (override: FINETUNE_STUDIO_RESOURCES)."""
     override = os.environ.get("FINETUNE_STUDIO_RESOURCES")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parent.parent / "resources"
+    if BESIDE.is_dir():
+        return BESIDE
+    for scheme in (sysconfig.get_default_scheme(), sysconfig.get_preferred_scheme("user")):
+        installed = Path(sysconfig.get_path("data", scheme)) / SHARED
+        if installed.is_dir():
+            return installed
+    return BESIDE  # missing everywhere: errors then name the checkout's path
 
 
 def resolve_resource(path: str) -> Path:
