@@ -119,12 +119,19 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.estimate import estimate
 
     config = RunConfig.load(args.config, args.set)
+    answer = None
+    if not args.worst_case:  # as the studio does once its Data page has read the data
+        from backend.training.dataset_profile import DatasetProfile
+
+        answer = DatasetProfile.read(config.data.path, config.model.path, config.data.format, limit=None).longest_answer()
     breakdown = estimate(config.resolved_model_path(), config, num_gpus=args.gpus, zero_stage=args.zero_stage,
-                         device=args.device)
+                         device=args.device, target_tokens=answer)
     if args.json:
         print(json.dumps(breakdown.to_json()))
     else:
         print(breakdown.format_table())
+        print(f"logits counted for the data's longest answer, {answer:,} tokens" if answer is not None else
+              "logits counted at every position (the worst case: data not read, sampled, or --worst-case)")
     return 0
 
 
@@ -146,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--gpus", type=int, default=1, help="number of GPUs (data-parallel processes)")
     est.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
     est.add_argument("--json", action="store_true", help='print {"total_bytes": N, "breakdown": {...}}')
+    est.add_argument("--worst-case", action="store_true",
+                     help="count logits at every position instead of reading the data for its longest answer")
     est.set_defaults(func=cmd_estimate)
     from backend.cli_eval import add_chat_parser, add_eval_parser
 

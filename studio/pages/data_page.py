@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from backend.paths import resolve_resource
 from studio.services.background_call import BackgroundCall
-from studio.services.dataset_profile import DatasetProfile
+from backend.training.dataset_profile import DatasetProfile
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
 from studio.widgets.conversation_widget import ConversationWidget

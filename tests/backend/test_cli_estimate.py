@@ -34,3 +34,20 @@ def test_table_for_a_config_only_folder(tmp_path):
     done = run("estimate", str(PRESET), "--set", f"model.path={tmp_path}", "--set", "technique.method=qlora")
     assert done.returncode == 0, done.stderr
     assert "weights" in done.stdout and "GiB" in done.stdout and "total" in done.stdout
+    assert "logits counted at every position" in done.stdout  # no tokenizer.json: the data is not measured
+
+
+def test_logits_follow_the_data_as_in_the_studio():
+    """The CLI reads the data like the Data page: the same longest answer, the same estimate."""
+    from backend.config import RunConfig
+    from backend.estimate import estimate
+    from backend.training.dataset_profile import DatasetProfile
+
+    measured = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu").stdout)
+    worst = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu", "--worst-case").stdout)
+    config = RunConfig.load(PRESET)
+    answer = DatasetProfile.read(config.data.path, config.model.path).longest_answer()
+    assert answer is not None
+    studio = estimate(config.resolved_model_path(), config, device="cpu", target_tokens=answer)
+    assert measured["breakdown"]["logits"] == studio.logits < worst["breakdown"]["logits"]
+    assert "longest answer, " in run("estimate", str(PRESET), "--device", "cpu").stdout

@@ -44,7 +44,7 @@ def test_the_breakdown_follows_every_change(qtbot, make_studio):
 
 def test_logits_follow_the_longest_answer_the_data_page_measured(qtbot, make_studio, tmp_path):
     """The bundled demo answers are a few tokens: the logits part counts those, not all 8 x 256 positions."""
-    from studio.services.dataset_profile import DatasetProfile
+    from backend.training.dataset_profile import DatasetProfile
 
     studio = make_studio(sampler=FakeSampler())
     page, estimate = studio.pages["techniques"], studio.estimate

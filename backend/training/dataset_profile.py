@@ -54,8 +54,10 @@ class DatasetProfile:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
-    def read(cls, data_path: str, model_path: str = "", fmt: str = "auto") -> "DatasetProfile":
-        """Never raises: a file the worker would refuse comes back with its sentence in `problem`."""
+    def read(cls, data_path: str, model_path: str = "", fmt: str = "auto",
+             limit: int | None = MAX_MEASURED) -> "DatasetProfile":
+        """Never raises: a file the worker would refuse comes back with its sentence in `problem`.
+        limit: measure at most this many examples, evenly spread (None: all of them)."""
         if not data_path:
             return cls(data_path, problem="Choose a dataset file.")
         path = resolve_resource(data_path)
@@ -68,8 +70,9 @@ class DatasetProfile:
             return cls(data_path, problem=exc.message, hint=exc.hint)
         except OSError as exc:
             return cls(data_path, problem=f"{path}: {exc.strerror or exc}")
-        stride = max(1, len(records) // MAX_MEASURED)
-        sample = records[::stride][:MAX_MEASURED]
+        limit = limit or max(1, len(records))
+        stride = max(1, len(records) // limit)
+        sample = records[::stride][:limit]
         texts, answers, skipped = [], [], 0
         for i, record in enumerate(sample):
             try:
