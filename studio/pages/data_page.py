@@ -215,7 +215,9 @@ class DataPage(QWidget):
                        f"{seq_len} and will be {fate}</span>")
         else:
             verdict = f"<span style='color:#16a34a'><b>0.0%</b>: no example is longer than seq_len {seq_len}</span>"
-        self.truncated_label.setText(f"{verdict} · longest {longest:,} tokens")
+        answer = profile.longest_answer()
+        answer_text = f" · longest answer {answer:,} tokens (the memory estimate's logits)" if answer else ""
+        self.truncated_label.setText(f"{verdict} · longest {longest:,} tokens{answer_text}")
         source = (f"the model's tokenizer ({Path(profile.tokenizer).parent.name})" if profile.tokenizer
                   else "a word count × 1.3 (no tokenizer.json in the model folder)")
         sample = (f"; measured on {profile.measured:,} of {profile.count:,} examples"

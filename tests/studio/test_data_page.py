@@ -75,6 +75,8 @@ def test_histogram_marks_seq_len_and_the_share_truncated(qtbot, make_studio, tmp
     assert "50.0%" in page.truncated_label.text() and "refused" in page.truncated_label.text()
     studio.config.set("train.seq_len", 1024)
     assert "0.0%" in page.truncated_label.text() and "no example is longer" in page.truncated_label.text()
+    answer = page.profile.longest_answer()
+    assert answer and f"longest answer {answer:,} tokens" in page.truncated_label.text()
 
 
 def test_split_spin_box_sets_the_validation_split(qtbot, make_studio):
