@@ -51,7 +51,7 @@ def encode(r):
     full = tok.apply_chat_template(msgs + [{"role": "assistant", "content": r["output"]}], tokenize=False)
     pi = tok(p, add_special_tokens=False)["input_ids"]
     fi = tok(full, add_special_tokens=False)["input_ids"][: cfg["seq_len"]]
-    return {"input_ids": fi, "attention_mask": [1] * len(fi), "labels": [-100] * len(pi) + fi[len(pi):]}
+    return {"input_ids": fi, "attention_mask": [1] * len(fi), "labels": ([-100] * len(pi) + fi[len(pi):])[: len(fi)]}
 ds = Dataset.from_list([encode(r) for r in rows])
 ds = ds.train_test_split(test_size=cfg["validation_split"], seed=cfg["seed"])["train"]
 cuda = torch.cuda.is_available()
@@ -59,7 +59,8 @@ quant = {}
 if cfg["method"] == "qlora":
     from transformers import BitsAndBytesConfig
     quant = {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-             bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16), "device_map": {"": 0}}
+             bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16 if cuda else torch.float32),
+             "device_map": {"": 0 if cuda else "cpu"}}
 model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32, **quant)
 if quant:
     from peft import prepare_model_for_kbit_training
