@@ -155,6 +155,9 @@ class Case:
     """Run as the Trainer does with bf16/fp16 on: the forward under torch.autocast, the base loaded
     in the compute dtype for adapters and in fp32 for full tuning. Off: the model is held in the
     compute dtype and runs without autocast."""
+    answer: int = 0
+    """0: every token is a target (raw text). N: only each row's last N tokens are, and the step
+    runs as the worker's does, logits at the loss positions only; predicted with target_tokens=N."""
 
     @property
     def name(self) -> str:
@@ -162,7 +165,9 @@ class Case:
         tgt = "" if self.lora_targets == "all-linear" or self.method == "full" else f"[{self.lora_targets}]"
         tgt += f"(r{self.lora_rank}" + (f",p{self.lora_dropout})" if self.lora_dropout else ")") if self.method != "full" else ""
         amp = "+amp" if self.autocast else ""
-        return f"{self.arch}/{self.method}{tgt}{gc}/{self.attention}/s{self.seq_len}xb{self.batch}/{self.precision}{amp}"
+        answer = f"/answer{self.answer}" if self.answer else ""
+        return (f"{self.arch}/{self.method}{tgt}{gc}/{self.attention}/s{self.seq_len}xb{self.batch}/{self.precision}"
+                f"{amp}{answer}")
 
     def model_config(self) -> dict[str, Any]:
         return llama_config_dict() if self.arch == "llama" else dict(ARCH_CONFIGS[self.arch])
@@ -210,6 +215,9 @@ MATRIX: list[Case] = [
     Case("llama", "lora", False, "eager", 256, 1, precision="bf16"),
     Case("gpt_neox", "dora", True, "eager", 128, 1, precision="bf16"),
     Case("llama", "lora", False, "sdpa", 128, 1, lora_dropout=0.1),
+    # Instruction data: logits only at the answers' positions (backend/training/loss_positions.py).
+    Case("llama", "lora", False, "sdpa", 256, 2, answer=40),
+    Case("qwen2", "lora", True, "eager", 128, 2, answer=100),
     Case("gpt_neox_seq", "lora", False, "eager", 128, 2),
     Case("qwen2", "full", False, "eager", 256, 1),
     Case("qwen2", "lora", True, "sdpa", 128, 2, lora_targets="q_proj,k_proj,v_proj,o_proj"),
@@ -236,8 +244,9 @@ MATRIX: list[Case] = [
 ]
 """Thirty-nine configurations: well under a minute on one CPU thread."""
 
-QUICK = [MATRIX[0], MATRIX[7], MATRIX[12]]
-"""Three configurations for the test suite and --quick: LoRA eager, full+checkpointing SDPA, NeoX full."""
+QUICK = [MATRIX[0], MATRIX[7], MATRIX[12], next(case for case in MATRIX if case.answer)]
+"""Four configurations for the test suite and --quick: LoRA eager, full+checkpointing SDPA, NeoX
+full, and LoRA on instruction data (logits at the answers only)."""
 
 
 # --- building ---------------------------------------------------------------------------------
@@ -466,6 +475,8 @@ def measure(case: Case, device: str = "cpu") -> dict[str, Any]:
     model = build_model(case, device)
     vocab = case.model_config()["vocab_size"]
     tokens = case.batch * case.seq_len
+    if case.answer:
+        tokens = case.batch * min(case.answer, case.seq_len - 1)  # positions whose logits are computed
 
     params = list(model.parameters())  # shared (tied) parameters appear once
     named = list(model.named_parameters())
@@ -504,8 +515,14 @@ def measure(case: Case, device: str = "cpu") -> dict[str, Any]:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device, dtype=torch.bfloat16 if case.precision == "bf16" else torch.float16)
 
+    inputs = {"input_ids": input_ids, "labels": labels}
+    if case.answer:
+        from backend.training.loss_positions import keep_loss_positions
+
+        labels[:, : case.seq_len - case.answer] = -100
+        inputs = keep_loss_positions(inputs)
     with _SavedTensorMeter() as meter, amp():
-        out = model(input_ids=input_ids, labels=labels, use_cache=False)
+        out = model(**inputs, use_cache=False)
     for h in handles:
         h.remove()
 
@@ -636,7 +653,8 @@ def _find_node(node, prefix: str):
 
 def predict(case: Case, device: str = "cpu") -> Breakdown:
     """The estimator's answer for `case` (from the config dict alone, no torch)."""
-    return estimate(case.model_config(), case.run_config(), device=device, autocast=case.autocast)
+    return estimate(case.model_config(), case.run_config(), device=device, autocast=case.autocast,
+                    target_tokens=case.answer or None)
 
 
 def rel_error(predicted: int, measured: int) -> float:
@@ -683,7 +701,7 @@ def _fmt(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="three configurations only")
+    parser.add_argument("--quick", action="store_true", help="four configurations only")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--only", default="", help="run only cases whose name contains this text")

@@ -351,7 +351,7 @@ def _bench():
     return module
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_accuracy_slice_on_cpu(index):
     import torch
 
