@@ -115,6 +115,8 @@ def run_finetune(
 
     plan = plan_techniques(config, capabilities)  # refuses what cannot run here, before any loading
     reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))
+    peak_dtype = plan.load_dtype if plan.precision != "fp32" else torch.float32
+    peak = peak_flops(plan.device, peak_dtype)  # measured (once per machine) while the device is still empty
     set_phase("load")
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     model_path = check_model_folder(config)
@@ -135,8 +137,7 @@ def run_finetune(
     context = sum(len(r) for r in train_set["input_ids"]) / max(len(train_set), 1)  # mean example length
     callback.compiling = config.technique.torch_compile
     callback.flops_per_token = flops_per_token(model, context)
-    peak_dtype = plan.load_dtype if plan.precision != "fp32" else torch.float32
-    callback.peak_flops = peak_flops(plan.device, peak_dtype)
+    callback.peak_flops = peak
     if eval_set is not None and world_size() == 1:  # sharded ranks cannot generate on one process alone
         callback.sampler = SampleGenerator.for_run(config, tokenizer, eval_set, reporter)
     args = _training_arguments(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)

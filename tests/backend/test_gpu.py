@@ -71,3 +71,16 @@ def test_real_nvml_sees_the_card_and_this_process():
     assert device.used_bytes >= block.numel()
     assert device.process_bytes is None or device.process_bytes >= block.numel()
     sampler.close()
+
+
+def test_the_peak_measurement_leaves_no_memory_or_peak_behind(tmp_path, monkeypatch):
+    """MFU's one-off 8192^2 matmuls (~400 MB) must not show as the run's peak, nor stay reserved."""
+    import torch
+
+    from backend.training.mfu import peak_flops
+
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(tmp_path))  # an empty cache: the measurement runs
+    before, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    assert peak_flops("cuda", torch.bfloat16) > 1e12
+    assert torch.cuda.max_memory_allocated() - before < 2**20
+    assert torch.cuda.memory_reserved() <= reserved + 64 * 2**20
