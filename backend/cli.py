@@ -124,8 +124,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         from backend.training.dataset_profile import DatasetProfile
 
         answer = DatasetProfile.read(config.data.path, config.model.path, config.data.format, limit=None).longest_answer()
+    from backend.cpu_features import native_bf16
+
     breakdown = estimate(config.resolved_model_path(), config, num_gpus=args.gpus, zero_stage=args.zero_stage,
-                         device=args.device, target_tokens=answer)
+                         device=args.device, target_tokens=answer, cpu_bf16=native_bf16())
     if args.json:
         print(json.dumps(breakdown.to_json()))
     else:

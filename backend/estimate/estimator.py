@@ -34,6 +34,7 @@ def estimate(
     bf16_supported: bool = True,
     autocast: bool | None = None,
     target_tokens: int | None = None,
+    cpu_bf16: bool = False,
 ) -> Breakdown:
     """Estimate the memory of one training step of `run` on one device.
 
@@ -56,6 +57,10 @@ def estimate(
     tokens; every token of raw text). The worker projects logits only at loss positions, so a
     micro-batch holds at most micro_batch x min(seq_len, target_tokens) of them. None: every
     position, the worst case, for data not measured.
+
+    cpu_bf16: this CPU multiplies bf16 natively (backend.cpu_features.native_bf16(), which callers
+    pass for a CPU run). With device "cpu", precision auto and method lora, the worker then holds
+    the adapted linears' frozen weights (and biases) in bf16 (lora_matmul.py): 2 bytes each, not 4.
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -94,6 +99,13 @@ def estimate(
         storage[w_dtype] += unquantized * s.w_e
     else:
         storage[w_dtype] += counts.total * s.w_e
+        if device == "cpu" and cpu_bf16 and w_dtype == "fp32" and t.precision == "auto" and t.method == "lora" \
+                and run.hardware.strategy in ("single", "ddp"):
+            held = sum(lin.inp * lin.out + (lin.out if lin.bias else 0)
+                       for lin in layer_linears(arch, d) if lin.role in s.targets) * d.layers
+            storage["fp32"] -= held * 4
+            storage["bf16"] += held * 2
+            storage["bf16_base"] = True
     storage["fp32"] += buffers
     weights = sum(v for k, v in storage.items() if isinstance(v, int) and not isinstance(v, bool))
 

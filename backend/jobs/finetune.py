@@ -115,7 +115,8 @@ def run_finetune(
 
     plan = plan_techniques(config, capabilities)  # refuses what cannot run here, before any loading
     reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))
-    peak_dtype = plan.load_dtype if plan.precision != "fp32" else torch.float32
+    # The peak of the precision the products run in (the frozen base's, where they are bf16 on the CPU).
+    peak_dtype = plan.load_dtype if plan.precision != "fp32" else (torch.bfloat16 if plan.bf16_base else torch.float32)
     peak = peak_flops(plan.device, peak_dtype)  # measured (once per machine) while the device is still empty
     set_phase("load")
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
@@ -152,7 +153,9 @@ def run_finetune(
     callback.trainer = trainer
     t = config.technique
     if plan.device == "cpu" and plan.precision == "fp32":  # before LastLayerRows, which must wrap it
-        log.info("%d LoRA layers multiply rank-first (lora_matmul.py)", LoraMatmul().install(model))
+        patched = LoraMatmul(bf16_base=plan.bf16_base).install(model)
+        log.info("%d LoRA layers multiply rank-first%s (lora_matmul.py)", patched,
+                 ", their frozen base products in bf16" if plan.bf16_base else "")
     if not (t.liger_kernel or t.torch_compile) and config.hardware.strategy in ("single", "ddp"):
         rows = LastLayerRows()
         if rows.install(model):

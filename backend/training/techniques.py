@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.config import RunConfig
+from backend.cpu_features import native_bf16
 from backend.errors import JobError
 from backend.protocol import Capabilities
 
@@ -32,9 +33,13 @@ class TechniquePlan:
     optimizer: str  # a TrainingArguments.optim name
     quantization: str | None  # nf4 | int8 | None
     notes: list[str] = field(default_factory=list)
+    # CPU, precision auto, LoRA: the frozen base's weights held in bf16 and its products run in bf16
+    # (adapters, activations, loss and optimizer stay fp32); see lora_matmul.py.
+    bf16_base: bool = False
 
     def summary(self) -> str:
-        parts = [f"device {self.device}", f"precision {self.precision}", f"attention {self.attention}",
+        precision = self.precision + (" (base products bf16)" if self.bf16_base else "")
+        parts = [f"device {self.device}", f"precision {precision}", f"attention {self.attention}",
                  f"optimizer {self.optimizer}"]
         if self.quantization:
             parts.append(f"base weights {self.quantization}")
@@ -181,6 +186,11 @@ def plan_techniques(config: RunConfig, caps: Capabilities) -> TechniquePlan:
         load_dtype = torch.float32
     else:
         load_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    plan = TechniquePlan(device, precision, load_dtype, attention, optimizer, quantization, notes)
+    bf16_base = (device == "cpu" and t.precision == "auto" and t.method == "lora"
+                 and config.hardware.strategy in ("single", "ddp") and native_bf16())
+    if bf16_base:
+        notes.append("precision auto -> fp32, with the frozen base's products in bf16 (this CPU multiplies "
+                     "bf16 natively); set precision fp32 to keep them fp32")
+    plan = TechniquePlan(device, precision, load_dtype, attention, optimizer, quantization, notes, bf16_base)
     log.info("technique plan: %s", plan.summary())
     return plan

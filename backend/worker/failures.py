@@ -61,7 +61,9 @@ def predicted_bytes(config: RunConfig) -> int | None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         except ImportError:
             pass
-        return int(estimate(config.resolved_model_path(), config, device=device).total_bytes)
+        from backend.cpu_features import native_bf16
+
+        return int(estimate(config.resolved_model_path(), config, device=device, cpu_bf16=native_bf16()).total_bytes)
     except Exception as exc:  # the estimate must never hide the real failure
         log.warning("no estimate for the out-of-memory report: %s", exc)
         return None

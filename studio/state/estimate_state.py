@@ -76,6 +76,7 @@ class EstimateState(QObject):
             self._timer.start()
 
     def recompute(self) -> None:
+        from backend.cpu_features import native_bf16
         from backend.estimate import estimate  # pure Python; imported when first needed
 
         self._timer.stop()
@@ -85,7 +86,7 @@ class EstimateState(QObject):
             zero_stage = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}.get(hardware.strategy, 0)
             self.breakdown = estimate(config.model.path, config, device=self.device,  # type: ignore[arg-type]
                                       num_gpus=hardware.num_processes, zero_stage=zero_stage,
-                                      target_tokens=self.longest_answer)
+                                      target_tokens=self.longest_answer, cpu_bf16=native_bf16())
             self.problem = ""
         except (ConfigError, ValueError, OSError, KeyError, TypeError, ZeroDivisionError) as exc:
             self.breakdown, self.problem = None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__

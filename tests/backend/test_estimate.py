@@ -364,3 +364,30 @@ def test_accuracy_slice_on_cpu(index):
         assert abs(err) <= bench.TOLERANCE or (predicted == measured == 0), f"{case.name}: {part} {predicted} vs {measured}"
     assert rows["activations"][1] > 0 and rows["logits"][1] > 0 and rows["weights"][1] > 0
     assert math.isfinite(rows["activations"][2])
+
+
+def test_cpu_bf16_base_weights_are_the_bytes_the_worker_holds(bundled_model):
+    """On a CPU with native bf16 (precision auto, LoRA) the worker holds the adapted linears' frozen
+    weights in bf16: the estimate's weights are the model's real parameter bytes after that."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from backend.training.lora_matmul import LoraMatmul
+
+    run = RunConfig.load(ROOT / "resources/presets/tiny_lora.yaml")
+    fp32 = estimate(bundled_model, run, device="cpu")
+    mixed = estimate(bundled_model, run, device="cpu", cpu_bf16=True)
+    model = AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    LoraMatmul(bf16_base=True).install(model)
+    held = sum(t.numel() * t.element_size() for n, t in model.named_parameters() if "lora_" not in n)
+    held += sum(b.numel() * b.element_size() for b in model.buffers())
+    assert mixed.weights == held
+    linears = 4 * 256 * (256 + 128 + 128 + 256 + 3 * 768)
+    assert fp32.weights - mixed.weights == 2 * linears
+    for override in (["technique.precision=fp32"], ["technique.method=dora"]):
+        other = RunConfig.load(ROOT / "resources/presets/tiny_lora.yaml", override)
+        assert estimate(bundled_model, other, device="cpu", cpu_bf16=True).weights == \
+            estimate(bundled_model, other, device="cpu").weights
+    assert estimate(bundled_model, run, device="cuda", cpu_bf16=True).breakdown() == estimate(bundled_model, run, device="cuda").breakdown()

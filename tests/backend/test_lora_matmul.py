@@ -84,3 +84,61 @@ def test_adapter_weights_keep_their_names(bundled_model):
     before = set(get_peft_model_state_dict(model))
     LoraMatmul().install(model)
     assert set(get_peft_model_state_dict(model)) == before
+
+
+def test_bf16_base_stays_close_to_fp32_and_keeps_adapters_fp32(bundled_model, monkeypatch):
+    """The frozen base in bf16 (the plan's choice on a CPU with native bf16): bf16 rounding, no more."""
+    from backend.training.lora_matmul import Bf16Product
+
+    model = _peft_model(bundled_model)
+    model.train()
+    ids = torch.randint(10, 200, (2, 24), generator=torch.Generator().manual_seed(1))
+    fp32_loss, fp32_grads = _loss_and_grads(model, ids)
+    calls = []
+    original = Bf16Product.apply
+    monkeypatch.setattr(Bf16Product, "apply", lambda *a: calls.append(1) or original(*a))
+    assert LoraMatmul(bf16_base=True).install(model) == 28
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert layer.base_layer.weight.dtype == torch.bfloat16 and layer.lora_A["default"].weight.dtype == torch.float32
+    assert model.base_model.model.model.embed_tokens.weight.dtype == torch.float32  # only the adapted linears
+    loss, grads = _loss_and_grads(model, ids)
+    assert len(calls) == 28
+    assert abs(loss - fp32_loss) / fp32_loss < 5e-3
+    cosine = torch.nn.functional.cosine_similarity(grads, fp32_grads, dim=0)
+    assert cosine > 0.999, cosine
+    assert ((grads - fp32_grads).norm() / fp32_grads.norm()) < 0.05
+
+
+def test_bf16_product_is_the_product_of_the_rounded_operands():
+    from backend.training.lora_matmul import Bf16Product
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 32, generator=g, requires_grad=True)
+    w = torch.randn(16, 32, generator=g).to(torch.bfloat16)
+    out = Bf16Product.apply(x, w)
+    assert out.dtype == torch.float32
+    reference = x.detach().to(torch.bfloat16).double() @ w.double().t()
+    assert (out.double() - reference).abs().max() < 0.05  # the output's own bf16 rounding
+    grad = torch.randn(9, 16, generator=g)
+    out.backward(grad)
+    assert x.grad.dtype == torch.float32
+    assert (x.grad.double() - grad.to(torch.bfloat16).double() @ w.double()).abs().max() < 0.05
+
+
+def test_bf16_base_falls_back_to_peft_in_bf16(monkeypatch):
+    """Adapters off (or any case not plain): peft's forward runs on the bf16 base, a bias too, and
+    hands back the caller's dtype."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 16, bias=True))
+    reference = net[0](torch.ones(2, 32)).detach()
+    model = get_peft_model(net, LoraConfig(r=4, target_modules=["0"]))
+    assert LoraMatmul(bf16_base=True).install(model) == 1
+    x = torch.ones(2, 32)
+    out = model(x)  # plain path: bias added in fp32 after the bf16 product
+    assert out.dtype == torch.float32 and (out - reference).abs().max() < 0.05  # B starts at zero
+    monkeypatch.setattr(lora_matmul.LoraProduct, "apply", lambda *a: pytest.fail("the rank-first path ran"))
+    with model.disable_adapter():
+        off = model(x)
+    assert off.dtype == torch.float32 and (off - reference).abs().max() < 0.05

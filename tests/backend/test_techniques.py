@@ -121,6 +121,24 @@ def test_auto_choices_are_reported():
     assert with_flash.attention == "flash_attention_2"
 
 
+@pytest.mark.parametrize("override, native, expected", [
+    ([], True, True),
+    ([], False, False),  # no AVX512-BF16/AMX: bf16 would be emulated, slower than fp32
+    (["technique.precision=fp32"], True, False),  # asked for fp32: fp32 everywhere
+    (["technique.method=dora"], True, False),  # DoRA runs peft's own forward
+    (["technique.method=full"], True, False),  # the base is trained: fp32 weights
+])
+def test_cpu_base_products_in_bf16_only_where_native_and_asked_auto(monkeypatch, override, native, expected):
+    monkeypatch.setattr(techniques, "native_bf16", lambda: native)
+    plan = plan_techniques(RunConfig.load(PRESET, override), CPU)
+    assert plan.bf16_base is expected
+    assert ("base products bf16" in plan.summary()) is expected
+    if expected:
+        assert plan.precision == "fp32" and plan.load_dtype == torch.float32
+    gpu = plan_techniques(RunConfig.load(PRESET, override), GPU_NO_FLASH)
+    assert gpu.bf16_base is False
+
+
 def test_paged_optimizer_falls_back_with_a_note():
     plan = plan_techniques(RunConfig.load(PRESET, ["technique.optimizer=paged_adamw_8bit"]), CPU)
     assert plan.optimizer == "adamw_bnb_8bit"
@@ -211,6 +229,7 @@ def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch)
     from backend.training.last_layer_rows import LastLayerRows
     from backend.training.lora_matmul import LoraMatmul
 
+    monkeypatch.setattr(techniques, "native_bf16", lambda: False)  # exact fp32; bf16 products: next test
     shortcut, _ = run_steps(tmp_path / "a", [])
     checkpointed, _ = run_steps(tmp_path / "b", ["technique.gradient_checkpointing=true"])
     monkeypatch.setattr(counting_trainer, "supports_loss_positions", lambda model: False)
@@ -221,6 +240,22 @@ def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch)
     assert len(plain) == 3
     for losses in (shortcut, checkpointed):
         assert max(abs(a - b) for a, b in zip(losses, plain)) < 1e-5, (losses, plain)
+
+
+def test_bf16_base_products_train_as_fp32_does(bundled_model, tmp_path, monkeypatch):
+    """The CPU's bf16 base products (forced on here, so that a CPU without native bf16 tests them too):
+    the same losses as exact fp32 within bf16 rounding, and the base's products really ran in bf16."""
+    from backend.training import lora_matmul
+
+    monkeypatch.setattr(techniques, "native_bf16", lambda: True)
+    calls = []
+    original = lora_matmul.Bf16Product.apply
+    monkeypatch.setattr(lora_matmul.Bf16Product, "apply", lambda *a: calls.append(1) or original(*a))
+    mixed, finished = run_steps(tmp_path / "a", [])
+    assert calls and 0 < finished["mfu"] < 1.5
+    exact, _ = run_steps(tmp_path / "b", ["technique.precision=fp32"])
+    assert len(mixed) == len(exact) == 3
+    assert max(abs(a - b) / b for a, b in zip(mixed, exact)) < 5e-3, (mixed, exact)
 
 
 def test_sdpa_packed_generates_as_sdpa_does(bundled_model):
