@@ -68,7 +68,7 @@ class TechniqueSection(_Section):
     attention: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
     """Attention kernel: flash_attention_2 and sdpa never store the seq_len x seq_len score matrix (eager does), flash_attention_2 needs the flash-attn package and bf16/fp16; auto picks the best available."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    """Number format for the forward and backward pass: bf16/fp16 halve weights and activations (an fp32 master copy keeps full tuning accurate), fp32 costs twice the memory; auto is bf16 on a GPU that has it, else fp32."""
+    """Number format for the forward and backward pass: bf16/fp16 halve weights and activations (an fp32 master copy keeps full tuning accurate), fp32 costs twice the memory; auto is bf16 on a GPU that has it, else fp32, except that LoRA on a CPU that multiplies bf16 natively (AVX512-BF16/AMX) holds the frozen base in bf16 and runs its products in bf16 (~1.2x a step; adapters, activations and loss stay fp32); fp32 keeps everything fp32."""
     packing: bool = True
     """Padding-free packing: a batch is one row of whole examples with position ids restarting per
     example, so no compute goes to padding and no example attends to another; off pads each batch
