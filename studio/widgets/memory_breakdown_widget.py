@@ -58,6 +58,16 @@ def logits_note(details: dict) -> str:
             f"{answer:,} tokens (measured on every example), and logits are computed only where the loss is.")
 
 
+def weights_note(details: dict) -> str:
+    """Why the weights are smaller than 4 bytes per parameter on a CPU run, when they are."""
+    weights = details.get("weights") or {}
+    if not weights.get("bf16_base"):
+        return ""
+    return (f"The adapted layers' frozen weights are held in bf16 ({human_bytes(weights.get('bf16', 0))}), the rest "
+            f"in fp32 ({human_bytes(weights.get('fp32', 0))}): this CPU multiplies bf16 natively, so with precision "
+            "auto the base's products run in bf16. Precision fp32 keeps every weight in fp32.")
+
+
 def _swatch(color: str) -> QIcon:
     pixmap = QPixmap(12, 12)
     pixmap.fill(QColor(color))
@@ -166,6 +176,8 @@ class MemoryBreakdownWidget(QWidget):
             label = QTableWidgetItem(PART_WORDS.get(name, name) if name in PART_COLORS else "Total")
             if name == "logits":
                 label.setToolTip(logits_note(breakdown.details or {}))
+            elif name == "weights":
+                label.setToolTip(weights_note(breakdown.details or {}))
             if name in PART_COLORS:
                 label.setIcon(_swatch(PART_COLORS[name]))
             else:

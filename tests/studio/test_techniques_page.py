@@ -107,3 +107,23 @@ def test_an_impossible_combination_is_named_and_refused(qtbot, make_studio):
     assert not studio.client.is_running()
     assert "Cannot start" in studio.train_page.status_label.text()
     qtbot.waitUntil(lambda: "No estimate" in page.breakdown.verdict_label.text(), timeout=3000)
+
+
+def test_cpu_weights_follow_native_bf16(qtbot, make_studio, monkeypatch):
+    """On a CPU run the estimate asks the CPU's flags: native bf16 halves the adapted linears'
+    weights (as the worker holds them) and the weights row says so; without it, all fp32."""
+    import backend.cpu_features
+
+    sizes = {}
+    for native in (False, True):
+        monkeypatch.setattr(backend.cpu_features, "native_bf16", lambda native=native: native)
+        studio = make_studio()
+        page, estimate = studio.pages["techniques"], studio.estimate
+        assert estimate.device == "cpu"
+        estimate.recompute()
+        sizes[native] = page.breakdown.part_sizes()["weights"]
+        row = [page.breakdown.table.item(r, 0).text() for r in range(page.breakdown.table.rowCount())].index("Weights")
+        tip = page.breakdown.table.item(row, 0).toolTip()
+        assert ("held in bf16" in tip) is native
+    linears = 4 * 256 * (256 + 128 + 128 + 256 + 3 * 768)  # the bundled model's adapted linears
+    assert sizes[False] - sizes[True] == 2 * linears
