@@ -239,6 +239,11 @@ def main() -> int:
     for name, value in medians.items():
         print(f"median {name:26} {value:10,.0f} useful tokens/s")
     print(f"ratio studio/baseline (default threads): {medians['studio (default threads)'] / medians['baseline']:.2f}x")
+    # Each round's two runs are adjacent in time, so their ratio cancels the drift of a shared host
+    # that moves both medians (same-code runs here differ by up to 35% minutes apart).
+    paired = [a / c for a, c in zip(results["studio (default threads)"], results["baseline"])]
+    print(f"ratio per round (default threads):       median {statistics.median(paired):.2f}x, "
+          f"range {min(paired):.2f}-{max(paired):.2f}x")
     if cuda:
         studio_peak, baseline_peak = max(peaks["studio"] or [0]), max(peaks["baseline"] or [0])
         print(f"peak memory: studio {gib(studio_peak)}, baseline {gib(baseline_peak)}"
