@@ -256,6 +256,8 @@ def test_bf16_base_products_train_as_fp32_does(bundled_model, tmp_path, monkeypa
     exact, _ = run_steps(tmp_path / "b", ["technique.precision=fp32"])
     assert len(mixed) == len(exact) == 3
     assert max(abs(a - b) / b for a, b in zip(mixed, exact)) < 5e-3, (mixed, exact)
+    recomputed, _ = run_steps(tmp_path / "c", ["technique.gradient_checkpointing=true"])
+    assert max(abs(a - b) for a, b in zip(recomputed, mixed)) < 1e-5  # recomputation runs the same bf16 products
 
 
 def test_sdpa_packed_generates_as_sdpa_does(bundled_model):
