@@ -27,15 +27,22 @@ def _loss_and_grads(model, ids):
     return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_same_loss_and_gradients_as_peft(bundled_model, monkeypatch, dropout):
-    model = _peft_model(bundled_model, lora_dropout=dropout)
+def _reference_then_count(bundled_model, monkeypatch, function, **lora_kwargs):
+    """peft's own loss and gradients on a fixed batch, then `function.apply` counted from here on."""
+    model = _peft_model(bundled_model, **lora_kwargs)
     model.train()
     ids = torch.randint(10, 200, (2, 24), generator=torch.Generator().manual_seed(1))
-    peft_loss, peft_grads = _loss_and_grads(model, ids)
+    loss, grads = _loss_and_grads(model, ids)
     calls = []
-    original = LoraProduct.apply
-    monkeypatch.setattr(LoraProduct, "apply", lambda *a: calls.append(1) or original(*a))
+    original = function.apply
+    monkeypatch.setattr(function, "apply", lambda *a: calls.append(1) or original(*a))
+    return model, ids, loss, grads, calls
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_same_loss_and_gradients_as_peft(bundled_model, monkeypatch, dropout):
+    model, ids, peft_loss, peft_grads, calls = _reference_then_count(bundled_model, monkeypatch, LoraProduct,
+                                                                     lora_dropout=dropout)
     assert LoraMatmul().install(model) == 4 * 7  # every linear of the 4 layers; the tied head is not adapted
     loss, grads = _loss_and_grads(model, ids)
     assert len(calls) == 28
@@ -90,13 +97,7 @@ def test_bf16_base_stays_close_to_fp32_and_keeps_adapters_fp32(bundled_model, mo
     """The frozen base in bf16 (the plan's choice on a CPU with native bf16): bf16 rounding, no more."""
     from backend.training.lora_matmul import Bf16Product
 
-    model = _peft_model(bundled_model)
-    model.train()
-    ids = torch.randint(10, 200, (2, 24), generator=torch.Generator().manual_seed(1))
-    fp32_loss, fp32_grads = _loss_and_grads(model, ids)
-    calls = []
-    original = Bf16Product.apply
-    monkeypatch.setattr(Bf16Product, "apply", lambda *a: calls.append(1) or original(*a))
+    model, ids, fp32_loss, fp32_grads, calls = _reference_then_count(bundled_model, monkeypatch, Bf16Product)
     assert LoraMatmul(bf16_base=True).install(model) == 28
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     assert layer.base_layer.weight.dtype == torch.bfloat16 and layer.lora_A["default"].weight.dtype == torch.float32
