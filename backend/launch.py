@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from backend.config import RunConfig
+from backend.cpu_features import RUNTIME_ENV
 from backend.protocol import StartJob, encode
 from backend.runs import RunFolder
 
@@ -26,12 +27,12 @@ def worker_command(python: str | None = None) -> list[str]:
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the worker.
 
-    OMP_WAIT_POLICY=PASSIVE stops idle OpenMP threads spinning: on a 2-core desktop, spinning
-    threads starved the GUI and a competing busy core cut training from ~10k to ~200 tokens/s.
+    RUNTIME_ENV (cpu_features.py): passive OpenMP waits, and bounded oneDNN kernel caches.
     HF_HUB_OFFLINE keeps the worker off the network unless the user asks for a download.
     """
     env = dict(os.environ if base is None else base)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    for name, value in RUNTIME_ENV.items():
+        env.setdefault(name, value)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -20,7 +20,10 @@ def _take_protocol_stream():
 
 def main() -> int:
     protocol_out = _take_protocol_stream()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from backend.cpu_features import RUNTIME_ENV  # torch-free
+
+    for name, value in RUNTIME_ENV.items():
+        os.environ.setdefault(name, value)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pathlib import Path
