@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backend.config import RunConfig
 
 _NATIVE = ("avx512_bf16", "amx_bf16")
 
 # Set in the worker's environment before torch loads (launch.worker_env, and worker/__main__ for a
 # worker started by hand); a value the user already set wins.
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning. Spinning starved the GUI
-# on a 2-core desktop, and with one core busy elsewhere it took a 2-thread step from 46 to 502 ms.
+# on a 2-core desktop; a short spin made a 2-thread step 46 ms on a quiet machine and 502 ms with
+# one core busy elsewhere (passive: 88 and 72 ms).
 # The two cache capacities: oneDNN compiles a kernel for every new matrix shape, and packed rows
 # change length every step, so its bf16 products (the CPU's bf16 base) kept a compiled kernel for
 # each length: torch's ideep cache and oneDNN's own (1,024 entries each by default) grew a process
@@ -42,3 +47,11 @@ def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
             flags = set(line.partition(":")[2].split())
             return any(flag in flags for flag in _NATIVE)
     return False
+
+
+def bf16_base(run: RunConfig, device: str, native: bool) -> bool:
+    """Whether a run holds its frozen base in bf16 on the CPU (lora_matmul.py): the worker's plan and
+    the estimate ask the same question. Only plain LoRA at precision auto (fp32 asked means fp32),
+    on one process or DDP (the sharded strategies flatten parameters of one dtype)."""
+    return (device == "cpu" and native and run.technique.precision == "auto" and run.technique.method == "lora"
+            and run.hardware.strategy in ("single", "ddp"))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from backend.config import RunConfig
+from backend.cpu_features import bf16_base
 from backend.estimate.activations import activation_bytes, attention_kernel
 from backend.estimate.architectures import Arch, Dims, ParamCounts, count_params, layer_linears, load_model_config, read_dims
 from backend.estimate.breakdown import MIB, Breakdown
@@ -99,8 +100,7 @@ def estimate(
         storage[w_dtype] += unquantized * s.w_e
     else:
         storage[w_dtype] += counts.total * s.w_e
-        if device == "cpu" and cpu_bf16 and w_dtype == "fp32" and t.precision == "auto" and t.method == "lora" \
-                and run.hardware.strategy in ("single", "ddp"):
+        if bf16_base(run, device, cpu_bf16):
             held = sum(lin.inp * lin.out + (lin.out if lin.bias else 0)
                        for lin in layer_linears(arch, d) if lin.role in s.targets) * d.layers
             storage["fp32"] -= held * 4

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.config import RunConfig
+from backend.cpu_features import bf16_base as cpu_bf16_base
 from backend.cpu_features import native_bf16
 from backend.errors import JobError
 from backend.protocol import Capabilities
@@ -186,8 +187,7 @@ def plan_techniques(config: RunConfig, caps: Capabilities) -> TechniquePlan:
         load_dtype = torch.float32
     else:
         load_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    bf16_base = (device == "cpu" and t.precision == "auto" and t.method == "lora"
-                 and config.hardware.strategy in ("single", "ddp") and native_bf16())
+    bf16_base = cpu_bf16_base(config, device, device == "cpu" and native_bf16())
     if bf16_base:
         notes.append("precision auto -> fp32, with the frozen base's products in bf16 (this CPU multiplies "
                      "bf16 natively); set precision fp32 to keep them fp32")
