@@ -53,8 +53,11 @@ def flops_per_token(model: Any, context: float) -> float:
 def _measure(device: str, dtype: torch.dtype) -> float:
     """Best of several timed matmuls: a busy moment can only make one trial slower, never faster."""
     size = 8192 if device == "cuda" else 1536
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    # Its own generator: the global random state is the run's (dropout, data order), and a peak
+    # measured mid-run (a new thread count) must not move it.
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
     a @ b
     best = 0.0
     for _ in range(8 if device == "cuda" else 6):

@@ -22,3 +22,14 @@ def test_frozen_weights_count_four_flops_and_trained_six(bundled_model):
     adapters = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     assert matmul_params(lora) == (adapters, linears)
     assert flops_per_token(lora, 100) == 4.0 * linears + 6.0 * adapters + attention
+
+
+def test_measuring_the_peak_leaves_the_runs_random_state_alone():
+    # The worker re-measures the peak after choosing its thread count, mid-run: dropout and data
+    # order must come out as if it had not.
+    from backend.training.mfu import _measure
+
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    assert _measure("cpu", torch.float32) > 0
+    assert torch.equal(torch.get_rng_state(), before)
