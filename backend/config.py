@@ -132,7 +132,8 @@ class TrainSection(_Section):
     seed: int = 42
     """Seed for weights of new adapters, data order and dropout: same seed, same run."""
     cpu_threads: int = Field(default=0, ge=0)
-    """Torch CPU threads; 0 means all cores but one, so the desktop stays responsive."""
+    """Torch CPU threads; 0 means measured: at most all cores but one (the desktop stays
+    responsive), fewer where one training pass of this model runs faster on fewer (thread_choice.py)."""
 
 
 class ExportSection(_Section):

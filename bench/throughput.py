@@ -11,8 +11,9 @@ not counted, for either side. Prints each run, the medians and the ratio (studio
     python bench/throughput.py --model-size 0.6b --data tests/fixtures/peer-data/alpaca_en_demo.json \
         --seq-len 1024 --method qlora --rounds 2
 
-The studio side runs with its default threads (all cores but one, so the desktop keeps a core, and
-OMP_WAIT_POLICY=PASSIVE) and with as many threads as the baseline uses; the baseline runs with its
+The studio side runs with its default threads (at most all cores but one, so the desktop keeps a
+core, fewer where a measured training pass is faster on fewer; OMP_WAIT_POLICY=PASSIVE) and pinned
+to as many threads as the baseline uses; the baseline runs with its
 defaults (every core, OpenMP's spinning wait) and with the studio's default thread count. The
 headline ratio is defaults against defaults; the equal-threads ratio shows what the training path
 itself gains, apart from the core the studio leaves to the desktop. On a GPU both sides run their
@@ -119,9 +120,11 @@ def run_studio(preset: Path, overrides: list[str]) -> dict:
     last = [e for e in events if e["type"] == "MetricsLogged"][-1]
     losses = [e["loss"] for e in events if e["type"] == "MetricsLogged"]
     peaks = [(e.get("memory") or {}).get("peak_bytes") for e in events if e["type"] == "MetricsLogged"]
+    chosen = [e["detail"] for e in events if e["type"] == "PhaseChanged" and e["phase"] == "threads"]
+    threads = int(chosen[-1].split()[0]) if chosen and chosen[-1][:1].isdigit() else None  # measured count
     return {**terminal, "reported_tokens_per_s": terminal["tokens_per_s"],
             "tokens_per_s": last["tokens_seen"] / last["elapsed_s"], "losses": losses,
-            "peak_bytes": max((p for p in peaks if p), default=None)}
+            "peak_bytes": max((p for p in peaks if p), default=None), "threads": threads}
 
 
 MODEL_SIZES = {
@@ -223,6 +226,7 @@ def main() -> int:
             peaks["baseline"].append(c["peak_bytes"])
             line += f", peak memory studio {gib(a['peak_bytes'])}, baseline {gib(c['peak_bytes'])}"
         else:
+            studio_threads = a["threads"] or default_threads()  # the count its thread choice kept
             b = run_studio(Path(args.preset), common + [f"train.cpu_threads={base_threads}"])
             d = run_baseline(params, threads=studio_threads)
             results["studio (same threads)"].append(b["tokens_per_s"])

@@ -31,6 +31,7 @@ PHASE_WORDS = {
     "load_model": "Loading the model",
     "load_data": "Loading the data",
     "tokenize": "Tokenizing",
+    "threads": "CPU threads",
     "train": "Training",
     "eval": "Evaluating",
     "save": "Saving",
