@@ -21,22 +21,27 @@ CPU = Capabilities(cuda=False, bitsandbytes="0.50.2")
 GPU_NO_FLASH = Capabilities(cuda=True, bf16=True, flash_attn=False)
 
 
-def run_steps(tmp_path, overrides: list[str]) -> tuple[list[float], dict]:
-    """Run the fine-tune job in-process for 3 steps; returns the losses and the JobFinished event."""
+def run_job(tmp_path, overrides: list[str], name: str = "run") -> list:
+    """Run the fine-tune job in-process for 3 small steps; returns every event it wrote."""
     from backend.jobs.finetune import run_finetune
     from backend.protocol import decode_event
 
     config = RunConfig.load(PRESET, ["train.max_steps=3", "train.save_steps=100", "data.max_examples=48",
                                      "train.seq_len=128", "train.micro_batch_size=4", "data.validation_split=0",
                                      *overrides])
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / name
     run_dir.mkdir(parents=True)
     stream = io.StringIO()
     reporter = Reporter(stream)
     reporter.attach_run(run_dir)
     run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=CPU)
     reporter.close()
-    events = [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def run_steps(tmp_path, overrides: list[str]) -> tuple[list[float], dict]:
+    """Run the fine-tune job in-process for 3 steps; returns the losses and the JobFinished event."""
+    events = run_job(tmp_path, overrides)
     losses = [e.loss for e in events if e.type == "MetricsLogged"]
     return losses, events[-1].model_dump()
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 
@@ -56,24 +54,10 @@ def test_one_thread_measures_nothing_and_a_slow_pass_stops_measuring():
 
 
 def _run(tmp_path, name: str, threads: int, overrides: list[str]) -> tuple[list[float], list[str]]:
-    from backend.config import RunConfig
-    from backend.jobs.finetune import run_finetune
-    from backend.protocol import Capabilities, decode_event
-    from backend.worker.reporter import Reporter
-    from backend.worker.stop_listener import StopListener
-    from tests.conftest import PRESET
+    from tests.backend.test_techniques import run_job
 
     torch.set_num_threads(threads)
-    config = RunConfig.load(PRESET, ["train.max_steps=3", "train.save_steps=100", "data.max_examples=48",
-                                     "train.seq_len=128", "train.micro_batch_size=4", "data.validation_split=0",
-                                     "technique.lora_dropout=0.1", *overrides])
-    run_dir = tmp_path / name
-    run_dir.mkdir()
-    reporter = Reporter(io.StringIO())
-    reporter.attach_run(run_dir)
-    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=Capabilities(cuda=False))
-    reporter.close()
-    events = [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = run_job(tmp_path, ["technique.lora_dropout=0.1", *overrides], name)
     return ([e.loss for e in events if e.type == "MetricsLogged"],
             [e.detail for e in events if e.type == "PhaseChanged" and e.phase == "threads"])
 
