@@ -58,6 +58,29 @@ class CountingTrainer(Trainer):
             set_phase("backward")
         return result
 
+    # Per-step bookkeeping that walks the whole module tree (peft's ~340 modules on the bundled model)
+    # for numbers that do not change during a run: 1.7 ms of a 57 ms step, measured. Counted once.
+    _flos_parameters: int | None = None
+    _trained_parameters: list | None = None
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """The Trainer's own estimate (6 x input tokens x non-embedding parameters), the count cached."""
+        main = getattr(self.model, "main_input_name", "input_ids")
+        if main not in inputs or not hasattr(self.model, "num_parameters"):
+            return 0
+        if self._flos_parameters is None:
+            self._flos_parameters = self.model.num_parameters(exclude_embeddings=True)
+        return 6 * inputs[main].numel() * self._flos_parameters
+
+    def _clip_grad_norm(self, model: Any):
+        """The same norm over the parameters that can have gradients, without re-walking the frozen ones.
+        FSDP and DeepSpeed keep the Trainer's path: their clipping must see the wrapped model's own list."""
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled or self._has_mixed_mesh_grads(model):
+            return super()._clip_grad_norm(model)
+        if self._trained_parameters is None:
+            self._trained_parameters = [p for p in model.parameters() if p.requires_grad]
+        return self.accelerator.clip_grad_norm_(self._trained_parameters, self.args.max_grad_norm)
+
     def evaluate(self, *args: Any, **kwargs: Any):
         set_phase("evaluation")
         return super().evaluate(*args, **kwargs)

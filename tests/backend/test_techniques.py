@@ -290,3 +290,24 @@ def test_sdpa_loads_as_sdpa_packed_except_under_compile():
     assert _attention_implementation("sdpa", compiled=True) == "sdpa"  # no recompiles per packing
     assert _attention_implementation("eager") == "eager"
     assert _attention_implementation("flash_attention_2") == "flash_attention_2"
+
+
+def test_the_trainers_bookkeeping_shortcuts_change_no_figure(tmp_path, monkeypatch):
+    """The cached parameter count and the trainable-only clip list give the Trainer's own numbers."""
+    from transformers import Trainer
+
+    from backend.training.counting_trainer import CountingTrainer
+
+    seen: list[float] = []
+    original_flops = CountingTrainer.floating_point_ops
+    monkeypatch.setattr(CountingTrainer, "floating_point_ops",
+                        lambda self, inputs: seen.append(original_flops(self, inputs)) or seen[-1])
+    fast = [(e.loss, e.grad_norm) for e in run_job(tmp_path, [], "fast")
+            if e.type == "MetricsLogged"]
+    monkeypatch.setattr(CountingTrainer, "_clip_grad_norm", Trainer._clip_grad_norm)
+    monkeypatch.setattr(CountingTrainer, "floating_point_ops",
+                        lambda self, inputs: seen.append(Trainer.floating_point_ops(self, inputs)) or seen[-1])
+    plain = [(e.loss, e.grad_norm) for e in run_job(tmp_path, [], "plain")
+             if e.type == "MetricsLogged"]
+    assert fast == plain and all(norm for _, norm in fast)
+    assert len(seen) == 6 and seen[:3] == seen[3:] and seen[0] > 0
