@@ -162,15 +162,14 @@ def run_finetune(
         if rows.install(model):
             trainer.rows = rows
             log.info("last layer's %s run on the loss rows only", " and ".join(rows.modules))
-    sample = collator([train_set[i] for i in range(min(len(train_set), config.train.micro_batch_size))])
-    pass_s = callback.flops_per_token * int(sample["input_ids"].numel()) / peak  # at 100% MFU: a lower bound
-    if (plan.device == "cpu" and not config.train.cpu_threads and not t.torch_compile and world_size() == 1
-            and torch.get_num_threads() > 1 and pass_s < 0.5):
-        reporter.emit(PhaseChanged(phase="threads", detail="measuring one training pass at each thread count"))
-        choice = choose_threads(training_pass(trainer, sample), torch.get_num_threads())
-        reporter.emit(PhaseChanged(phase="threads", detail=choice.summary()))
-        log.info("threads: %s", choice.summary())
-        callback.peak_flops = peak_flops(plan.device, peak_dtype)  # the peak is per thread count
+    if plan.device == "cpu" and not config.train.cpu_threads and not t.torch_compile and world_size() == 1:
+        sample = collator([train_set[i] for i in range(min(len(train_set), config.train.micro_batch_size))])
+        fastest_pass_s = callback.flops_per_token * int(sample["input_ids"].numel()) / peak  # at 100% MFU
+        if torch.get_num_threads() > 1 and fastest_pass_s < 0.5:  # a bigger model uses every thread anyway
+            reporter.emit(PhaseChanged(phase="threads", detail="measuring one training pass at each thread count"))
+            choice = choose_threads(training_pass(trainer, sample), torch.get_num_threads())
+            reporter.emit(PhaseChanged(phase="threads", detail=choice.summary()))
+            callback.peak_flops = peak_flops(plan.device, peak_dtype)  # the peak is per thread count
     trainer.remove_callback(PrinterCallback)  # its log dicts would only repeat our events in worker.log
     done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
     if done >= config.train.max_steps:

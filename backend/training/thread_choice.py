@@ -13,8 +13,9 @@ The passes leave no trace on training: they run with the random state forked and
 gradients they make are dropped, and the optimizer does not exist yet; the loss curve is the one a
 run pinned to the chosen count gives (a test holds that). Skipped where the person set
 `train.cpu_threads`, on GPUs, under torch.compile (it would compile twice) and for distributed
-ranks (which share the cores by rule); and it stops early when one pass takes longer than
-`budget_s`, since models that slow are the ones whose large products use every thread.
+ranks (which share the cores by rule); and not tried where even a pass at 100% MFU would take
+half a second, nor continued where the first pass takes longer than `budget_s`: models that large
+are the ones whose products use every thread, and measuring them would cost more than it saves.
 """
 
 from __future__ import annotations
