@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (no network there): wheels carried in .whl/
 # are installed to /tmp/site, then the gpu-marked tests and the GPU throughput bench run.
-# Usage (from the repo root on the GPU machine): bash bench/device_check.sh  (at most ~10 min: the timeouts add up to 580 s)
+# First, here: python bench/device_wheels.py (fills the ignored .whl/ with what that machine lacks, ~25 MiB).
+# Usage (from the repo root on the GPU machine, .whl carried): bash bench/device_check.sh
+# (at most ~10 min: the timeouts add up to 580 s)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1
 if [ -d .whl ]; then
