@@ -20,12 +20,9 @@ def _take_protocol_stream():
 
 def main() -> int:
     protocol_out = _take_protocol_stream()
-    from backend.cpu_features import RUNTIME_ENV  # torch-free
+    from backend.launch import worker_env  # torch-free: one definition of the worker's environment
 
-    for name, value in RUNTIME_ENV.items():
-        os.environ.setdefault(name, value)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.update(worker_env())  # a worker started by hand gets what launch gives the others
     from pathlib import Path
 
     from backend.worker.runner import run_worker
