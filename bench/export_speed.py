@@ -44,6 +44,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from backend.export.gguf_writer import GgufExport
+    from backend.export.tensor_source import StateDictSource
 
     model = AutoModelForCausalLM.from_pretrained(ROOT / "resources" / "tiny", dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "resources" / "tiny")
@@ -52,11 +53,11 @@ def main() -> int:
         results = {}
         for fmt in ("gguf-f16", "gguf-q8_0", "gguf-q4_0"):
             def write(fmt=fmt):
-                GgufExport(model, tokenizer, fmt, "bench").write(target)
+                GgufExport(StateDictSource(model), tokenizer, fmt, "bench").write(target)
                 os.sync()
             results[fmt] = (best_of(args.repeat, write), target.stat().st_size)
         def metadata_only():
-            export = GgufExport(model, tokenizer, "gguf-f16", "bench")
+            export = GgufExport(StateDictSource(model), tokenizer, "gguf-f16", "bench")
             export.plan = []  # header, hyperparameters, tokenizer and chat template, no tensors
             export.write(target)
             os.sync()

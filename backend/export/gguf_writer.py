@@ -24,6 +24,7 @@ import numpy as np
 
 from backend.errors import bad_input
 from backend.export.formats import GGUF_ARCHITECTURES, GGUF_TYPES
+from backend.export.tensor_source import TensorSource
 
 log = logging.getLogger(__name__)
 SUPPORTED_ROPE = ("default", "linear")
@@ -140,19 +141,19 @@ class TensorPlan:
 
 
 class GgufExport:
-    """Plan, then write, one GGUF file from a merged model's state dict."""
+    """Plan, then write, one GGUF file from a merged model's tensors (a TensorSource, one at a time)."""
 
-    def __init__(self, model: Any, tokenizer: Any, fmt: str, name: str):
+    def __init__(self, source: TensorSource, tokenizer: Any, fmt: str, name: str):
         import gguf
 
         self.gguf = gguf
-        self.config = model.config
+        self.source = source
+        self.config = source.config
         self.arch = check_architecture(self.config)
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.name = name
         self.qtype = getattr(gguf.GGMLQuantizationType, GGUF_TYPES[fmt])
-        self.state = {k: v for k, v in model.state_dict().items()}
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.meta = tokenizer_metadata(tokenizer, self.config.vocab_size)
         self.plan = self._plan()
@@ -180,7 +181,7 @@ class GgufExport:
         names = self.gguf.get_tensor_name_map(self.gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
         n_head, n_kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         plan = []
-        for hf_name, tensor in self.state.items():
+        for hf_name in self.source.names():
             if hf_name == "lm_head.weight" and self.tied:
                 continue  # llama.cpp uses token_embd as the output head when output.weight is absent
             if hf_name.endswith("rotary_emb.inv_freq"):
@@ -189,7 +190,7 @@ class GgufExport:
             if gguf_name is None:
                 raise bad_input(f"tensor {hf_name} has no GGUF name for the {self.arch} architecture",
                                 "export merged instead")
-            shape = tuple(tensor.shape)
+            shape = tuple(self.source.shape(hf_name))
             heads = n_head if ".q_proj." in hf_name else n_kv if ".k_proj." in hf_name else 0
             qtype = self._type_for(gguf_name, shape)
             plan.append(TensorPlan(gguf_name, hf_name, shape, qtype, self._nbytes(shape, qtype), heads))
@@ -245,7 +246,7 @@ class GgufExport:
             writer.add_chat_template(meta.chat_template)
 
     def _data(self, t: TensorPlan) -> np.ndarray:
-        array = self.state[t.hf_name].detach().float().cpu().numpy()
+        array = self.source.get(t.hf_name).float().numpy()
         if t.permute_heads:
             array = permute(array, t.permute_heads)
         types = self.gguf.GGMLQuantizationType

@@ -195,8 +195,9 @@ def run_export(
     gguf_export = None
     if is_gguf(job.fmt):
         from backend.export.gguf_writer import GgufExport
+        from backend.export.tensor_source import StateDictSource
 
-        gguf_export = GgufExport(model, tokenizer, job.fmt, config.name)
+        gguf_export = GgufExport(StateDictSource(model), tokenizer, job.fmt, config.name)
     needed = estimate_bytes(job.fmt, model, run, gguf_export.tensor_bytes if gguf_export else None)
     if job.free_bytes() < needed:
         raise job.disk_full(needed)
