@@ -1,0 +1,44 @@
+"""The published config.json of real models (tests/fixtures/model_configs), to check estimates at real sizes.
+
+No weights: `meta_model` builds the transformers model on the meta device, so even a 70 B model costs no
+memory. Where each file came from, and the parameter count it gives, is in the folder's README.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CONFIGS_DIR = Path(__file__).resolve().parent / "fixtures" / "model_configs"
+
+
+def names() -> list[str]:
+    """Fixture folders, named `<org>--<name>` after the hub repository."""
+    return sorted(p.name for p in CONFIGS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def load(name: str) -> dict[str, Any]:
+    """The config.json of one fixture, as published."""
+    return json.loads((CONFIGS_DIR / name / "config.json").read_text(encoding="utf-8"))
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The causal-LM part: a multimodal config keeps its language model under text_config."""
+    return cfg["text_config"] if "text_config" in cfg else cfg
+
+
+def meta_model(name: str):
+    """The transformers causal LM of one fixture, built on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(text_config(load(name)))
+    config = AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def parameter_count(model) -> int:
+    """Parameters as transformers holds them; tied weights are one Parameter and so count once."""
+    return sum(p.numel() for p in model.parameters())
