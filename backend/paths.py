@@ -9,6 +9,8 @@ from pathlib import Path
 from platformdirs import user_data_path
 
 BUNDLED_PREFIX = "bundled:"
+HUB_PREFIX = "hub:"
+"""`hub:ORG/NAME` names a hub model by id: the folder the Model page downloads it into."""
 
 
 BESIDE = Path(__file__).resolve().parent.parent / "resources"
@@ -32,9 +34,12 @@ def resources_dir() -> Path:
 
 
 def resolve_resource(path: str) -> Path:
-    """Turn `bundled:tiny` into the bundled folder; any other path is expanded as given."""
+    """Turn `bundled:tiny` into the bundled folder and `hub:ORG/NAME` into its download folder; any
+    other path is expanded as given."""
     if path.startswith(BUNDLED_PREFIX):
         return resources_dir() / path[len(BUNDLED_PREFIX):]
+    if path.startswith(HUB_PREFIX):
+        return hub_folder(path[len(HUB_PREFIX):])
     return Path(path).expanduser()
 
 
@@ -47,3 +52,13 @@ def studio_home() -> Path:
 
 def runs_dir() -> Path:
     return studio_home() / "runs"
+
+
+def models_dir() -> Path:
+    """Where hub downloads land, one folder per model."""
+    return studio_home() / "models"
+
+
+def hub_folder(repo_id: str) -> Path:
+    """Where a hub id lands: <studio home>/models/<org>--<name>, the Hub cache's own naming."""
+    return models_dir() / repo_id.strip().replace("/", "--")

@@ -171,6 +171,13 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
 
     pages["chat"].training_warning = training_warning
     monitor.sampled.connect(lambda sample: pages["techniques"].hardware.set_gpu_count(len(sample.devices)))
+
+    def size_presets(sample: Any) -> None:  # the first GPU seen sets the preset list's card filter, once
+        if sample.devices:
+            pages["model"].presets.set_card_memory(sample.devices[0].total_bytes)
+            monitor.sampled.disconnect(size_presets)
+
+    monitor.sampled.connect(size_presets)
     router = TelemetryController(window, monitor, client, telemetry, estimate, pages["train"].gpu_panel,
                                  parent=window)
     for child in (store, telemetry, state, client, monitor, *clients.values()):

@@ -25,13 +25,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.paths import resolve_resource
+from backend.config import ConfigError, RunConfig
+from backend.paths import HUB_PREFIX, resolve_resource
 from studio.services.model_info import ModelInfo
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
 from studio.widgets.field_editors import FieldEditors, description
 from studio.widgets.hub_download_widget import HubDownloadWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.preset_picker_widget import PresetPickerWidget
 from studio.widgets.units import human_count
 
 BUNDLED_MODEL = "bundled:tiny"
@@ -73,7 +75,12 @@ class ModelPage(QWidget):
         bundled = QPushButton("Use the bundled model")
         bundled.clicked.connect(lambda: self.choose(BUNDLED_MODEL))
         self.hub = HubDownloadWidget(hub_endpoint)
-        self.hub.downloaded.connect(self.choose)
+        self.hub.downloaded.connect(self._on_hub_downloaded)
+
+        self.presets = PresetPickerWidget()
+        self.presets.chosen.connect(self.use_preset)
+        start = QGroupBox("Start from a preset (a real model, sized for a card)")
+        QVBoxLayout(start).addWidget(self.presets)
 
         pick = QGroupBox("Where the model comes from")
         rows = QFormLayout(pick)
@@ -110,6 +117,7 @@ class ModelPage(QWidget):
         self.problem_label.setStyleSheet("color: #dc2626;")
         layout = QVBoxLayout(self)
         layout.addWidget(header)
+        layout.addWidget(start)
         layout.addWidget(pick)
         layout.addWidget(self.problem_label)
         layout.addWidget(about)
@@ -123,6 +131,29 @@ class ModelPage(QWidget):
         """Use this model (a folder or `bundled:...`), as if the person picked it."""
         self._state.set("model.path", path)
         self.model_chosen.emit(path)
+
+    def _on_hub_downloaded(self, folder: str) -> None:
+        """A finished download: keep a preset's `hub:` path when it names this folder, else use the folder."""
+        current = self._state.get("model.path") or ""
+        if current.startswith(HUB_PREFIX) and resolve_resource(current) == Path(folder):
+            self._on_state_changed("model.path")
+            self.model_chosen.emit(current)
+        else:
+            self.choose(folder)
+
+    def use_preset(self, path: Path) -> None:
+        """Start the whole draft over from a preset file; a hub model not yet here is offered for download."""
+        try:
+            raw = RunConfig.load(path).model_dump(mode="json")
+        except ConfigError as exc:
+            self.problem_label.setText(str(exc))
+            self.problem_label.setVisible(True)
+            return
+        self._state.replace(raw, source=path)
+        model = raw["model"]["path"]
+        if model.startswith(HUB_PREFIX) and not resolve_resource(model).exists():
+            self.hub.edit.setText(model[len(HUB_PREFIX):])
+        self.model_chosen.emit(model)
 
     def _on_path_edit_editing_finished(self) -> None:
         value = config_path(self.path_edit.text())
@@ -151,6 +182,9 @@ class ModelPage(QWidget):
             path = self._state.get("model.path")
             self.path_edit.setText(display_path(path))
             self.show_info(ModelInfo.read(path))
+            if path.startswith(HUB_PREFIX) and not resolve_resource(path).exists():
+                self.problem_label.setText(f"{path[len(HUB_PREFIX):]} is not downloaded yet: press Download in "
+                                           f"the Hub id row (it lands in {resolve_resource(path)}).")
         if key in ("", "model.path", "model.trust_remote_code"):
             self._show_trust()
 

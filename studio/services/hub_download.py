@@ -21,7 +21,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal
 
-from backend.paths import studio_home
+from backend.paths import hub_folder, models_dir
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 """organisation/name, as the Hub spells repository ids."""
@@ -45,13 +45,9 @@ def hub_available() -> tuple[bool, str]:
     return True, ""
 
 
-def models_dir() -> Path:
-    return studio_home() / "models"
-
-
 def target_folder(repo_id: str) -> Path:
-    """Where a hub id lands: <studio home>/models/<org>--<name>, the Hub cache's own naming."""
-    return models_dir() / repo_id.replace("/", "--")
+    """Where a hub id lands (backend.paths.hub_folder, so that `hub:` model paths find it)."""
+    return hub_folder(repo_id)
 
 
 def check_hub_id(text: str) -> str:

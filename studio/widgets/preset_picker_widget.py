@@ -1,0 +1,94 @@
+"""PresetPickerWidget: the Model page's "Start from a preset": the presets that fit a card size.
+
+The card filter starts at the GPU the monitor found (its memory, rounded down to a common card
+size) so that a person sees first the presets sized for their machine; every preset stays
+reachable by picking a larger card or "Any card".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from backend.presets import Preset, list_presets
+
+CARD_SIZES = (8, 12, 16, 24, 48, 80, 160)
+"""Card filters in GB of GPU memory (160: two 80 GB cards)."""
+GIB = 1024**3
+
+
+class PresetPickerWidget(QWidget):
+    """A card-size filter, the presets that fit it, what the chosen one is for, and Use."""
+
+    chosen = Signal(Path)
+    """The preset file the person asked to start from."""
+
+    def __init__(self, presets: list[Preset] | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.presets = presets if presets is not None else list_presets()
+        self.card = QComboBox()
+        self.card.addItem("Any card", 0)
+        for size in CARD_SIZES:
+            self.card.addItem("2x80 GB" if size == 160 else f"{size} GB", size)
+        self.card.setToolTip("GPU memory of your card: the list shows the presets sized for it or smaller")
+        self.card.currentIndexChanged.connect(self._refill)
+        self.list = QComboBox()
+        self.list.currentIndexChanged.connect(self._describe)
+        self.use = QPushButton("Use this preset")
+        self.use.clicked.connect(self._on_use_clicked)
+        self.about = QLabel()
+        self.about.setWordWrap(True)
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(QLabel("Card"))
+        row.addWidget(self.card)
+        row.addWidget(self.list, 1)
+        row.addWidget(self.use)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(row)
+        layout.addWidget(self.about)
+        self._refill()
+
+    def set_card_memory(self, total_bytes: int) -> None:
+        """Filter to the largest common card size this GPU's memory reaches (a 24 GiB card: 24 GB)."""
+        gib = total_bytes / GIB
+        fitting = [size for size in CARD_SIZES[:-1] if size <= gib + 0.5]
+        if fitting:
+            self.card.setCurrentIndex(self.card.findData(fitting[-1]))
+
+    def shown(self) -> list[Preset]:
+        limit = self.card.currentData() or 0
+        return [p for p in self.presets if not limit or p.card_gb * p.cards <= limit]
+
+    def _refill(self) -> None:
+        current = self.list.currentData()
+        self.list.blockSignals(True)
+        self.list.clear()
+        for preset in self.shown():
+            self.list.addItem(f"{preset.title}  ·  {preset.card_label}", str(preset.path))
+        index = self.list.findData(current)
+        self.list.setCurrentIndex(index if index >= 0 else 0)
+        self.list.blockSignals(False)
+        self._describe()
+
+    def selected(self) -> Preset | None:
+        path = self.list.currentData()
+        return next((p for p in self.presets if str(p.path) == path), None)
+
+    def _describe(self) -> None:
+        preset = self.selected()
+        self.use.setEnabled(preset is not None)
+        if preset is None:
+            self.about.setText("No preset is sized for a card this small; pick a larger card or Any card.")
+            return
+        model = f"Model: {preset.hub_id}. " if preset.hub_id else ""
+        self.about.setText(f"{model}{preset.when} {preset.cost}".strip())
+        self.about.setToolTip(str(preset.path))
+
+    def _on_use_clicked(self) -> None:
+        preset = self.selected()
+        if preset is not None:
+            self.chosen.emit(preset.path)
