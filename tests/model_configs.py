@@ -28,12 +28,14 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg["text_config"] if "text_config" in cfg else cfg
 
 
-def meta_model(name: str):
-    """The transformers causal LM of one fixture, built on the meta device (no memory, no weights)."""
+def meta_model(name: str, text_only: bool = True):
+    """The transformers causal LM of one fixture, built on the meta device (no memory, no weights).
+    text_only=False builds what AutoModelForCausalLM loads from the whole file (a multimodal config:
+    its vision tower too, as training loads it)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = dict(text_config(load(name)))
+    cfg = dict(text_config(load(name)) if text_only else load(name))
     config = AutoConfig.for_model(**cfg)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)

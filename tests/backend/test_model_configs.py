@@ -24,6 +24,7 @@ PUBLISHED = {
     "google--gemma-3-1b-it": 1e9,                       # model card: "1B"
     "mistralai--Mistral-7B-Instruct-v0.3": 7.3e9,       # Mistral AI: "a 7.3B parameter model"
     "mistralai--Mixtral-8x7B-v0.1": 46.7e9,             # Mistral AI: "46.7B total parameters"
+    "google--gemma-3-4b-it": 4.30e9,                    # model card: 4.3B, vision tower included
 }
 
 
@@ -33,8 +34,8 @@ def test_every_published_size_has_its_fixture():
 
 @pytest.mark.parametrize("name", model_configs.names())
 def test_builds_on_meta_at_published_size(name):
-    cfg = model_configs.text_config(model_configs.load(name))
-    model = model_configs.meta_model(name)
+    cfg = model_configs.load(name)
+    model = model_configs.meta_model(name, text_only=False)
     assert type(model).__name__ == cfg["architectures"][0]
     assert all(p.device.type == "meta" for p in model.parameters())
     count = model_configs.parameter_count(model)
