@@ -27,49 +27,63 @@ class InvalidExample(Exception):
 
 
 def convert(record: dict[str, Any], layout: Layout) -> list[Message]:
+    if not isinstance(record, dict):
+        raise InvalidExample(f"a record that is not an object ({type(record).__name__})")
     if layout.kind == "alpaca":
         return _alpaca(record, layout)
     if layout.kind == "sharegpt":
         return _sharegpt(record, layout)
-    return [{"role": "text", "content": _required(record, layout.prompt or "text")}]
+    column = layout.prompt or "text"
+    return [{"role": "text", "content": _required(record.get(column, MISSING), column)}]
 
 
 def _alpaca(record: dict[str, Any], layout: Layout) -> list[Message]:
-    messages: list[Message] = []
-    system = _optional(record, layout.system)
-    tools = _tools(record, layout.tools)
+    get = record.get
+    messages = _system(record, layout)
+    if layout.history:
+        for turn in _list(get(layout.history), layout.history):
+            if not isinstance(turn, (list, tuple)) or len(turn) != 2:
+                raise InvalidExample(f"a {layout.history} turn that is not a [prompt, answer] pair")
+            prompt, answer = (_optional(value, layout.history) for value in turn)
+            if not _filled(prompt) or not _filled(answer):
+                raise InvalidExample(f"an empty or null turn in {layout.history}")
+            messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    instruction = get(layout.prompt, MISSING) if layout.prompt else None
+    if instruction is MISSING:
+        raise InvalidExample(f"no {layout.prompt!r} field")
+    instruction = _optional(instruction, layout.prompt)
+    query = _optional(get(layout.query), layout.query) if layout.query else None
+    # As in LLaMA-Factory, the user turn is the instruction and the input, whichever are filled.
+    if _filled(instruction):
+        prompt = f"{instruction}\n\n{query}" if _filled(query) else instruction
+    elif _filled(query):
+        prompt = query
+    else:
+        raise InvalidExample(f"an empty or null {layout.prompt or layout.query}")
+    column = layout.response or "output"
+    messages += [{"role": "user", "content": prompt},
+                 {"role": "assistant", "content": _required(get(column, MISSING), column)}]
+    return messages
+
+
+def _system(record: dict[str, Any], layout: Layout) -> list[Message]:
+    """The system column and the tool descriptions, as one leading system message."""
+    system = _optional(record.get(layout.system), layout.system) if layout.system else None
+    tools = _tools(record.get(layout.tools)) if layout.tools else None
     if tools:
         system = (system + "\n\n" if system else "") + f"You can call these tools:\n{tools}"
-    if system:
-        messages.append({"role": "system", "content": system})
-    for turn in _list(record, layout.history):
-        if not isinstance(turn, (list, tuple)) or len(turn) != 2:
-            raise InvalidExample(f"a {layout.history} turn that is not a [prompt, answer] pair")
-        prompt, answer = (_text(value, layout.history) for value in turn)
-        if not _filled(prompt) or not _filled(answer):
-            raise InvalidExample(f"an empty or null turn in {layout.history}")
-        messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
-    if layout.prompt and _value(record, layout.prompt) is MISSING:
-        raise InvalidExample(f"no {layout.prompt!r} field")
-    # As in LLaMA-Factory, the user turn is the instruction and the input, whichever are filled.
-    parts = [part for part in (_optional(record, layout.prompt), _optional(record, layout.query)) if _filled(part)]
-    if not parts:
-        raise InvalidExample(f"an empty or null {layout.prompt or layout.query}")
-    prompt = "\n\n".join(parts)
-    answer = _required(record, layout.response or "output")
-    return messages + [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+    return [{"role": "system", "content": system}] if _filled(system) else []
 
 
 def _sharegpt(record: dict[str, Any], layout: Layout) -> list[Message]:
     column = layout.messages or "conversations"
-    turns = _list(record, column, required=True)
-    messages: list[Message] = []
-    system = _optional(record, layout.system)
-    tools = _tools(record, layout.tools)
-    if tools:
-        system = (system + "\n\n" if system else "") + f"You can call these tools:\n{tools}"
-    if system:
-        messages.append({"role": "system", "content": system})
+    value = record.get(column, MISSING)
+    if value is MISSING:
+        raise InvalidExample(f"no {column!r} field")
+    turns = _list(value, column)
+    if not turns:
+        raise InvalidExample(f"an empty or null {column}")
+    messages = _system(record, layout)
     for turn in turns:
         if not isinstance(turn, dict):
             raise InvalidExample(f"a turn in {column} that is not an object")
@@ -99,7 +113,7 @@ def _content(turn: dict[str, Any], tag: str, role: str) -> str | None:
         return json.dumps([c.get("function", c) if isinstance(c, dict) else c for c in calls], ensure_ascii=False)
     if isinstance(content, list):
         return _parts(content)
-    return None if _null(content) else _text(content, tag)
+    return _optional(content, tag)
 
 
 def _parts(parts: list[Any]) -> str:
@@ -110,72 +124,54 @@ def _parts(parts: list[Any]) -> str:
             texts.append(part)
         elif isinstance(part, dict) and part.get("type", "text") in ("text", "input_text", "output_text"):
             if part.get("text") is not None:
-                texts.append(_text(part["text"], "text"))
+                texts.append(_optional(part["text"], "text"))
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise InvalidExample(f"{kind} content (the studio trains on text only)")
     return "\n".join(texts)
 
 
-def _value(record: dict[str, Any], column: str) -> Any:
-    return record.get(column, MISSING) if isinstance(record, dict) else MISSING
-
-
-def _required(record: dict[str, Any], column: str) -> str:
-    value = _value(record, column)
+def _required(value: Any, column: str) -> str:
     if value is MISSING:
         raise InvalidExample(f"no {column!r} field")
-    text = None if _null(value) else _text(value, column)
+    text = _optional(value, column)
     if not _filled(text):
         raise InvalidExample(f"an empty or null {column}")
     return text
 
 
-def _optional(record: dict[str, Any], column: str | None) -> str | None:
-    if not column:
-        return None
-    value = _value(record, column)
-    return None if value is MISSING or _null(value) else _text(value, column)
+def _optional(value: Any, column: str | None) -> str | None:
+    """Text, or None for a null (or absent) value."""
+    if type(value) is str:
+        return value
+    if value is None or value is MISSING or (isinstance(value, float) and math.isnan(value)):
+        return None  # NaN: what pandas writes for a missing cell
+    if isinstance(value, (bool, int, float)):
+        return str(value)
+    raise InvalidExample(f"a {column} that is not text")
 
 
-def _tools(record: dict[str, Any], column: str | None) -> str | None:
-    value = _value(record, column) if column else None
-    if value is MISSING or value in (None, "", [], {}):
+def _tools(value: Any) -> str | None:
+    if value is MISSING or value is None or value in ("", [], {}):
         return None
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _list(record: dict[str, Any], column: str | None, required: bool = False) -> list[Any]:
-    """A list field; JSON text (a CSV cell) is parsed. Optional and absent or empty: []."""
-    value = _value(record, column) if column else None
-    if value is MISSING and required:
-        raise InvalidExample(f"no {column!r} field")
-    if isinstance(value, str) and value.strip():
+def _list(value: Any, column: str) -> list[Any]:
+    """A list field; JSON text (a CSV cell) is parsed; null, absent or empty: []."""
+    if isinstance(value, str):
+        if not value.strip():
+            return []
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
             raise InvalidExample(f"a {column} that is not a JSON list") from None
-    if value is MISSING or value is None or value == "" or value == []:
-        if required:
-            raise InvalidExample(f"an empty or null {column}")
+    if value is None or value is MISSING:
         return []
     if not isinstance(value, (list, tuple)):
         raise InvalidExample(f"a {column} that is not a list")
     return list(value)
 
 
-def _text(value: Any, column: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (bool, int, float)):
-        return str(value)
-    raise InvalidExample(f"a {column} that is not text")
-
-
-def _null(value: Any) -> bool:
-    """None, or the NaN that pandas writes for a missing cell."""
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def _filled(text: str | None) -> bool:
-    return text is not None and text.strip() != ""
+    return bool(text) and not text.isspace()

@@ -9,9 +9,8 @@ how many. Torch-free: the studio's Data page reads through it too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from backend.errors import bad_input
 from backend.training.conversation import InvalidExample, Message, convert
@@ -23,8 +22,7 @@ READER_VERSION = 2
 SHOWN_PROBLEMS = 3
 
 
-@dataclass(frozen=True)
-class Example:
+class Example(NamedTuple):
     index: int
     """Position in the dataset, counted over every file of a folder from 0."""
     messages: list[Message]

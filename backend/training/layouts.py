@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -42,12 +42,14 @@ class Layout:
     roles: tuple[tuple[str, str], ...] | None = None
     """Role-tag value -> chat role (user, assistant, system, tool); None passes the value through."""
 
+    @cached_property
+    def _role_map(self) -> dict[str, str] | None:
+        return None if self.roles is None else dict(self.roles)
+
     def role_of(self, tag: Any) -> str | None:
         if not isinstance(tag, str) or not tag:
             return None
-        if self.roles is None:
-            return tag
-        return dict(self.roles).get(tag)
+        return tag if self._role_map is None else self._role_map.get(tag)
 
 
 BUILTIN = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import logging
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -182,9 +183,13 @@ def _quiet() -> Iterator[Any]:
     datasets = _datasets()
     bars = not datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
+    logger = logging.getLogger("datasets")  # it logs a failed read before raising: we say it once
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
     try:
         yield datasets
     finally:
+        logger.setLevel(level)
         if bars:
             datasets.enable_progress_bars()
 
@@ -232,16 +237,25 @@ def _read_csv(path: Path) -> Part:
 
 
 def _csv_header(path: Path) -> list[str]:
+    """The header row, once it is known that a row follows it."""
+    header: list[str] | None = None
     try:
         with path.open(encoding="utf-8-sig", newline="") as handle:
             for row in csv.reader(handle):
-                if row:
-                    return row
+                if row and header is not None:
+                    break
+                header = header or row or None
+            else:
+                raise bad_input(f"{path}: the dataset is empty", "add a header row and at least one example")
     except UnicodeDecodeError:
         _decode(path, path.read_bytes())
     except csv.Error as exc:
-        raise bad_input(f"{path} line 1: not readable as CSV ({exc})") from None
-    raise bad_input(f"{path}: the dataset is empty", "add a header row and at least one example")
+        raise bad_input(f"{path}: not readable as CSV ({exc})") from None
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise bad_input(f"{path} line 1: the header names {', '.join(map(repr, repeated))} more than once",
+                        "give every column its own name")
+    return header
 
 
 class _LazyCsvLines:

@@ -261,3 +261,17 @@ def test_a_csv_fine_tunes_through_the_job_and_the_skip_is_reported(bundled_model
     warning = [e.detail for e in events if e.type == "PhaseChanged" and e.phase == "data_warning"]
     assert warning and "skipped 1 of 13 examples" in warning[0] and "(first: line 14)" in warning[0]
     assert sum(e.type == "MetricsLogged" and e.loss is not None for e in events) == 2
+
+
+@pytest.mark.parametrize("name, data, words", [
+    ("short.csv", b"instruction,output\nq,a\nq,a,extra\n", "not readable as CSV (Error tokenizing data."),
+    ("header_only.csv", b"instruction,output\n", "the dataset is empty"),
+    ("twice.csv", b"instruction,output,output\nq,a,b\n", "line 1: the header names 'output' more than once"),
+    ("latin1.csv", "instruction,output\nq,a\ncaf\xe9,ok\n".encode("latin-1"), "line 3: not UTF-8 text"),
+    ("broken.parquet", b"PAR1 not really", "not a readable Parquet file"),
+])
+def test_unreadable_tables_are_one_line(tmp_path, name, data, words):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(JobError) as caught:
+        DatasetReader(tmp_path / name)
+    assert words in caught.value.message and "\n" not in caught.value.message
