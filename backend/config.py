@@ -37,9 +37,13 @@ class ModelSection(_Section):
 
 class DataSection(_Section):
     path: str = "bundled:datasets/demo_train.jsonl"
-    """A JSONL, JSON, CSV, Parquet, Arrow or .txt file of examples, a `datasets` save_to_disk folder, or a folder of such files (each read on its own); a LLaMA-Factory dataset_info.json beside it maps its fields. `bundled:datasets/demo_train.jsonl` is the demo set."""
+    """A JSONL, JSON, CSV, Parquet, Arrow or .txt file of examples, a `datasets` save_to_disk folder, or
+    a folder of such files (each read in its own format); a LLaMA-Factory dataset_info.json beside it
+    maps its fields. `bundled:datasets/demo_train.jsonl` is the demo set."""
     format: Literal["auto", "alpaca", "sharegpt", "messages", "text"] = "auto"
-    """auto takes the mapping from a LLaMA-Factory dataset_info.json entry beside the file, else detects: alpaca {instruction,input,output}; sharegpt {conversations}; messages {role,content}; text. Any other value reads every file in that format and ignores dataset_info.json's mapping."""
+    """auto follows the file's entry in a LLaMA-Factory dataset_info.json beside it, else detects:
+    alpaca {instruction,input,output}; sharegpt {conversations}; messages {role,content}; text. Any
+    other value reads every file in that format and ignores dataset_info.json's mapping."""
     validation_split: float = Field(default=0.05, ge=0.0, lt=0.5)
     """Share of examples held out to measure eval loss (0 to skip evaluation)."""
     max_examples: int | None = Field(default=None, ge=1)
@@ -47,7 +51,8 @@ class DataSection(_Section):
     truncate: bool = True
     """Cut examples longer than train.seq_len (and count them); off refuses such examples instead."""
     skip_invalid: bool = False
-    """Leave out examples with a null or empty prompt, answer or turn (the run says how many and the first line); off refuses such a dataset instead of training on them."""
+    """Leave out examples with a null or empty prompt, answer or turn, and say how many and the first
+    line; off refuses such a dataset (never trains on the text "None")."""
 
 
 class TechniqueSection(_Section):

@@ -113,7 +113,8 @@ class DatasetReader:
                 raise bad_input(f"{self.path}: no example can be trained on: {said}",
                                 "check data.format and the field names")
             raise bad_input(f"{self.path}: {said}; fix them or set data.skip_invalid: true")
-        said = "; ".join(f"{count} {_have(count)} {problem} (first: {self._short(first)})" for problem, (count, first) in listed)
+        said = "; ".join(f"{count} {_have(count)} {problem} (first: {self._short(first)})"
+                         for problem, (count, first) in listed)
         self.notes = [f"{self.path}: skipped {self.skipped} of {self.total} examples (data.skip_invalid): {said}{more}"]
         return kept
 

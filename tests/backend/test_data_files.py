@@ -50,6 +50,10 @@ def write(path: Path, records: list[dict]) -> Path:
         if suffix == ".arrow":  # one arrow file, as save_to_disk writes its shards
             table.save_to_disk(str(path.parent / "shards"))
             (path.parent / "shards" / "data-00000-of-00001.arrow").rename(path)
+        elif path.name.endswith("_dict"):  # a DatasetDict: its train split is read
+            from datasets import DatasetDict
+
+            DatasetDict({"train": table, "test": table.select([0])}).save_to_disk(str(path))
         else:
             table.save_to_disk(str(path))
     return path
@@ -60,17 +64,22 @@ def listing(folder: Path) -> list[str]:
 
 
 @pytest.fixture
-def no_network(monkeypatch):
+def network_calls(monkeypatch) -> list:
+    """Every socket connection tried (and refused) while the test runs: a library could swallow the error."""
     import datasets  # noqa: F401  (imported before the sockets close, as the worker has it)
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the data reader tried to reach the network")
+    calls: list = []
+
+    def refuse(sock, address, *args):
+        calls.append(address)
+        raise OSError("no network in this test")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
+    return calls
 
 
-@pytest.mark.parametrize("name", ["a.jsonl", "a.json", "a.csv", "a.parquet", "a.arrow", "saved"])
-def test_every_kind_reads_the_same_examples_and_writes_nothing_beside_them(tmp_path, studio_home, no_network,
+@pytest.mark.parametrize("name", ["a.jsonl", "a.json", "a.csv", "a.parquet", "a.arrow", "saved", "saved_dict"])
+def test_every_kind_reads_the_same_examples_and_writes_nothing_beside_them(tmp_path, studio_home, network_calls,
                                                                            name):
     data = tmp_path / "data"
     data.mkdir()
@@ -81,6 +90,7 @@ def test_every_kind_reads_the_same_examples_and_writes_nothing_beside_them(tmp_p
     assert [e.messages for e in reader.examples()] == EXPECTED  # "007" stays text in CSV too
     assert listing(data) == before
     assert not any((studio_home / "cache").glob("reading-*"))  # the conversion scratch folder is gone
+    assert network_calls == []
 
 
 def test_line_numbers_of_each_kind(tmp_path):
@@ -126,7 +136,8 @@ def test_a_folder_reads_each_file_in_its_own_format(tmp_path):
     assert reader.format == "alpaca+sharegpt" and reader.total == 3
     with pytest.raises(JobError) as caught:
         reader.examples()
-    assert "1 of 3 examples has an assistant turn with empty or null value (first: b.csv line 2)" in caught.value.message
+    message = caught.value.message
+    assert "1 of 3 examples has an assistant turn with empty or null value (first: b.csv line 2)" in message
 
 
 NULLS = {  # format -> (a good record, a record that would train on "None")
