@@ -38,7 +38,7 @@ def data_error(tokenizer, name: str, *overrides: str) -> JobError:
 
 DATA_CASES = [
     ("not_json.jsonl", [], "not_json.jsonl line 3: not valid JSON"),
-    ("missing_fields.jsonl", [], "missing_fields.jsonl: 1 of 5 examples have no 'output' field (first: line 5); "
+    ("missing_fields.jsonl", [], "missing_fields.jsonl: 1 of 5 examples has no 'output' field (first: line 5); "
                                  "fix them or set data.skip_invalid: true"),
     ("empty.jsonl", [], "empty.jsonl: the dataset is empty"),
     ("not_utf8.jsonl", [], "not_utf8.jsonl line 2: not UTF-8 text"),
