@@ -123,7 +123,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if not args.worst_case:  # as the studio does once its Data page has read the data
         from backend.training.dataset_profile import DatasetProfile
 
-        answer = DatasetProfile.read(config.data.path, config.model.path, config.data.format, limit=None).longest_answer()
+        answer = DatasetProfile.read(config.data.path, config.model.path, config.data.format, limit=None,
+                                     skip_invalid=config.data.skip_invalid).longest_answer()
     from backend.cpu_features import native_bf16
 
     breakdown = estimate(config.resolved_model_path(), config, num_gpus=args.gpus, zero_stage=args.zero_stage,

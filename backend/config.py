@@ -37,15 +37,22 @@ class ModelSection(_Section):
 
 class DataSection(_Section):
     path: str = "bundled:datasets/demo_train.jsonl"
-    """A JSONL or JSON file of examples, or `bundled:datasets/demo_train.jsonl`."""
+    """A JSONL, JSON, CSV, Parquet, Arrow or .txt file of examples, a `datasets` save_to_disk folder, or
+    a folder of such files (each read in its own format); a LLaMA-Factory dataset_info.json beside it
+    maps its fields. `bundled:datasets/demo_train.jsonl` is the demo set."""
     format: Literal["auto", "alpaca", "sharegpt", "messages", "text"] = "auto"
-    """auto detects: alpaca {instruction,input,output}; sharegpt {conversations}; messages; raw text."""
+    """auto follows the file's entry in a LLaMA-Factory dataset_info.json beside it, else detects:
+    alpaca {instruction,input,output}; sharegpt {conversations}; messages {role,content}; text. Any
+    other value reads every file in that format and ignores dataset_info.json's mapping."""
     validation_split: float = Field(default=0.05, ge=0.0, lt=0.5)
     """Share of examples held out to measure eval loss (0 to skip evaluation)."""
     max_examples: int | None = Field(default=None, ge=1)
     """Use only the first N examples (handy for a quick try)."""
     truncate: bool = True
     """Cut examples longer than train.seq_len (and count them); off refuses such examples instead."""
+    skip_invalid: bool = False
+    """Leave out examples with a null or empty prompt, answer or turn, and say how many and the first
+    line; off refuses such a dataset (never trains on the text "None")."""
 
 
 class TechniqueSection(_Section):

@@ -126,6 +126,8 @@ def run_finetune(
 
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     train_set, eval_set, stats = build_datasets(config, tokenizer)
+    for note in stats.notes:  # skipped examples (data.skip_invalid): said where the person looks
+        reporter.emit(PhaseChanged(phase="data_warning", detail=note))
     detail = (f"{stats.train_examples} train / {stats.eval_examples} validation examples ({stats.format}), "
               f"{stats.truncated} truncated to {config.train.seq_len} tokens"
               + (", tokenized earlier (cache reused)" if stats.from_cache else ""))

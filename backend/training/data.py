@@ -19,7 +19,8 @@ from datasets import Dataset
 
 from backend.config import RunConfig
 from backend.errors import bad_input
-from backend.training.records import Message, detect_format, read_records, to_conversation
+from backend.training.examples import DatasetReader, Example
+from backend.training.records import Message
 from backend.training.token_cache import TokenCache, cache_key
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ class DataStats:
     format: str
     trained_tokens: int
     from_cache: bool = False
+    skipped: int = 0
+    """Invalid examples left out (data.skip_invalid)."""
+    notes: tuple[str, ...] = ()
+    """Sentences the person should see (what was skipped and why)."""
 
 
 def _render(tokenizer: Any, messages: list[Message], generation_prompt: bool = False) -> str:
@@ -74,45 +79,46 @@ def encode_conversation(tokenizer: Any, messages: list[Message]) -> tuple[list[i
 
 def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset | None, DataStats]:
     path: Path = config.resolved_data_path()
-    records = read_records(path)
-    if config.data.max_examples:
-        records = records[: config.data.max_examples]
-    fmt = config.data.format if config.data.format != "auto" else detect_format(records, path)
-    if fmt != "text" and not getattr(tokenizer, "chat_template", None):
+    reader = DatasetReader(path, config.data.format, config.data.skip_invalid, config.data.max_examples)
+    examples = reader.examples()  # before the cache: a file with invalid examples is refused every time
+    for note in reader.notes:
+        log.warning("%s", note)
+    fmt = reader.format
+    if reader.needs_chat_template and not getattr(tokenizer, "chat_template", None):
         raise bad_input(
             f"{config.model.path}: the tokenizer has no chat template, needed for {fmt} data",
             "use a model with a chat template, or text-format data",
         )
     seq_len = config.train.seq_len
-    cache = TokenCache(cache_key(config, tokenizer, path, fmt))
+    cache = TokenCache(cache_key(config, tokenizer, path, f"{fmt} {reader.cache_tag()}"))
     cached = cache.load()
     if cached is not None:
         rows, truncated = cached
         log.info("tokenized examples reused from %s", cache.path)
     else:
-        rows, truncated = _tokenize(config, tokenizer, records, fmt, path)
+        rows, truncated = _tokenize(config, tokenizer, examples, reader)
         cache.save(rows, truncated)
     if truncated:
         log.warning("%d of %d examples were truncated to %d tokens", truncated, len(rows), seq_len)
-    return _split(config, rows, truncated, fmt, cached is not None)
+    train, evaluation, stats = _split(config, rows, truncated, fmt, cached is not None)
+    stats.skipped, stats.notes = reader.skipped, tuple(reader.notes)
+    return train, evaluation, stats
 
 
-def _tokenize(config: RunConfig, tokenizer: Any, records: list[dict[str, Any]], fmt: str,
-              path: Path) -> tuple[list[dict[str, list[int]]], int]:
+def _tokenize(config: RunConfig, tokenizer: Any, examples: list[Example],
+              reader: DatasetReader) -> tuple[list[dict[str, list[int]]], int]:
     seq_len = config.train.seq_len
     rows: list[dict[str, list[int]]] = []
     truncated = 0
-    for index, record in enumerate(records):
-        where = f"{path} record {index + 1}"
-        messages = to_conversation(record, fmt, where)
+    for example in examples:
         try:
-            ids, labels = encode_conversation(tokenizer, messages)
+            ids, labels = encode_conversation(tokenizer, example.messages)
         except ValueError as exc:
-            raise bad_input(f"{where}: {exc}") from None
+            raise bad_input(f"{reader.where(example.index)}: {exc}") from None
         if len(ids) > seq_len:
             if not config.data.truncate:
                 raise bad_input(
-                    f"{where}: {len(ids)} tokens, longer than train.seq_len={seq_len}",
+                    f"{reader.where(example.index)}: {len(ids)} tokens, longer than train.seq_len={seq_len}",
                     "raise train.seq_len, or set data.truncate: true",
                 )
             truncated += 1
@@ -121,7 +127,7 @@ def _tokenize(config: RunConfig, tokenizer: Any, records: list[dict[str, Any]], 
             continue  # truncation cut every answer token: nothing to learn from this example
         rows.append({"input_ids": ids, "labels": labels})
     if not rows:
-        raise bad_input(f"{path}: no example has tokens to train on", "check the format and train.seq_len")
+        raise bad_input(f"{reader.path}: no example has tokens to train on", "check the format and train.seq_len")
     return rows, truncated
 
 

@@ -1,7 +1,7 @@
 """DatasetProfile: a dataset file read the way the worker reads it, plus approximate token lengths.
 
-The records, the format detection and the conversion to conversations are the worker's own
-(backend.training.records, stdlib only), so the preview shows what training will see. Token counts
+The records, the format detection, the conversion to conversations and the checks are the worker's
+own (backend.training.examples, torch-free), so the preview shows what training will see. Token counts
 use the model's tokenizer.json through the `tokenizers` package (Rust, no torch); the chat template
 is not applied, so each message is counted as "role: content" and the figure is approximate (a
 template adds a few tokens per message). Without a tokenizer.json, words x 1.3 stands in.
@@ -15,7 +15,7 @@ from typing import Any
 
 from backend.errors import JobError
 from backend.paths import resolve_resource
-from backend.training.records import detect_format, read_records, to_conversation
+from backend.training.examples import DatasetReader
 
 PREVIEW_COUNT = 5
 MAX_MEASURED = 5000
@@ -55,43 +55,36 @@ class DatasetProfile:
 
     @classmethod
     def read(cls, data_path: str, model_path: str = "", fmt: str = "auto",
-             limit: int | None = MAX_MEASURED) -> "DatasetProfile":
+             limit: int | None = MAX_MEASURED, skip_invalid: bool = False) -> "DatasetProfile":
         """Never raises: a file the worker would refuse comes back with its sentence in `problem`.
-        limit: measure at most this many examples, evenly spread (None: all of them)."""
+        limit: measure at most this many examples, evenly spread (None: all of them).
+        skip_invalid: as data.skip_invalid (invalid examples are left out and counted in `notes`)."""
         if not data_path:
             return cls(data_path, problem="Choose a dataset file.")
         path = resolve_resource(data_path)
         try:
-            records = read_records(path)
-            detected = detect_format(records, path) if fmt == "auto" else fmt
-            preview = tuple(tuple(to_conversation(r, detected, f"{path} record {i + 1}"))
-                            for i, r in enumerate(records[:PREVIEW_COUNT]))
+            reader = DatasetReader(path, fmt, skip_invalid)
+            limit = limit or max(1, reader.total)
+            stride = max(1, reader.total // limit)
+            # Every record is converted and checked (as training does); only these are kept.
+            examples = reader.examples(keep=lambda i: i < PREVIEW_COUNT or i % stride == 0)
         except JobError as exc:
             return cls(data_path, problem=exc.message, hint=exc.hint)
         except OSError as exc:
             return cls(data_path, problem=f"{path}: {exc.strerror or exc}")
-        limit = limit or max(1, len(records))
-        stride = max(1, len(records) // limit)
-        sample = records[::stride][:limit]
-        texts, answers, skipped = [], [], 0
-        for i, record in enumerate(sample):
-            try:
-                messages = to_conversation(record, detected, f"record {i * stride + 1}")
-            except JobError:
-                skipped += 1
-                continue
-            texts.append("\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"]
-                                   for m in messages))
-            answers.append([m["content"] for m in messages if m["role"] in ("assistant", "text")])
+        preview = tuple(tuple(e.messages) for e in examples if e.index < PREVIEW_COUNT)
+        sample = [e.messages for e in examples if e.index % stride == 0][:limit]
+        texts = ["\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"] for m in messages)
+                 for messages in sample]
+        answers = [[m["content"] for m in messages if m["role"] in ("assistant", "text")] for messages in sample]
         lengths, source = _token_lengths(texts, model_path)
         flat, _ = _token_lengths([a for turns in answers for a in turns], model_path)
         targets, at = [], 0
         for turns in answers:
             targets.append(sum(flat[at:at + len(turns)]) + TURN_END_TOKENS * len(turns))
             at += len(turns)
-        notes = (f"{skipped} of the measured examples could not be read as {detected}",) if skipped else ()
-        return cls(data_path, detected, len(records), preview, tuple(lengths), len(texts), source,
-                   targets=tuple(targets), notes=notes)
+        return cls(data_path, reader.format, reader.total - reader.skipped, preview, tuple(lengths), len(texts),
+                   source, targets=tuple(targets), notes=tuple(reader.notes))
 
     def longest_answer(self) -> int | None:
         """The most loss tokens one example holds, for the memory estimate; None unless every example

@@ -7,6 +7,7 @@ token lengths shows how many examples the chosen seq_len cuts.
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -36,14 +37,15 @@ from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.token_histogram_chart import TokenHistogramChart
 
 DEMO_DATASET = "bundled:datasets/demo_train.jsonl"
-SUFFIXES = (".jsonl", ".json", ".txt")
-FILTER = "Datasets (*.jsonl *.json *.txt);;All files (*)"
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow", ".txt")
+FILTER = "Datasets (*.jsonl *.json *.csv *.parquet *.arrow *.txt);;All files (*)"
 
 
 def dropped_file(event: QDragEnterEvent | QDropEvent) -> str:
+    """A dropped dataset file, or a dropped folder (a save_to_disk folder, or a folder of files)."""
     for url in event.mimeData().urls():
         path = Path(url.toLocalFile())
-        if path.is_file() and path.suffix.lower() in SUFFIXES:
+        if (path.is_file() and path.suffix.lower() in SUFFIXES) or path.is_dir():
             return str(path)
     return ""
 
@@ -66,15 +68,20 @@ class DataPage(QWidget):
         self._loader.failed.connect(self._on_loader_failed)
         self.setAcceptDrops(True)
 
-        header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON or TXT (drop the file "
-                                          "here). Alpaca, ShareGPT, messages and plain text are detected; "
-                                          "only the assistant's text (highlighted) is trained on.")
+        header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON, CSV, Parquet, TXT or "
+                                          "a datasets save_to_disk folder (drop it here). Alpaca, ShareGPT, "
+                                          "messages and plain text are detected, or mapped by a LLaMA-Factory "
+                                          "dataset_info.json beside the file; only the assistant's text "
+                                          "(highlighted) is trained on.")
         self.path_edit = QLineEdit()
         self.path_edit.setPlaceholderText("/path/to/examples.jsonl")
         self.path_edit.setToolTip(description("data.path"))
         self.path_edit.editingFinished.connect(self._on_path_edit_editing_finished)
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._on_browse_clicked)
+        folder = QPushButton("Folder…")
+        folder.setToolTip("A datasets save_to_disk folder, or a folder of dataset files")
+        folder.clicked.connect(self._on_folder_clicked)
         demo = QPushButton("Use the demo dataset")
         demo.clicked.connect(lambda: self.choose(DEMO_DATASET))
         self.summary_label = QLabel("—")
@@ -86,6 +93,7 @@ class DataPage(QWidget):
         row = QHBoxLayout()
         row.addWidget(self.path_edit, 1)
         row.addWidget(browse)
+        row.addWidget(folder)
         row.addWidget(demo)
         form.addRow("File", row)
         form.addRow("Detected", self.summary_label)
@@ -102,6 +110,9 @@ class DataPage(QWidget):
         truncate = editors.editor("data.truncate")
         truncate.setText("Truncate longer examples")
         options.addWidget(truncate, 0, 4)
+        skip = editors.editor("data.skip_invalid")
+        skip.setText("Skip empty examples")
+        options.addWidget(skip, 1, 4)
         options.setColumnStretch(5, 1)
         form.addRow("Options", options)
         form.addRow("Split", self.split_label)
@@ -148,6 +159,12 @@ class DataPage(QWidget):
         if path:
             self.choose(path)
 
+    def _on_folder_clicked(self) -> None:
+        start = resolve_resource(self._state.get("data.path") or DEMO_DATASET)
+        path = QFileDialog.getExistingDirectory(self, "Choose a dataset folder", str(start.parent))
+        if path:
+            self.choose(path)
+
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt override)
         if dropped_file(event):
             event.acceptProposedAction()
@@ -162,7 +179,7 @@ class DataPage(QWidget):
     def _on_state_changed(self, key: str) -> None:
         if key in ("", "data.path"):
             self.path_edit.setText(display_path(self._state.get("data.path")))
-        if key in ("", "data.path", "data.format", "model.path"):
+        if key in ("", "data.path", "data.format", "data.skip_invalid", "model.path"):
             self.reload()
         if key in ("", "train.seq_len"):
             self.histogram.set_seq_len(int(self._state.get("train.seq_len")))
@@ -173,8 +190,9 @@ class DataPage(QWidget):
         """Read the chosen file again (in the background)."""
         data, model, fmt = (self._state.get("data.path"), self._state.get("model.path"),
                             self._state.get("data.format"))
+        skip = bool(self._state.get("data.skip_invalid"))
         self.summary_label.setText("Reading…")
-        self._loader.call(lambda: DatasetProfile.read(data, model, fmt))
+        self._loader.call(lambda: DatasetProfile.read(data, model, fmt, skip_invalid=skip))
 
     def is_loading(self) -> bool:
         return self._loader.is_busy()
@@ -190,7 +208,8 @@ class DataPage(QWidget):
             self.preview.set_conversations([])
             self.histogram.set_lengths([])
         else:
-            self.summary_label.setText(f"<b>{profile.format}</b> · {profile.count:,} examples")
+            notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in profile.notes)
+            self.summary_label.setText(f"<b>{profile.format}</b> · {profile.count:,} examples{notes}")
             self.preview.set_conversations(profile.preview)
             self.histogram.set_lengths(profile.lengths)
         self._show_numbers()

@@ -1,5 +1,6 @@
-"""The two real datasets from another project load as they are, with their format detected, and
-fine-tune the bundled model (shared/peer-data, kept byte for byte).
+"""The two real datasets from another project load as they are, by their entries in the project's own
+dataset_info.json (or, without it, with their format detected), and fine-tune the bundled model
+(shared/peer-data, kept byte for byte); its preference entry is refused for SFT.
 
 A byte-for-byte copy lives in tests/fixtures/peer-data so that a clone without ../shared (CI's clean
 clone) runs these tests too; where ../shared is present, the copy is checked against it."""
@@ -7,9 +8,13 @@ clone) runs these tests too; where ../shared is present, the copy is checked aga
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 
 import pytest
 
+from backend.errors import JobError
+from backend.training.examples import DatasetReader
 from backend.training.records import detect_format, read_records, to_conversation
 from tests.conftest import ROOT
 
@@ -17,7 +22,8 @@ SHARED = ROOT.parent / "shared" / "peer-data"
 PEER = ROOT / "tests" / "fixtures" / "peer-data"
 CASES = [("alpaca_en_demo.json", "alpaca", 999), ("glaive_toolcall_en_demo.json", "sharegpt", 300)]
 SHA256 = {"alpaca_en_demo.json": "bcc37c64db1a739a0789a1b81f251146fcf4459f903474bc9e3c21bbb5628318",
-          "glaive_toolcall_en_demo.json": "8b84773e44e71881f32490080350734cad3069dc227eafd771ccfb80732f6437"}
+          "glaive_toolcall_en_demo.json": "8b84773e44e71881f32490080350734cad3069dc227eafd771ccfb80732f6437",
+          "dataset_info.json": "17162e129cbfede1ef7e955dbb7819146b78cd8809fa4f39dff4f9e61308c50f"}
 
 
 @pytest.mark.parametrize("name", sorted(SHA256))
@@ -38,6 +44,33 @@ def test_reads_every_record(name, fmt, count):
     if fmt == "sharegpt":  # tool calls and their results keep their place in the conversation
         roles = {m["role"] for c in conversations for m in c}
         assert {"system", "user", "assistant", "tool"} <= roles
+
+
+@pytest.mark.parametrize("name, fmt, count", CASES)
+def test_dataset_info_entry_is_honoured_and_agrees_with_detection(tmp_path, name, fmt, count):
+    """Beside its dataset_info.json the file loads by its entry; alone (a copy) by detection: same conversations."""
+    by_entry = DatasetReader(PEER / name)
+    assert by_entry.format == f"{fmt} (dataset_info.json: {name[:-5]})"
+    shutil.copy(PEER / name, tmp_path / name)
+    detected = DatasetReader(tmp_path / name)
+    assert detected.format == fmt
+    assert [e.messages for e in by_entry.examples()] == [e.messages for e in detected.examples()]
+    assert len(by_entry.examples()) == count
+
+
+def test_the_preference_entry_is_refused_naming_it(tmp_path):
+    shutil.copy(PEER / "dataset_info.json", tmp_path / "dataset_info.json")
+    dpo = SHARED / "dpo_en_demo.json"
+    if dpo.is_file():
+        shutil.copy(dpo, tmp_path / "dpo_en_demo.json")
+    else:  # a clean clone: one record of the same shape
+        turn = {"from": "human", "value": "Hi"}
+        (tmp_path / "dpo_en_demo.json").write_text(json.dumps([{"conversations": [turn], "chosen": {
+            "from": "gpt", "value": "Hello!"}, "rejected": {"from": "gpt", "value": "Go away."}}]))
+    with pytest.raises(JobError) as caught:
+        DatasetReader(tmp_path / "dpo_en_demo.json")
+    message = caught.value.message
+    assert "entry 'dpo_en_demo'" in message and "preference data" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("name, fmt, count", CASES)

@@ -38,13 +38,14 @@ def data_error(tokenizer, name: str, *overrides: str) -> JobError:
 
 DATA_CASES = [
     ("not_json.jsonl", [], "not_json.jsonl line 3: not valid JSON"),
-    ("missing_fields.jsonl", [], "missing_fields.jsonl record 5: missing field 'output' needed by the alpaca format"),
+    ("missing_fields.jsonl", [], "missing_fields.jsonl: 1 of 5 examples has no 'output' field (first: line 5); "
+                                 "fix them or set data.skip_invalid: true"),
     ("empty.jsonl", [], "empty.jsonl: the dataset is empty"),
     ("not_utf8.jsonl", [], "not_utf8.jsonl line 2: not UTF-8 text"),
     ("binary.jsonl", [], "binary.jsonl: looks like a binary file"),
     ("nothing_readable", [], "nothing_readable: the folder holds nothing readable"),
     ("unknown_format.jsonl", [], "cannot tell the format from the fields ['answer', 'question']"),
-    ("too_long.jsonl", ["data.truncate=false", "train.seq_len=64"], "too_long.jsonl record 2:"),
+    ("too_long.jsonl", ["data.truncate=false", "train.seq_len=64"], "too_long.jsonl line 2:"),
     ("does_not_exist.jsonl", [], "does_not_exist.jsonl: dataset file not found"),
 ]
 

@@ -107,3 +107,16 @@ def test_background_read_delivers_the_newest_file(qtbot, tmp_path):
     call.call(lambda: DatasetProfile.read(str(_write(tmp_path, "sharegpt.json"))))
     qtbot.waitUntil(lambda: not call.is_busy(), timeout=10_000)
     assert [p.format for p in got] == ["sharegpt"]
+
+
+def test_page_reads_a_csv_and_the_skip_box_turns_a_refusal_into_a_note(qtbot, make_studio, tmp_path):
+    studio = make_studio()
+    page = studio.pages["data"]
+    path = tmp_path / "train.csv"
+    path.write_text("instruction,input,output\nSay hi,,hi\nNo answer,,\n")
+    page.choose(str(path))
+    assert "1 of 2 examples has an empty or null output (first: line 3)" in page.summary_label.text()
+    box = next(w for w in studio.editors.editors["data.skip_invalid"] if page.isAncestorOf(w))
+    box.setChecked(True)
+    assert studio.config.get("data.skip_invalid") is True
+    assert "<b>alpaca</b> · 1 examples" in page.summary_label.text() and "skipped 1 of 2" in page.summary_label.text()
