@@ -112,18 +112,18 @@ from __future__ import annotations
 
 from backend.estimate.activations import activation_bytes, attention_kernel
 from backend.estimate.architectures import (
-    ARCHITECTURES,
     GPT_NEOX,
     LLAMA,
     PHI3,
     Arch,
     Dims,
+    LayerKind,
     Linear,
     ParamCounts,
+    all_linears,
     count_params,
+    layer_kinds,
     layer_linears,
-    load_model_config,
-    read_dims,
 )
 from backend.estimate.breakdown import GIB, MIB, PARTS, Breakdown, human_bytes
 from backend.estimate.estimator import (
@@ -133,8 +133,12 @@ from backend.estimate.estimator import (
     dora_transient,
     estimate,
 )
+from backend.estimate.families import FAMILIES, load_model_config, read_dims
 from backend.estimate.quantization import ADAM8_BLOCK, ADAM8_MIN_SIZE, NF4_BLOCK, NF4_DQ_BLOCK, nf4_bytes
 from backend.estimate.setup import Setup, resolve_setup
+
+ARCHITECTURES: dict[str, Arch] = {model_type: arch for model_type, (arch, _) in FAMILIES.items()}
+"""config.json's model_type -> Arch (the measured families); others are estimated as Llama-style."""
 
 __all__ = [
     "ADAM8_BLOCK",
@@ -143,6 +147,7 @@ __all__ = [
     "ARCHITECTURES",
     "CUBLAS_WORKSPACE_BYTES",
     "CUDA_CONTEXT_BYTES",
+    "FAMILIES",
     "GIB",
     "GPT_NEOX",
     "LLAMA",
@@ -154,15 +159,18 @@ __all__ = [
     "Arch",
     "Breakdown",
     "Dims",
+    "LayerKind",
     "Linear",
     "ParamCounts",
     "Setup",
     "activation_bytes",
+    "all_linears",
     "attention_kernel",
     "count_params",
     "dora_transient",
     "estimate",
     "human_bytes",
+    "layer_kinds",
     "layer_linears",
     "load_model_config",
     "nf4_bytes",
