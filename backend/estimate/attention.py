@@ -62,10 +62,11 @@ def attention_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str,
     T, c, B, S = s.tokens, s.e, s.batch, s.seq
     x_e = s.r_e
 
-    def fed(key: str, src_e: int, numel: int) -> None:
-        """A tensor saved by an op that autocast runs in the compute dtype: a cast copy if needed."""
+    def fed(key: str, src_e: int, numel: int, own: int | None = None, cast_key: str | None = None) -> None:
+        """A tensor saved by an op that autocast runs in the compute dtype: a cast copy if needed
+        (of the `own` elements of a view, which otherwise keeps its whole storage of `numel`)."""
         if s.autocast and src_e != c:
-            saved.put(f"{key}_c", numel * c)
+            saved.put(cast_key or f"{key}_c", (numel if own is None else own) * c)
         else:
             saved.put(key, numel * src_e)
 
@@ -103,28 +104,49 @@ def attention_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str,
     kernel = attention_kernel(d, s)
     masked = kernel != "eager" and sdpa_mask(d, s, layer_type)
     scores_grad = q_grad or k_grad
-    if kernel in ("eager", "math"):
+    probs = B * d.heads * S * S
+    if kernel == "math":
+        # torch's reference kernel: q and k times sqrt(scale) (k repeated for GQA), its softmax,
+        # dropout, and V; on the CPU it upcasts bf16/fp16 inputs to fp32 first.
+        me = 4 if s.device == "cpu" else (c if s.autocast else qr_e)
+        kv_numel = T * (d.q_dim if groups > 1 else d.kv_dim)
+        if k_grad:
+            saved.put("q_scaled", T * d.q_dim * me)
+        if q_grad:
+            saved.put("k_scaled", kv_numel * me)
+        if scores_grad:
+            saved.put("probs_sm", probs * me)
+        p_key = "probs_sm"
+        if d.attn_dropout > 0:
+            dropout(saved, s, "attn_dropout", d.attn_dropout, probs, me, scores_grad)
+            p_key = "probs_dropped"
+        if v_grad:
+            saved.put(p_key, probs * me)
+        if scores_grad:
+            if groups > 1 or me != v_e or (arch.fused_qkv and B > 1) or (s.autocast and v_e != c):
+                saved.put("v_math", kv_numel * me)
+            else:
+                saved.put(v_key, v_numel * v_e)
+        o_in, o_e = "attn_out", (c if s.autocast else qr_e)
+    elif kernel == "eager":
         # scores = q @ k^T saves each side only if the other needs a gradient; softmax saves its
         # output if the scores need one; probs @ v saves probs if v needs one and v if probs do.
         if k_grad:
-            # (the math kernel saves q and k times sqrt(scale), new tensors of their size)
-            fed(*(("q_scaled", qr_e, T * d.q_dim) if kernel == "math" else (q_src[0], qr_e, q_src[1])))
+            fed(q_src[0], qr_e, q_src[1], T * d.q_dim, "q_c")
         if q_grad:
             if groups > 1:
                 fed("k_rep", kr_e, T * d.q_dim)
             else:
-                fed(*(("k_scaled", kr_e, T * d.kv_dim) if kernel == "math" else (k_src[0], kr_e, k_src[1])))
+                fed(k_src[0], kr_e, k_src[1], T * d.kv_dim, "k_c")
         scores_e = c if s.autocast else qr_e
-        probs = B * d.heads * S * S
-        if d.attn_softcap and kernel == "eager" and scores_grad:
+        if d.attn_softcap and scores_grad:
             saved.put("softcap_tanh", probs * scores_e)
-        if arch.eager_softmax_fp32 and kernel == "eager":
+        if arch.eager_softmax_fp32:
             sm_key, sm_e = "probs32", 4
             probs_e = c if s.autocast else qr_e  # softmax(..., dtype=float32).to(query.dtype)
         else:
-            # GPT-2's softmax and SDPA's math kernel run in the scores' dtype
-            sm_e = 4 if (s.autocast and s.device == "cuda" and kernel == "eager") else scores_e
-            sm_key, probs_e = "probs_sm", (v_e if kernel == "eager" and not s.autocast else sm_e)
+            # GPT-2: softmax in the scores' dtype (fp32 under autocast), then .type(value.dtype)
+            sm_key, sm_e, probs_e = "probs_sm", (4 if s.autocast else scores_e), v_e
         if scores_grad:
             saved.put(sm_key, probs * sm_e)
         p_key = sm_key if probs_e == sm_e else "probs"
@@ -132,7 +154,7 @@ def attention_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str,
             dropout(saved, s, "attn_dropout", d.attn_dropout, probs, probs_e, scores_grad)
             p_key = "probs_dropped"
         if v_grad:
-            saved.put(p_key, probs * probs_e)
+            fed(p_key, probs_e, probs)
         if scores_grad:
             if groups > 1:
                 fed("v_rep", v_e, T * d.q_dim)

@@ -44,11 +44,11 @@ def linear(saved: Saved, s: Setup, lin: Linear, inp_key: str, inp_e: int, inp_gr
     quantized = s.quant is not None and lin.role != "lm_head"
     if s.full:
         if s.autocast and inp_e != c:
-            saved.put(f"{lin.name}.in_c", T * lin.inp * c)
+            saved.put(f"{lin.role}.in_c", T * lin.inp * c)
         else:
             saved.put(inp_key, T * lin.inp * inp_e)
         if s.autocast and s.w_e != c and inp_grad:
-            saved.put(f"{lin.name}.weight_c", lin.inp * lin.out * c)
+            saved.put(f"{lin.role}.weight_c", lin.inp * lin.out * c)
         out_e = c if s.autocast else s.w_e
     elif quantized:
         out_e = inp_e
@@ -58,36 +58,36 @@ def linear(saved: Saved, s: Setup, lin: Linear, inp_key: str, inp_e: int, inp_gr
             out_e = c if s.autocast else inp_e  # MatMul8bitFp dequantizes and calls F.linear
     else:
         if s.autocast and s.w_e != c and inp_grad:
-            saved.put(f"{lin.name}.weight_c", lin.inp * lin.out * c)
+            saved.put(f"{lin.role}.weight_c", lin.inp * lin.out * c)
         out_e = c if s.autocast else s.w_e
     if lin.role in s.targets:
         ae = s.adapter_e
         mask_e = 1 if s.device == "cuda" else ae
         if s.autocast:
             if s.dropout and inp_grad:
-                saved.put(f"{lin.name}.dropout_mask", T * lin.inp * mask_e)
-            saved.put(f"{lin.name}.in_c", T * lin.inp * c)
-            saved.put(f"{lin.name}.lora_mid", T * s.rank * c)
+                saved.put(f"{lin.role}.dropout_mask", T * lin.inp * mask_e)
+            saved.put(f"{lin.role}.in_c", T * lin.inp * c)
+            saved.put(f"{lin.role}.lora_mid", T * s.rank * c)
             if inp_grad:
-                saved.put(f"{lin.name}.lora_A_c", s.rank * lin.inp * c)
-            saved.put(f"{lin.name}.lora_B_c", lin.out * s.rank * c)
+                saved.put(f"{lin.role}.lora_A_c", s.rank * lin.inp * c)
+            saved.put(f"{lin.role}.lora_B_c", lin.out * s.rank * c)
             adapter_out_e = c
         else:
             if s.dropout:
                 # the dropped copy feeds lora_A (the mask only when the input needs a gradient)
-                saved.put(f"{lin.name}.dropout_in", T * lin.inp * ae)
+                saved.put(f"{lin.role}.dropout_in", T * lin.inp * ae)
                 if inp_grad:
-                    saved.put(f"{lin.name}.dropout_mask", T * lin.inp * mask_e)
+                    saved.put(f"{lin.role}.dropout_mask", T * lin.inp * mask_e)
             elif ae == inp_e:
                 saved.put(inp_key, T * lin.inp * inp_e)
             else:
-                saved.put(f"{lin.name}.in_{ae}", T * lin.inp * ae)
-            saved.put(f"{lin.name}.lora_mid", T * s.rank * ae)
+                saved.put(f"{lin.role}.in_{ae}", T * lin.inp * ae)
+            saved.put(f"{lin.role}.lora_mid", T * s.rank * ae)
             adapter_out_e = ae
         if s.method == "dora":
-            saved.put(f"{lin.name}.dora_base", T * lin.out * out_e)
-            saved.put(f"{lin.name}.dora_lora", T * lin.out * adapter_out_e)
-            saved.put(f"{lin.name}.dora_vectors", 3 * lin.out * 4)
+            saved.put(f"{lin.role}.dora_base", T * lin.out * out_e)
+            saved.put(f"{lin.role}.dora_lora", T * lin.out * adapter_out_e)
+            saved.put(f"{lin.role}.dora_vectors", 3 * lin.out * 4)
     return out_e
 
 
