@@ -349,7 +349,8 @@ def measure(case: Case, device: str = "cpu") -> dict[str, Any]:
     logits_forward = logits_bytes + logit_saved
     logits_backward = logit_saved + grads_seen.get("grad_logprobs", 0) + grads_seen.get("grad_logits", 0)
 
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4)
+    # The worker's optimizer (backend/training/techniques.py): the fused AdamW, which updates in place.
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
     optimizer.step()
     opt_bytes = 0
     for state in optimizer.state.values():
@@ -377,6 +378,8 @@ def measure(case: Case, device: str = "cpu") -> dict[str, Any]:
             "logits_backward": logits_backward,
         },
     }
+    if device == "cpu":
+        result["cpu_step_peak"] = _cpu_step_peak(model, optimizer, inputs, amp, params + buffers + quant_tensors)
     if device == "cuda":
         # A second, steady-state step (optimizer state exists, gradients set to None as the
         # Trainer does), measured by the allocator.
@@ -414,3 +417,74 @@ def _find_node(node, prefix: str):
             return n
         stack.extend(child for child, _ in n.next_functions)
     return None
+
+
+class _PeakTracker:
+    """The most bytes of tensor storage alive at once, on the CPU (which has no allocator counter
+    like torch.cuda.max_memory_allocated): a dispatch mode that counts every new storage an
+    operation returns until it is freed. Storages that existed before (`known`) are left out."""
+
+    def __init__(self, known: set[int]) -> None:
+        self.known, self.live, self.now, self.peak = known, {}, 0, 0
+
+    def _track(self, t) -> None:
+        storage = t.untyped_storage()
+        key, size = storage.data_ptr(), storage.nbytes()
+        if key in self.known or key in self.live or size == 0:
+            return
+        self.live[key] = size
+        self.now += size
+        self.peak = max(self.peak, self.now)
+
+        def freed(key=key, size=size):
+            if self.live.pop(key, None) is not None:
+                self.now -= size
+
+        weakref.finalize(storage, freed)
+
+    def mode(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        tracker = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                        tracker._track(t)
+                return out
+
+        return Mode()
+
+
+def _cpu_step_peak(model, optimizer, inputs: dict, amp, static: list) -> int:
+    """A second, steady-state step (optimizer state exists, gradients set to None as the Trainer
+    does) under _PeakTracker: the bytes that existed before (weights, adapters, optimizer state)
+    plus the most new storage alive at once during the forward, backward and optimizer step."""
+    import gc
+
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    held = list(static) + [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    held += [t for t in inputs.values() if isinstance(t, torch.Tensor)]
+    known, before = set(), 0
+    for t in held:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in known:
+            known.add(storage.data_ptr())
+            before += storage.nbytes()
+    tracker = _PeakTracker(known)
+    with tracker.mode():
+        with amp():
+            loss = model(**inputs, use_cache=False).loss
+        loss.backward()
+        del loss
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return before + tracker.peak
+

@@ -179,14 +179,17 @@ def estimate(
         runtime_detail["cuda_context"] = CUDA_CONTEXT_BYTES
         runtime_detail["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
         runtime_detail["allocator_slack"] = int(ALLOCATOR_SLACK * (activations + logits + gradients))
-        if s.quant:
-            runtime_detail["dequant_buffer"] = counts.largest_linear * e
-        if s.method == "dora":
-            runtime_detail["dora_weight_norm"] = dora_transient(arch, d, s)
-        if t.optimizer == "adamw" and dist.get("effective_stage", 0) == 0:
-            # torch's foreach AdamW (the CUDA default) builds sqrt(v) for all parameters at once;
-            # DeepSpeed's fused Adam (ZeRO stages, offload) does not.
-            runtime_detail["optimizer_step_buffer"] = trained * 4
+    # Transients on either device: bitsandbytes dequantizes a k-bit weight for each matmul, DoRA
+    # rebuilds its weight norm in every forward pass.
+    if s.quant:
+        runtime_detail["dequant_buffer"] = counts.largest_linear * e
+    if s.method == "dora":
+        runtime_detail["dora_weight_norm"] = dora_transient(arch, d, s)
+    if t.optimizer == "adamw" and run.hardware.strategy == "fsdp" and device == "cuda":
+        # FSDP keeps the per-tensor AdamW, whose foreach kernels (the CUDA default) build sqrt(v)
+        # for all parameters at once. The worker's single-device and DDP runs use the fused AdamW
+        # and DeepSpeed its fused Adam, which update in place (no step buffer; measured on the CPU).
+        runtime_detail["optimizer_step_buffer"] = math.ceil(trained * 4 / max(1, num_gpus))
     fixed = runtime_detail["cuda_context"] + runtime_detail["cublas_workspace"] + runtime_detail["allocator_slack"]
     fwd_bwd_transient = runtime_detail["dequant_buffer"] + runtime_detail["dora_weight_norm"]
     step_transient = runtime_detail["optimizer_step_buffer"]
@@ -197,7 +200,8 @@ def estimate(
     phases = peak_phases(s, act, static=static, logits=max(logits, tv * 4 + lm_head_grad), gradients=gradients,
                          accumulate=run.train.gradient_accumulation_steps > 1, layers=d.layers,
                          head_gradients=lm_head_grad + (d.hidden * grad_e if s.full else 0),
-                         fwd_bwd_transient=fwd_bwd_transient, step_transient=step_transient)
+                         fwd_bwd_transient=fwd_bwd_transient, step_transient=step_transient,
+                         tied_gradient=d.vocab * d.hidden * grad_e if s.full and d.tied else 0)
     phases["peak"] = max(phases.values()) + fixed
     phases["fixed_runtime"] = fixed
 
@@ -264,7 +268,8 @@ def estimate(
 
 
 def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, gradients: int, accumulate: bool,
-                layers: int, head_gradients: int, fwd_bwd_transient: int, step_transient: int) -> dict[str, int]:
+                layers: int, head_gradients: int, fwd_bwd_transient: int, step_transient: int,
+                tied_gradient: int = 0) -> dict[str, int]:
     """Bytes held at each moment of a steady-state step that can be its peak (the static states
     are held throughout; gradients survive between micro-batches when accumulating):
 
@@ -275,12 +280,17 @@ def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, grad
       the recompute phase one layer's saved tensors instead of the loss buffers (with the gradients
       made so far: at the last layer all inputs and the head's gradients, at the first one input
       and nearly all gradients; the sum is linear in between, so the ends bound it);
+    - backward_end (full tuning of a tied embedding): the embedding's backward makes a second
+      vocab x hidden gradient for the weight lm_head already gave one, and autograd adds the two
+      out of place: two more of them beside all the other gradients (measured on the CPU);
     - optimizer_step: the gradients plus the optimizer's temporary.
     """
     accumulated = gradients if accumulate else 0
+    end = {"backward_end": static + gradients + 2 * tied_gradient} if tied_gradient else {}
     if not s.checkpointing:
         return {
             "backward_start": static + act["total"] + logits + accumulated + fwd_bwd_transient,
+            **end,
             "optimizer_step": static + gradients + step_transient,
         }
     kept, extra, model = act["checkpointed_inputs"], act["checkpoint_extra_inputs"], act["model_level"]
@@ -290,6 +300,7 @@ def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, grad
     return {
         "loss_backward": static + kept + extra + model + logits + accumulated + fwd_bwd_transient,
         "recompute": static + extra + persistent + act["recompute_one_layer"] + grown + fwd_bwd_transient,
+        **end,
         "optimizer_step": static + gradients + step_transient,
     }
 
