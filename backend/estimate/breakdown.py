@@ -61,6 +61,12 @@ class Breakdown:
         phases = {k: v for k, v in (self.details.get("peak_phases") or {}).items() if k not in ("peak", "fixed_runtime")}
         when = f"  (at {max(phases, key=phases.get).replace('_', ' ')})" if phases else ""
         lines.append(f"{'total (peak)':<16}{human_bytes(self.total_bytes):>12}{when}")
+        trained = self.details.get("trainable_parameters") or 0
+        if (self.details.get("setup") or {}).get("method") == "full" and trained:
+            # the ZeRO paper's (and the first seed article's) 16 bytes per parameter for mixed-precision Adam
+            states = self.weights + self.gradients + self.optimizer + self.master_weights
+            lines.append(f"{'model states':<16}{human_bytes(states):>12}  ({states / trained:.1f} bytes x "
+                         f"{trained / 1e9:.2f} B parameters = {states / 1e9:.1f} GB)")
         for warning in self.details.get("warnings", []):
             lines.append(f"note: {warning}")
         return "\n".join(lines)

@@ -192,16 +192,24 @@ def estimate(
         runtime_detail["optimizer_step_buffer"] = math.ceil(trained * 4 / max(1, num_gpus))
     fixed = runtime_detail["cuda_context"] + runtime_detail["cublas_workspace"] + runtime_detail["allocator_slack"]
     fwd_bwd_transient = runtime_detail["dequant_buffer"] + runtime_detail["dora_weight_norm"]
+    bwd_transient = runtime_detail["dequant_buffer"]  # DoRA's norm is rebuilt in forward passes only
     step_transient = runtime_detail["optimizer_step_buffer"]
     runtime = fixed + max(fwd_bwd_transient, step_transient)
 
     static = weights + adapters + optimizer + master
+    # Gradients that do not exist yet while the first layer is recomputed: its own and the input
+    # embeddings' (an untied one; a tied one got lm_head's gradient already).
+    late_gradients = 0
+    if s.full:
+        per_layer = (counts.text - counts.embedding - counts.lm_head - counts.positions) // max(1, d.layers)
+        late_gradients = (per_layer + (0 if d.tied else counts.embedding) + counts.positions) * grad_e
     lm_head_grad = d.vocab * d.hidden * grad_e if s.full else 0
     phases = peak_phases(s, act, static=static, logits=max(logits, tv * 4 + lm_head_grad), gradients=gradients,
                          accumulate=run.train.gradient_accumulation_steps > 1, layers=d.layers,
                          head_gradients=lm_head_grad + (d.hidden * grad_e if s.full else 0),
-                         fwd_bwd_transient=fwd_bwd_transient, step_transient=step_transient,
-                         tied_gradient=d.vocab * d.hidden * grad_e if s.full and d.tied else 0)
+                         fwd_transient=fwd_bwd_transient, bwd_transient=bwd_transient, step_transient=step_transient,
+                         tied_gradient=d.vocab * d.hidden * grad_e if s.full and d.tied else 0,
+                         late_gradients=late_gradients)
     phases["peak"] = max(phases.values()) + fixed
     phases["fixed_runtime"] = fixed
 
@@ -268,13 +276,16 @@ def estimate(
 
 
 def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, gradients: int, accumulate: bool,
-                layers: int, head_gradients: int, fwd_bwd_transient: int, step_transient: int,
-                tied_gradient: int = 0) -> dict[str, int]:
+                layers: int, head_gradients: int, fwd_transient: int, bwd_transient: int, step_transient: int,
+                tied_gradient: int = 0, late_gradients: int = 0) -> dict[str, int]:
     """Bytes held at each moment of a steady-state step that can be its peak (the static states
     are held throughout; gradients survive between micro-batches when accumulating):
 
+    - forward_end: all saved activations while the last layer's forward transients exist (DoRA's
+      weight norm, bitsandbytes' dequantized weight), before the loss buffers do;
     - backward_start: all saved activations plus the loss buffers (or, once lm_head's backward runs
-      in full tuning, the logits' gradient and lm_head's weight gradient);
+      in full tuning, the logits' gradient and lm_head's weight gradient), with the backward
+      pass's transients (the dequantized weight);
     - with activation checkpointing, the loss buffers are freed before the first layer is
       recomputed, so the loss phase holds the checkpointed inputs and the model-level tensors, and
       the recompute phase one layer's saved tensors instead of the loss buffers (with the gradients
@@ -289,17 +300,18 @@ def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, grad
     end = {"backward_end": static + gradients + 2 * tied_gradient} if tied_gradient else {}
     if not s.checkpointing:
         return {
-            "backward_start": static + act["total"] + logits + accumulated + fwd_bwd_transient,
+            "forward_end": static + act["total"] + accumulated + fwd_transient,
+            "backward_start": static + act["total"] + logits + accumulated + bwd_transient,
             **end,
             "optimizer_step": static + gradients + step_transient,
         }
     kept, extra, model = act["checkpointed_inputs"], act["checkpoint_extra_inputs"], act["model_level"]
     persistent = act["model_level_persistent"]
     one_input = kept // max(1, layers)
-    grown = max(kept + (accumulated or head_gradients), one_input + gradients)
+    grown = max(kept + (accumulated or head_gradients), one_input + (accumulated or gradients - late_gradients))
     return {
-        "loss_backward": static + kept + extra + model + logits + accumulated + fwd_bwd_transient,
-        "recompute": static + extra + persistent + act["recompute_one_layer"] + grown + fwd_bwd_transient,
+        "loss_backward": static + kept + extra + model + logits + accumulated + bwd_transient,
+        "recompute": static + extra + persistent + act["recompute_one_layer"] + grown + fwd_transient,
         **end,
         "optimizer_step": static + gradients + step_transient,
     }

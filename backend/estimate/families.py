@@ -25,7 +25,7 @@ _MOE = {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False
 
 FAMILIES: dict[str, tuple[Arch, dict[str, Any]]] = {
     "llama": (LLAMA, {**_COMMON, "intermediate_size": 11008}),
-    "mistral": (LLAMA, {**_COMMON, "intermediate_size": 14336}),
+    "mistral": (LLAMA, {**_COMMON, "intermediate_size": 14336, "sliding_window": 4096}),
     "qwen2": (QWEN2, {**_COMMON, "intermediate_size": 22016}),
     "qwen3": (QWEN3, {**_COMMON, "intermediate_size": 22016, "head_dim": 128}),
     "gemma2": (GEMMA2, {**_GEMMA, "intermediate_size": 9216, "final_logit_softcapping": 30.0,
@@ -141,11 +141,11 @@ def text_part(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | Non
         return {**text, "model_type": model_type, "_source": source}, raw
     if text is not None:
         raise ValueError(f"{source}: text_config is {type(text).__name__}, not an object; {_FIX}")
-    towers = [k for k in raw if k.endswith("_config") and isinstance(raw[k], dict) and k != "quantization_config"]
+    towers = [k for k in raw if k.endswith(("vision_config", "audio_config")) and isinstance(raw[k], dict)]
     if towers and not any(k in raw for k in ("hidden_size", "n_embd", "d_model")):
         raise ValueError(f"{source}: a multimodal config ({', '.join(towers)}) without text_config; "
                          "point model.path at a model with a text decoder")
-    return raw, None
+    return raw, (raw if towers else None)
 
 
 def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
@@ -161,9 +161,10 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
     family = FAMILIES.get(model_type or "")
     if family is None:
         arch, defaults = LLAMA, dict(_COMMON)
+        experts = next((raw[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if raw.get(k)), None)
         warnings.append(f"model_type {model_type!r} is not in the table, so not measured: estimated as a Llama-style "
                         "decoder (RMSNorm, rotary, SiLU-gated MLP, no biases) from its hidden, intermediate, layer "
-                        "and head counts")
+                        "and head counts" + (f", without its {experts} experts" if experts else ""))
     else:
         arch, defaults = family
     r = _Reader(raw, defaults, _GPT2_KEYS if arch.family == "gpt2" else {}, source)
@@ -213,7 +214,7 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
         dims["resid_dropout"] = r.fraction("hidden_dropout")
     if arch.family in ("gemma2", "gemma3_text"):
         dims.update(attn_softcap=r.cap("attn_logit_softcapping"), final_softcap=r.cap("final_logit_softcapping"))
-    dims.update(_windows(arch, r, layers))
+    dims.update(_windows(arch, str(model_type), r, layers))
     if arch.moe:
         dims.update(_moe_dims(arch, r, layers))
     if outer is not None:
@@ -227,12 +228,13 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
     return arch, Dims(**dims), warnings
 
 
-def _windows(arch: Arch, r: _Reader, layers: int) -> dict[str, Any]:
+def _windows(arch: Arch, model_type: str, r: _Reader, layers: int) -> dict[str, Any]:
     """sliding_window and layer_types as each config class resolves them (they decide where SDPA
     gets a 4-D mask): Gemma alternates by sliding_window_pattern, Qwen windows only with
-    use_sliding_window (from max_window_layers on), Mistral / Phi-3 / Mixtral window every layer."""
-    family = arch.family
-    if family in ("gpt2", "gpt_neox"):
+    use_sliding_window (from max_window_layers on), Mistral / Phi-3 / Mixtral window every layer;
+    Llama, GPT-2 and GPT-NeoX have no windows."""
+    family = "mistral" if model_type == "mistral" else arch.family
+    if family not in ("mistral", "phi3", "mixtral") and not family.startswith(("qwen", "gemma")):
         return {}
     if family.startswith("qwen") and not r.flag("use_sliding_window"):
         return {}

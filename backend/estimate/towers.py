@@ -33,13 +33,13 @@ def tower_params(config: dict[str, Any]) -> tuple[int, int, tuple[tuple[int, int
     """(parameters, of them in nn.Linear weights, the linears as (in, out, count), warnings) of the
     non-text parts of a multimodal config."""
     vision = config.get("vision_config")
-    text = config.get("text_config") or {}
+    text = config.get("text_config") or config
     if not isinstance(vision, dict):
         return 0, 0, (), []
-    kind = vision.get("model_type", "siglip_vision_model")
+    kind = vision.get("model_type") or ("siglip_vision_model" if config.get("model_type") == "gemma3" else "vision")
     if kind != "siglip_vision_model" or config.get("model_type") != "gemma3":
-        return 0, 0, (), [f"{config.get('model_type')}: the {kind} tower is not counted (only Gemma 3's SigLIP is); "
-                          "the estimate covers the text decoder"]
+        return 0, 0, (), [f"{config.get('model_type')}: its {kind} tower is not counted (only Gemma 3's SigLIP "
+                          "is); the estimate covers the text decoder"]
     total, linears = _siglip(vision, int(text.get("hidden_size") or 2304))
     linear_weights = sum(a * b * c for a, b, c in linears)
     return total, linear_weights, tuple(linears), [

@@ -122,6 +122,7 @@ def test_cli_estimate_on_gpt2_xl_prints_a_table(tmp_path):
     done = _cli("estimate", str(PRESET), "--set", f"model.path={tmp_path}", "--set", "technique.method=full")
     assert done.returncode == 0, done.stderr
     assert "total (peak)" in done.stdout and "GiB" in done.stdout and "Traceback" not in done.stderr
+    assert "16.0 bytes x 1.56 B parameters = 24.9 GB" in done.stdout  # the seed article's 16 bytes, ~24 GB
 
 
 # --- one-line errors, never a traceback ------------------------------------------------------------
