@@ -1,37 +1,42 @@
 """How close is `backend.estimate` to the bytes a real training step holds?
 
-Builds small random-weight models (a Llama, or the bundled `resources/tiny` when it exists, plus a
-GPT-NeoX, a Qwen2 and a Phi-3), runs one real training step for each configuration of a matrix
-(LoRA / DoRA / QLoRA / LLM.int8 / full, activation checkpointing on and off, eager / SDPA
-attention, two sequence lengths, two batch sizes, fp32 / bf16, with and without the Trainer's
-autocast) and measures, part by part, what is actually held:
+Builds tiny random-weight models of every family (bench/estimate_cases.py: the bundled Llama or
+`resources/tiny`, a GPT-NeoX, a Qwen2 and a Phi-3 of its own, and tests/families.py's Mistral,
+Qwen3, Gemma 2, Gemma 3, GPT-2, Qwen2-MoE, Qwen3-MoE and Mixtral), runs one real training step for
+each configuration of a matrix (LoRA / DoRA / QLoRA / LLM.int8 / full, activation checkpointing on
+and off, eager / SDPA attention, two sequence lengths, two batch sizes, fp32 / bf16, with and
+without the Trainer's autocast) and measures, part by part, what is actually held
+(bench/estimate_measure.py, bench/estimate_tensors.py):
 
-- weights, adapters, gradients, optimizer: summed from the tensors themselves after one
-  `torch.optim.AdamW` step (LoRA and DoRA through peft);
+- weights, adapters, gradients, optimizer: summed from the tensors themselves after one step of
+  the fused `torch.optim.AdamW` the worker uses (LoRA and DoRA through peft);
 - activations: every tensor autograd saves during the forward pass, seen through
   `torch.autograd.graph.saved_tensors_hooks`, still alive when the forward pass ends, each storage
   counted once (by `untyped_storage().data_ptr()`), parameters and buffers left out, plus tensors
   that custom autograd Functions keep as ctx attributes (bitsandbytes' int8 matmul). With
   activation checkpointing, the keyword inputs the checkpoint keeps in its closure are added, and
-  so is what one layer saves when it is recomputed in the backward pass (measured by running the
-  last layer once more, uncheckpointed, under the same hooks);
+  so is what the largest layer saves when it is recomputed in the backward pass (measured by running
+  every layer once more, uncheckpointed, under the same hooks);
 - logits: the logits tensor of the output, the log-probabilities the loss saves (any saved storage
-  of B*S*vocab elements) and the two gradients that exist together while the loss' backward runs
-  (read with hooks on the LogSoftmax backward node);
-- on a GPU, when there is one: the same parts, and `torch.cuda.max_memory_allocated` over a second,
-  steady-state step against the estimate's total and its phase-by-phase peak, both less the CUDA
-  context, the allocator slack and the cuBLAS workspace (which that counter does not see); these
-  rows are reported, not part of the ±10% goal.
+  of B*S*vocab elements: Gemma 2's soft-capping saves one more) and the two gradients that exist
+  together while the loss' backward runs (read with hooks on the LogSoftmax backward node);
+- the whole step's peak: on the CPU a second, steady-state step under a dispatch mode that counts
+  every new storage until it is freed, against the estimate's total (its largest phase) and the
+  sum of its parts; on a GPU, when there is one, `torch.cuda.max_memory_allocated` over that step
+  against the same two, less the CUDA context, the allocator slack and the cuBLAS workspace (which
+  that counter does not see). These rows are reported, not part of the ±10% goal.
 
-Prints predicted against measured for every part and the worst relative error per part; exits 1
-when a part misses ±10%.
+Prints predicted against measured for every part, the worst relative error per part and the worst
+part per family; exits 1 when a part misses ±10%.
 
-    python bench/estimate_accuracy.py             # the whole matrix (~15 s on one CPU thread)
-    python bench/estimate_accuracy.py --quick     # three configurations
-    python bench/estimate_accuracy.py --only amp  # the configurations whose name contains "amp"
+    python bench/estimate_accuracy.py                 # the whole matrix (109 configurations, ~7 min)
+    python bench/estimate_accuracy.py --quick         # four configurations
+    python bench/estimate_accuracy.py --ci            # the test suite's slice (CI_SLICE)
+    python bench/estimate_accuracy.py --family gemma2 # one family's configurations
+    python bench/estimate_accuracy.py --only amp      # the configurations whose name contains "amp"
 
-The functions here (`measure`, `predict`, `compare`, `MATRIX`) are imported by
-tests/backend/test_estimate.py, which checks a slice of the matrix.
+The functions here (`measure`, `predict`, `compare`, `MATRIX`, `QUICK`) are imported by
+tests/backend/test_estimate.py and tests/backend/test_estimate_families.py, which check CI_SLICE.
 """
 
 from __future__ import annotations

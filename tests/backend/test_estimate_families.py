@@ -83,8 +83,12 @@ except ImportError:  # pragma: no cover - a checkout without them
 @pytest.mark.parametrize("name", model_configs.names() if model_configs else [])
 def test_real_config_parameter_count_is_what_transformers_builds(name):
     """Exactly equal for every published config.json in tests/fixtures/model_configs."""
-    arch, dims, _ = read_dims(model_configs.load(name))
+    raw = model_configs.load(name)
+    arch, dims, _ = read_dims(raw)
     assert count_params(arch, dims).total == model_configs.parameter_count(model_configs.meta_model(name))
+    for method in ("qlora", "lora", "full"):  # estimates at real size, without a note of an unknown family
+        b = estimate(raw, run(method=method, gradient_checkpointing=True), device="cuda")
+        assert 0 < b.total_bytes <= b.sum_bytes and b.details["model"]["measured"]
 
 
 def test_family_defaults_are_the_config_classes_defaults():
