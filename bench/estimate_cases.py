@@ -89,7 +89,11 @@ ARCH_CONFIGS = {
     "gpt_neox_seq": {**TINY_NEOX, "use_parallel_residual": False},
     "qwen2": TINY_QWEN2,
     "phi3": TINY_PHI3,
+    "mistral_window": {**TINY_FAMILIES["mistral"], "sliding_window": 64},
+    "phi3_window": {**TINY_PHI3, "sliding_window": 100},
 }
+"""The bench's own configs; the _window ones put every layer in a sliding window the rows reach
+(Mistral v0.1's 4096, Phi-3-mini's 2047 at real size), which gives SDPA a 4-D mask."""
 
 
 def llama_config_dict() -> dict[str, Any]:
@@ -224,6 +228,10 @@ FAMILY_MATRIX: list[Case] = [
     *_family("mistral",
              ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", True, "eager", 128, 1, "fp32", False),
              ("qlora", False, "sdpa", 128, 2, "bf16", True), ("lora", True, "sdpa", 128, 1, "bf16", True)),
+    *_family("mistral_window",
+             ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", True, "sdpa", 128, 1, "fp32", False),
+             ("lora", False, "sdpa", 128, 1, "bf16", True)),
+    *_family("phi3_window", ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", True, "sdpa", 128, 1, "bf16", True)),
     *_family("qwen3",
              ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", False, "eager", 128, 1, "fp32", False),
              ("full", True, "sdpa", 256, 2, "fp32", False), ("lora", False, "sdpa", 128, 2, "bf16", True),
