@@ -29,7 +29,7 @@ without the Trainer's autocast) and measures, part by part, what is actually hel
 Prints predicted against measured for every part, the worst relative error per part and the worst
 part per family; exits 1 when a part misses ±10%.
 
-    python bench/estimate_accuracy.py                 # the whole matrix (114 configurations, ~7 min)
+    python bench/estimate_accuracy.py                 # the whole matrix (115 configurations, ~7 min)
     python bench/estimate_accuracy.py --quick         # four configurations
     python bench/estimate_accuracy.py --ci            # the test suite's slice (CI_SLICE)
     python bench/estimate_accuracy.py --family gemma2 # one family's configurations

@@ -91,6 +91,7 @@ ARCH_CONFIGS = {
     "phi3": TINY_PHI3,
     "mistral_window": {**TINY_FAMILIES["mistral"], "sliding_window": 64},
     "phi3_window": {**TINY_PHI3, "sliding_window": 100},
+    "phi3_dropout": {**TINY_PHI3, "resid_pdrop": 0.1, "embd_pdrop": 0.1},
 }
 """The bench's own configs; the _window ones put every layer in a sliding window the rows reach
 (Mistral v0.1's 4096, Phi-3-mini's 2047 at real size), which gives SDPA a 4-D mask."""
@@ -232,6 +233,7 @@ FAMILY_MATRIX: list[Case] = [
              ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", True, "sdpa", 128, 1, "fp32", False),
              ("lora", False, "sdpa", 128, 1, "bf16", True)),
     *_family("phi3_window", ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", True, "sdpa", 128, 1, "bf16", True)),
+    *_family("phi3_dropout", ("lora", False, "sdpa", 128, 2, "fp32", False)),
     *_family("qwen3",
              ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", False, "eager", 128, 1, "fp32", False),
              ("full", True, "sdpa", 256, 2, "fp32", False), ("lora", False, "sdpa", 128, 2, "bf16", True),

@@ -129,11 +129,11 @@ Assumptions (where a real run can differ):
   one); DDP (num_gpus > 1, stage 0) keeps a second copy of the gradients in its buckets
   (gradient_as_bucket_view off, the default). FSDP, tensor and pipeline parallelism are not modelled.
 
-Accuracy: bench/estimate_accuracy.py measures every part on 114 configurations across all twelve
+Accuracy: bench/estimate_accuracy.py measures every part on 115 configurations across all twelve
 families of the table (tiny random-weight models; LoRA, DoRA, QLoRA, LLM.int8, full; checkpointing
 on/off; eager/SDPA; fp32/bf16, with and without autocast): on the CPU weights, adapters, gradients,
 optimizer and logits to the byte and activations within 2.2% for every family but GPT-2 with DoRA
-(-6.2%); the total (the largest phase) came within 3% of the step's measured peak in 113 of 114
+(-6.2%); the total (the largest phase) came within 3% of the step's measured peak in 114 of 115
 (-9% for GPT-NeoX DoRA with checkpointing), where the sum of the parts overshot by up to 34%.
 Parameter counts equal transformers' for every published config.json in
 tests/fixtures/model_configs. Earlier, on an H200 (39 configurations of Llama, GPT-NeoX, Qwen2,

@@ -207,9 +207,9 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
             if r.flag(flag):
                 warnings.append(f"gpt2 {flag}: true is not modelled; estimated as GPT-2's default attention")
     else:
+        # Phi-3 drops out the attention and MLP outputs (resid_pdrop); its embd_pdrop is unused there.
         dims.update(attn_dropout=r.fraction("attention_dropout"),
-                    resid_dropout=r.fraction("resid_pdrop") if arch.family == "phi3" else 0.0,
-                    embd_dropout=r.fraction("embd_pdrop") if arch.family == "phi3" else 0.0)
+                    resid_dropout=r.fraction("resid_pdrop") if arch.family == "phi3" else 0.0)
     if arch.family == "gpt_neox" and r.fraction("hidden_dropout"):
         dims["resid_dropout"] = r.fraction("hidden_dropout")
     if arch.family in ("gemma2", "gemma3_text"):
