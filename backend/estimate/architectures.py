@@ -1,21 +1,20 @@
-"""Model families and their numbers: config.json to Arch and Dims, linears, parameter counts."""
+"""Model families' structure (Arch), the numbers read from config.json (Dims), linears and parameter counts."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-
-from backend.paths import BUNDLED_PREFIX, resolve_resource
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 
 @dataclass(frozen=True)
 class Arch:
-    """What the estimator needs to know about a model family beyond config.json's numbers."""
+    """What the estimator needs to know about a model family beyond config.json's numbers: how its
+    Hugging Face implementation (transformers 5.24) is built, where that changes what is saved."""
 
     family: str
-    norm: Literal["rms", "layer"]
+    norm: Literal["rms", "rms_gemma", "layer"]
+    """rms: Llama's RMSNorm (w * x.to(dtype)); rms_gemma: Gemma's, (1 + w) * x in fp32, cast back
+    last; layer: LayerNorm with weight and bias."""
     gated_mlp: bool
     fused_qkv: bool
     fused_gate_up: bool
@@ -30,6 +29,29 @@ class Arch:
     so SDPA's output is already contiguous for o_proj (Llama) or is copied again (GPT-NeoX's cat)."""
     measured: bool
     """Checked against real tensors in bench/estimate_accuracy.py."""
+    sandwich_norms: bool = False
+    """Gemma 2/3: four norms per layer (input, post_attention on the attention output, pre_ and
+    post_feedforward around the MLP)."""
+    qk_norm: Literal["", "bshd", "bhsd"] = ""
+    """RMSNorm over head_dim on q and k: before the transpose (Qwen3) or after it (Gemma 3)."""
+    embed_scale: bool = False
+    """Gemma: embeddings times sqrt(hidden_size)."""
+    learned_positions: bool = False
+    """GPT-2: a position embedding table (n_positions x hidden) instead of rotary embeddings."""
+    sdpa: bool = True
+    """False where transformers refuses SDPA (Gemma 2: `_supports_sdpa = False`); it runs eager."""
+    eager_softmax_fp32: bool = True
+    """Eager attention's softmax runs in fp32 and is cast back (Llama); GPT-2's runs in the input dtype."""
+    moe: Literal["", "qwen2_moe", "qwen3_moe", "mixtral"] = ""
+    shared_expert: bool = False
+    """Qwen2-MoE: a dense MLP beside the routed experts, scaled by sigmoid(shared_expert_gate(x))."""
+    router_weights_fp32: bool = False
+    """Mixtral: the routing weights stay fp32 (no cast back), so the weighted expert outputs are fp32."""
+    lora_expert_params: bool = False
+    """peft 0.21 turns `all-linear` into target_parameters on the fused experts and the router for
+    these model types (its v4 -> v5 conversion table covers mixtral and qwen3_moe, not qwen2_moe)."""
+    expert_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """LoRA target names that peft maps onto the fused experts / router (v4 module names)."""
 
 
 LLAMA = Arch(
@@ -72,22 +94,39 @@ PHI3 = Arch(
     mlp_bias=False,
     names={"qkv": "qkv_proj", "o": "o_proj", "gate_up": "gate_up_proj", "down": "down_proj"},
     query_layout_bshd=False,
-    measured=False,
+    measured=True,
 )
-
-ARCHITECTURES: dict[str, Arch] = {
-    "llama": LLAMA,
-    "mistral": LLAMA,
-    "qwen2": Arch(**{**LLAMA.__dict__, "family": "qwen2", "qkv_bias": True}),
-    "gpt_neox": GPT_NEOX,
-    "phi3": PHI3,
-}
-"""config.json's model_type -> Arch. Unknown types are estimated as Llama-style, with a warning."""
+QWEN2 = replace(LLAMA, family="qwen2", qkv_bias=True)
+QWEN3 = replace(LLAMA, family="qwen3", qk_norm="bshd")
+GEMMA2 = replace(LLAMA, family="gemma2", norm="rms_gemma", sandwich_norms=True, embed_scale=True, sdpa=False)
+GEMMA3 = replace(LLAMA, family="gemma3_text", norm="rms_gemma", sandwich_norms=True, embed_scale=True, qk_norm="bhsd")
+GPT2 = Arch(
+    family="gpt2",
+    norm="layer",
+    gated_mlp=False,
+    fused_qkv=True,
+    fused_gate_up=False,
+    parallel_residual=False,
+    qkv_bias=True,
+    o_bias=True,
+    mlp_bias=True,
+    names={"qkv": "c_attn", "o": "c_proj", "fc1": "c_fc", "fc2": "c_proj"},
+    query_layout_bshd=False,
+    measured=True,
+    learned_positions=True,
+    eager_softmax_fp32=False,
+)
+QWEN2_MOE = replace(QWEN2, family="qwen2_moe", moe="qwen2_moe", shared_expert=True)
+QWEN3_MOE = replace(QWEN3, family="qwen3_moe", moe="qwen3_moe", lora_expert_params=True,
+                    expert_names={"router": ("gate",), "experts_gate_up": ("gate_proj", "up_proj"),
+                                  "experts_down": ("down_proj",)})
+MIXTRAL = replace(LLAMA, family="mixtral", moe="mixtral", router_weights_fp32=True, lora_expert_params=True,
+                  expert_names={"router": ("gate",), "experts_gate_up": ("w1", "w3"), "experts_down": ("w2",)})
 
 
 @dataclass(frozen=True)
 class Dims:
-    """The numbers read from config.json."""
+    """The numbers read from config.json (in the family's own key names, see families.py)."""
 
     model_type: str
     hidden: int
@@ -104,6 +143,35 @@ class Dims:
     o_bias: bool
     mlp_bias: bool
     act: str
+    positions: int = 0
+    """Learned position embeddings (GPT-2's n_positions); 0 with rotary embeddings."""
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    layer_types: tuple[str, ...] = ()
+    """Per layer "full_attention" or "sliding_attention"; empty: all full."""
+    sliding_window: int | None = None
+    """The window of the sliding-attention layers (None: no windowed layers)."""
+    attn_dropout: float = 0.0
+    resid_dropout: float = 0.0
+    embd_dropout: float = 0.0
+    experts: int = 0
+    top_k: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    sparse_layers: tuple[bool, ...] = ()
+    """Per layer: True where the MLP is the mixture of experts (decoder_sparse_step, mlp_only_layers)."""
+    norm_topk: bool = False
+    router_aux_loss: bool = False
+    """output_router_logits: the load-balancing loss runs in training too."""
+    router_jitter: bool = False
+    """Mixtral's router_jitter_noise > 0: the hidden states are multiplied by saved noise."""
+    extra_params: int = 0
+    """Parameters outside the text decoder that transformers builds too (a multimodal model's vision
+    tower and projector), held as frozen weights; no text-only step runs them."""
+    extra_linear_params: int = 0
+    """Of those, the weights of nn.Linear modules (peft's all-linear adapts them as well)."""
+    extra_linears: tuple[tuple[int, int, int], ...] = ()
+    """(in, out, count) of those linears, for their adapters."""
 
     @property
     def q_dim(self) -> int:
@@ -113,90 +181,9 @@ class Dims:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-
-def load_model_config(model_config: dict[str, Any] | str | Path) -> dict[str, Any]:
-    """config.json as a dict, from a dict, a folder holding config.json, the file, or `bundled:NAME`."""
-    if isinstance(model_config, dict):
-        return model_config
-    text = str(model_config)
-    path = resolve_resource(text) if text.startswith(BUNDLED_PREFIX) else Path(text).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no config.json; point model.path at a Hugging Face model folder") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return raw
-
-
-def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
-    """The architecture family and numbers of a config.json dict, plus warnings."""
-    warnings: list[str] = []
-    if "hidden_size" not in raw and isinstance(raw.get("text_config"), dict):
-        raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type"))}
-    model_type = str(raw.get("model_type", "llama"))
-    arch = ARCHITECTURES.get(model_type)
-    if arch is None:
-        warnings.append(f"model_type {model_type!r} is not in the architecture table; estimated as a Llama-style decoder")
-        arch = LLAMA
-    elif not arch.measured:
-        warnings.append(f"{model_type}: derived from the same rules, not measured against real tensors")
-
-    def need(key: str) -> int:
-        value = raw.get(key)
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"config.json: {key} is missing or not a positive integer")
-        return value
-
-    hidden = need("hidden_size")
-    heads = need("num_attention_heads")
-    layers = need("num_hidden_layers")
-    vocab = need("vocab_size")
-    intermediate = raw.get("intermediate_size") or 4 * hidden
-    kv_heads = raw.get("num_key_value_heads") or heads
-    head_dim = raw.get("head_dim") or hidden // heads
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    factor = raw.get("rotary_pct", raw.get("partial_rotary_factor", None))
-    if factor is None and isinstance(rope, dict):
-        factor = rope.get("partial_rotary_factor")
-    if factor is None:
-        factor = 1.0
-    rotary_dim = int(head_dim * float(factor))
-    tied = bool(raw.get("tie_word_embeddings", False))
-    parallel = bool(raw.get("use_parallel_residual", arch.parallel_residual)) if arch.family == "gpt_neox" else arch.parallel_residual
-    if arch.family == "gpt_neox":
-        qkv_bias = o_bias = bool(raw.get("attention_bias", True))
-        mlp_bias = True
-    elif arch.family == "qwen2":
-        qkv_bias, o_bias, mlp_bias = True, False, False
-    else:
-        qkv_bias = o_bias = bool(raw.get("attention_bias", arch.qkv_bias))
-        mlp_bias = bool(raw.get("mlp_bias", arch.mlp_bias))
-    act = str(raw.get("hidden_act", "silu" if arch.gated_mlp else "gelu"))
-    if act in ("gelu_new", "gelu_fast", "quick_gelu"):
-        warnings.append(f"hidden_act {act}: its Python implementation saves a few more tensors than counted")
-    dims = Dims(
-        model_type=model_type,
-        hidden=hidden,
-        intermediate=int(intermediate),
-        layers=layers,
-        heads=heads,
-        kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        vocab=vocab,
-        tied=tied,
-        rotary_dim=rotary_dim,
-        parallel_residual=parallel,
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        mlp_bias=mlp_bias,
-        act=act,
-    )
-    return arch, dims, warnings
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.sparse_layers)
 
 
 @dataclass(frozen=True)
@@ -208,28 +195,62 @@ class Linear:
     bias: bool
 
 
-def layer_linears(arch: Arch, d: Dims) -> list[Linear]:
-    """The linear layers of one decoder layer (in forward order)."""
+@dataclass(frozen=True)
+class LayerKind:
+    """Decoder layers that are built alike: `count` of them, with these linears."""
+
+    moe: bool
+    count: int
+    linears: tuple[Linear, ...]
+
+
+def _attention_linears(arch: Arch, d: Dims) -> list[Linear]:
     n = arch.names
-    out: list[Linear] = []
     if arch.fused_qkv:
-        out.append(Linear("qkv", n["qkv"], d.hidden, d.q_dim + 2 * d.kv_dim, d.qkv_bias))
+        out = [Linear("qkv", n["qkv"], d.hidden, d.q_dim + 2 * d.kv_dim, d.qkv_bias)]
     else:
-        out.append(Linear("q", n["q"], d.hidden, d.q_dim, d.qkv_bias))
-        out.append(Linear("k", n["k"], d.hidden, d.kv_dim, d.qkv_bias))
-        out.append(Linear("v", n["v"], d.hidden, d.kv_dim, d.qkv_bias))
-    out.append(Linear("o", n["o"], d.q_dim, d.hidden, d.o_bias))
-    if arch.gated_mlp:
-        if arch.fused_gate_up:
-            out.append(Linear("gate_up", n["gate_up"], d.hidden, 2 * d.intermediate, d.mlp_bias))
-        else:
-            out.append(Linear("gate", n["gate"], d.hidden, d.intermediate, d.mlp_bias))
-            out.append(Linear("up", n["up"], d.hidden, d.intermediate, d.mlp_bias))
-        out.append(Linear("down", n["down"], d.intermediate, d.hidden, d.mlp_bias))
+        out = [Linear("q", n["q"], d.hidden, d.q_dim, d.qkv_bias), Linear("k", n["k"], d.hidden, d.kv_dim, d.qkv_bias),
+               Linear("v", n["v"], d.hidden, d.kv_dim, d.qkv_bias)]
+    return out + [Linear("o", n["o"], d.q_dim, d.hidden, d.o_bias)]
+
+
+def _mlp_linears(arch: Arch, d: Dims, inter: int, prefix: str = "") -> list[Linear]:
+    n = arch.names
+    if not arch.gated_mlp:
+        return [Linear("fc1", n["fc1"], d.hidden, inter, d.mlp_bias), Linear("fc2", n["fc2"], inter, d.hidden, d.mlp_bias)]
+    if arch.fused_gate_up:
+        first = [Linear(prefix + "gate_up", n["gate_up"], d.hidden, 2 * inter, d.mlp_bias)]
     else:
-        out.append(Linear("fc1", n["fc1"], d.hidden, d.intermediate, d.mlp_bias))
-        out.append(Linear("fc2", n["fc2"], d.intermediate, d.hidden, d.mlp_bias))
-    return out
+        first = [Linear(prefix + "gate", n["gate"], d.hidden, inter, d.mlp_bias),
+                 Linear(prefix + "up", n["up"], d.hidden, inter, d.mlp_bias)]
+    return first + [Linear(prefix + "down", n["down"], inter, d.hidden, d.mlp_bias)]
+
+
+def layer_kinds(arch: Arch, d: Dims) -> list[LayerKind]:
+    """The decoder's layer kinds: dense layers, and the mixture-of-experts ones (whose nn.Linear
+    modules are attention and, in Qwen2-MoE, the shared expert and its one-output gate)."""
+    attention = _attention_linears(arch, d)
+    kinds = []
+    dense = d.layers - d.moe_layers
+    if dense:
+        kinds.append(LayerKind(False, dense, tuple(attention + _mlp_linears(arch, d, d.intermediate))))
+    if d.moe_layers:
+        lins = list(attention)
+        if arch.shared_expert:
+            lins += _mlp_linears(arch, d, d.shared_intermediate, prefix="shared_")
+            lins.append(Linear("shared_expert_gate", "shared_expert_gate", d.hidden, 1, False))
+        kinds.append(LayerKind(True, d.moe_layers, tuple(lins)))
+    return kinds
+
+
+def layer_linears(arch: Arch, d: Dims) -> list[Linear]:
+    """The linear layers of one decoder layer (in forward order): the first kind's (dense if any)."""
+    return list(layer_kinds(arch, d)[0].linears)
+
+
+def all_linears(arch: Arch, d: Dims) -> list[tuple[Linear, int]]:
+    """Every decoder nn.Linear (bitsandbytes quantizes these), with how many layers hold it."""
+    return [(lin, kind.count) for kind in layer_kinds(arch, d) for lin in kind.linears]
 
 
 @dataclass(frozen=True)
@@ -246,26 +267,61 @@ class ParamCounts:
     linear_tensors: int
     other_tensors: int
     largest_linear: int
+    experts: int = 0
+    """Fused expert weights (3-D nn.Parameters, not nn.Linear: never quantized)."""
+    router: int = 0
+    positions: int = 0
+    extra: int = 0
+    """Outside the text decoder (a multimodal model's vision tower), frozen and never run."""
 
     @property
     def total(self) -> int:
-        return self.linear_weights + self.linear_biases + self.norms + self.embedding + self.lm_head
+        return (self.linear_weights + self.linear_biases + self.norms + self.embedding + self.lm_head
+                + self.experts + self.router + self.positions + self.extra)
+
+    @property
+    def text(self) -> int:
+        """What a text-only step uses (and so trains): all but `extra`."""
+        return self.total - self.extra
 
     @property
     def tensors(self) -> int:
         return self.linear_tensors + self.other_tensors
 
 
+def norm_sizes(arch: Arch, d: Dims) -> list[int]:
+    """Element counts of one decoder layer's norm tensors (weights, and biases for LayerNorm)."""
+    per = [d.hidden] * (2 if arch.norm == "layer" else 1)
+    sizes = per * (4 if arch.sandwich_norms else 2)
+    if arch.qk_norm:
+        sizes += [d.head_dim, d.head_dim]
+    return sizes
+
+
+def expert_sizes(arch: Arch, d: Dims) -> list[int]:
+    """Element counts of one MoE layer's non-Linear tensors: fused experts and the router."""
+    gate_up = d.experts * (2 if arch.gated_mlp else 1) * d.expert_intermediate * d.hidden
+    down = d.experts * d.hidden * d.expert_intermediate
+    return [gate_up, down, d.experts * d.hidden]
+
+
 def count_params(arch: Arch, d: Dims) -> ParamCounts:
-    """Parameters derived from the architecture (matches model.num_parameters() for the table's types)."""
-    lins = layer_linears(arch, d)
-    lw = sum(l.inp * l.out for l in lins) * d.layers
-    lb = sum(l.out for l in lins if l.bias) * d.layers
-    per_norm = d.hidden * (2 if arch.norm == "layer" else 1)
-    norms = per_norm * (2 * d.layers + 1)
-    lin_tensors = d.layers * sum(2 if l.bias else 1 for l in lins)
-    norm_tensors = (2 * d.layers + 1) * (2 if arch.norm == "layer" else 1)
-    other = norm_tensors + 1 + (0 if d.tied else 1)
+    """Parameters derived from the architecture (equal to what transformers builds: tested against
+    meta-device models of real config.json files)."""
+    lw = lb = lin_tensors = 0
+    for lin, count in all_linears(arch, d):
+        lw += lin.inp * lin.out * count
+        lb += (lin.out if lin.bias else 0) * count
+        lin_tensors += (2 if lin.bias else 1) * count
+    layer_norms = norm_sizes(arch, d)
+    final = [d.hidden] * (2 if arch.norm == "layer" else 1)
+    norms = sum(layer_norms) * d.layers + sum(final)
+    experts = router = 0
+    if d.moe_layers:
+        gate_up, down, rt = expert_sizes(arch, d)
+        experts, router = (gate_up + down) * d.moe_layers, rt * d.moe_layers
+    other = (len(layer_norms) * d.layers + len(final) + 1 + (0 if d.tied else 1) + (1 if d.positions else 0)
+             + 3 * d.moe_layers)
     return ParamCounts(
         linear_weights=lw,
         linear_biases=lb,
@@ -274,5 +330,9 @@ def count_params(arch: Arch, d: Dims) -> ParamCounts:
         lm_head=0 if d.tied else d.vocab * d.hidden,
         linear_tensors=lin_tensors,
         other_tensors=other,
-        largest_linear=max(l.inp * l.out for l in lins),
+        largest_linear=max(lin.inp * lin.out for lin, _ in all_linears(arch, d)),
+        experts=experts,
+        router=router,
+        positions=d.positions * d.hidden,
+        extra=d.extra_params,
     )

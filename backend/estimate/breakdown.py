@@ -27,26 +27,46 @@ class Breakdown:
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def total_bytes(self) -> int:
+    def sum_bytes(self) -> int:
+        """The sum of the parts: an upper bound that holds every part at its own peak at once."""
         return sum(self.breakdown().values())
+
+    @property
+    def total_bytes(self) -> int:
+        """The step's peak: the largest of its phases (details["peak_phases"]), since the parts
+        peak at different moments (with checkpointing the loss buffers are freed before any layer
+        is recomputed); the sum of the parts when no phases are known."""
+        peak = (self.details.get("peak_phases") or {}).get("peak")
+        return int(peak) if isinstance(peak, int) and peak > 0 else self.sum_bytes
 
     def breakdown(self) -> dict[str, int]:
         return {part: int(getattr(self, part)) for part in PARTS}
 
     def to_json(self, details: bool = False) -> dict[str, Any]:
-        """`{"total_bytes": int, "breakdown": {part: int}}` (and `details` when asked)."""
-        out: dict[str, Any] = {"total_bytes": self.total_bytes, "breakdown": self.breakdown()}
+        """`{"total_bytes": peak, "sum_of_parts_bytes": int, "breakdown": {part: int}}` (and
+        `details` when asked)."""
+        out: dict[str, Any] = {"total_bytes": self.total_bytes, "sum_of_parts_bytes": self.sum_bytes,
+                               "breakdown": self.breakdown()}
         if details:
             out["details"] = self.details
         return out
 
     def format_table(self) -> str:
         """A CLI table: part, bytes in GiB/MiB, share of the total."""
-        total = self.total_bytes or 1
+        total = self.sum_bytes or 1
         lines = [f"{'part':<16}{'size':>12}{'share':>8}"]
         for part, value in self.breakdown().items():
             lines.append(f"{part:<16}{human_bytes(value):>12}{value / total:>8.1%}")
-        lines.append(f"{'total':<16}{human_bytes(self.total_bytes):>12}{1:>8.0%}")
+        lines.append(f"{'sum of parts':<16}{human_bytes(self.sum_bytes):>12}{1:>8.0%}")
+        phases = {k: v for k, v in (self.details.get("peak_phases") or {}).items() if k not in ("peak", "fixed_runtime")}
+        when = f"  (at {max(phases, key=phases.get).replace('_', ' ')})" if phases else ""
+        lines.append(f"{'total (peak)':<16}{human_bytes(self.total_bytes):>12}{when}")
+        trained = self.details.get("trainable_parameters") or 0
+        if (self.details.get("setup") or {}).get("method") == "full" and trained:
+            # the ZeRO paper's (and the first seed article's) 16 bytes per parameter for mixed-precision Adam
+            states = self.weights + self.gradients + self.optimizer + self.master_weights
+            lines.append(f"{'model states':<16}{human_bytes(states):>12}  ({states / trained:.1f} bytes x "
+                         f"{trained / 1e9:.2f} B parameters = {states / 1e9:.1f} GB)")
         for warning in self.details.get("warnings", []):
             lines.append(f"note: {warning}")
         return "\n".join(lines)

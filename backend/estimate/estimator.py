@@ -8,11 +8,15 @@ from typing import Any, Literal
 
 from backend.config import RunConfig
 from backend.cpu_features import bf16_base
-from backend.estimate.activations import activation_bytes, attention_kernel
-from backend.estimate.architectures import Arch, Dims, ParamCounts, count_params, layer_linears, load_model_config, read_dims
+from backend.estimate.activations import activation_bytes
+from backend.estimate.architectures import Arch, Dims, all_linears, count_params
+from backend.estimate.attention import attention_kernel
 from backend.estimate.breakdown import MIB, Breakdown
-from backend.estimate.quantization import ADAM8_BLOCK, ADAM8_MIN_SIZE, nf4_bytes
+from backend.estimate.families import load_model_config, read_dims
 from backend.estimate.setup import Setup, resolve_setup
+from backend.estimate.states import (
+    idle_adapter_params, optimizer_state, rotary_buffers, storage_bytes, trained_tensor_sizes, weight_storage,
+)
 
 CUDA_CONTEXT_BYTES = 768 * MIB
 """CUDA context and loaded kernels per GPU, outside PyTorch's allocator: 750-835 MiB measured on an
@@ -80,77 +84,28 @@ def estimate(
     # -- weights, by storage type
     e = s.e
     w_dtype = "fp32" if s.w_e == 4 else s.dtype
-    buffers = 2 * (d.rotary_dim // 2) * 4  # rotary inv_freq and original_inv_freq, fp32
-    unquantized = counts.total - counts.linear_weights
-    storage: dict[str, Any] = {"fp32": 0, "bf16": 0, "fp16": 0, "int8": 0, "nf4": 0, "nf4_constants": 0, "int8_scales": 0}
-    if s.quant == "nf4":
-        lins = layer_linears(arch, d)
-        nf4 = {"data": 0, "constants": 0}
-        for lin in lins:
-            one = nf4_bytes(lin.inp * lin.out, double_quant=True)
-            nf4["data"] += one["data"] * d.layers
-            nf4["constants"] += one["constants"] * d.layers
-        storage["nf4"] = nf4["data"]
-        storage["nf4_constants"] = nf4["constants"]
-        storage["double_quant"] = True
-        storage[w_dtype] += unquantized * s.w_e
-    elif s.quant == "int8":
-        storage["int8"] = counts.linear_weights
-        storage["int8_scales"] = sum(l.out for l in layer_linears(arch, d)) * d.layers * 4
-        storage[w_dtype] += unquantized * s.w_e
-    else:
-        storage[w_dtype] += counts.total * s.w_e
-        if bf16_base(run, device, cpu_bf16):
-            held = sum(lin.inp * lin.out + (lin.out if lin.bias else 0)
-                       for lin in layer_linears(arch, d) if lin.role in s.targets) * d.layers
-            storage["fp32"] -= held * 4
-            storage["bf16"] += held * 2
-            storage["bf16_base"] = True
-    storage["fp32"] += buffers
-    weights = sum(v for k, v in storage.items() if isinstance(v, int) and not isinstance(v, bool))
+    buffers = rotary_buffers(arch, d)
+    storage, more = weight_storage(arch, d, s, counts, bf16_base(run, device, cpu_bf16))
+    warnings += more
+    weights = storage_bytes(storage)
 
-    # -- adapters
-    lins = layer_linears(arch, d)
-    adapter_params = 0
-    adapter_tensors = 0
-    if s.adapted:
-        for lin in lins:
-            if lin.role in s.targets:
-                adapter_params += s.rank * (lin.inp + lin.out) + (lin.out if s.method == "dora" else 0)
-                adapter_tensors += 2 + (1 if s.method == "dora" else 0)
-        adapter_params *= d.layers
-        adapter_tensors *= d.layers
-        if "lm_head" in s.targets:
-            adapter_params += s.rank * (d.hidden + d.vocab) + (d.vocab if s.method == "dora" else 0)
-            adapter_tensors += 2 + (1 if s.method == "dora" else 0)
-    adapters = adapter_params * s.adapter_e
+    # -- adapters (fp32); a vision tower's adapters are held but never trained
+    sizes = trained_tensor_sizes(arch, d, s, counts)
+    adapter_params = sum(sizes) if s.adapted else 0
+    idle = idle_adapter_params(d, s)
+    adapters = (adapter_params + idle) * s.adapter_e
 
     # -- model states: gradients, optimizer, master weights
     if s.full:
         # Gradients take the weights' dtype; an fp32 master copy exists only when the weights
         # themselves are bf16/fp16 (without autocast).
-        trained, trained_tensors, grad_e = counts.total, counts.tensors, s.w_e
-        master = counts.total * 4 if s.w_e != 4 else 0
+        trained, grad_e = counts.text, s.w_e
+        master = counts.text * 4 if s.w_e != 4 else 0
     else:
-        trained, trained_tensors, grad_e = adapter_params, adapter_tensors, s.adapter_e
+        trained, grad_e = adapter_params, s.adapter_e
         master = 0
     gradients = trained * grad_e
-    if t.optimizer == "adamw":
-        optimizer = trained * 8 + trained_tensors * 4
-        opt_detail = {"kind": "adamw", "bytes_per_param": 8, "step_tensors": trained_tensors * 4}
-    else:
-        sizes = _trained_tensor_sizes(arch, d, s, counts)
-        small = sum(n for n in sizes if n < ADAM8_MIN_SIZE)
-        big = sum(n for n in sizes if n >= ADAM8_MIN_SIZE)
-        blocks = sum(math.ceil(n / ADAM8_BLOCK) for n in sizes if n >= ADAM8_MIN_SIZE)
-        optimizer = big * 2 + blocks * 2 * 4 + small * 8 + 2 * 256 * 4
-        opt_detail = {
-            "kind": t.optimizer,
-            "bytes_per_param": 2,
-            "block_constants": blocks * 2 * 4,
-            "fp32_small_tensors": small * 8,
-            "paged": t.optimizer == "paged_adamw_8bit",
-        }
+    optimizer, opt_detail = optimizer_state(t.optimizer, sizes)
 
     # -- activations and logits
     act = activation_bytes(arch, d, s)
@@ -162,6 +117,10 @@ def estimate(
     logit_e = e if s.autocast else s.w_e
     logits_fwd = tv * (logit_e + 4 + (4 if logit_e != 4 else 0))
     logits_bwd = tv * (4 + 4 + 4)
+    if d.final_softcap:
+        # logits = tanh(logits / cap) * cap: tanh saves its output, one more logits-sized tensor
+        logits_fwd += tv * logit_e
+        logits_bwd += tv * logit_e
     logits = max(logits_fwd, logits_bwd)
     if t.liger_kernel:
         # Liger's fused linear cross-entropy never materialises the logits: it walks the tokens in
@@ -220,42 +179,56 @@ def estimate(
         runtime_detail["cuda_context"] = CUDA_CONTEXT_BYTES
         runtime_detail["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
         runtime_detail["allocator_slack"] = int(ALLOCATOR_SLACK * (activations + logits + gradients))
-        if s.quant:
-            runtime_detail["dequant_buffer"] = counts.largest_linear * e
-        if s.method == "dora":
-            runtime_detail["dora_weight_norm"] = dora_transient(arch, d, s)
-        if t.optimizer == "adamw" and dist.get("effective_stage", 0) == 0:
-            # torch's foreach AdamW (the CUDA default) builds sqrt(v) for all parameters at once;
-            # DeepSpeed's fused Adam (ZeRO stages, offload) does not.
-            runtime_detail["optimizer_step_buffer"] = trained * 4
+    # Transients on either device: bitsandbytes dequantizes a k-bit weight for each matmul, DoRA
+    # rebuilds its weight norm in every forward pass.
+    if s.quant:
+        runtime_detail["dequant_buffer"] = counts.largest_linear * e
+    if s.method == "dora":
+        runtime_detail["dora_weight_norm"] = dora_transient(arch, d, s)
+    if t.optimizer == "adamw" and run.hardware.strategy == "fsdp" and device == "cuda":
+        # FSDP keeps the per-tensor AdamW, whose foreach kernels (the CUDA default) build sqrt(v)
+        # for all parameters at once. The worker's single-device and DDP runs use the fused AdamW
+        # and DeepSpeed its fused Adam, which update in place (no step buffer; measured on the CPU).
+        runtime_detail["optimizer_step_buffer"] = math.ceil(trained * 4 / max(1, num_gpus))
     fixed = runtime_detail["cuda_context"] + runtime_detail["cublas_workspace"] + runtime_detail["allocator_slack"]
     fwd_bwd_transient = runtime_detail["dequant_buffer"] + runtime_detail["dora_weight_norm"]
+    bwd_transient = runtime_detail["dequant_buffer"]  # DoRA's norm is rebuilt in forward passes only
     step_transient = runtime_detail["optimizer_step_buffer"]
     runtime = fixed + max(fwd_bwd_transient, step_transient)
 
-    # A tighter peak than the sum: a steady-state step holds the static states throughout; at the
-    # start of the backward pass all activations plus the loss buffers (or, once lm_head's backward
-    # runs in full tuning, the logits' gradient and lm_head's weight gradient); at the optimizer step
-    # the gradients plus the optimizer's temporary. Gradients survive between micro-batches when
-    # accumulating. (Checked against torch.cuda.max_memory_allocated on an H200: within 8%.)
     static = weights + adapters + optimizer + master
+    # Gradients that do not exist yet while the first layer is recomputed: its own and the input
+    # embeddings' (an untied one; a tied one got lm_head's gradient already).
+    late_gradients = 0
+    if s.full:
+        per_layer = (counts.text - counts.embedding - counts.lm_head - counts.positions) // max(1, d.layers)
+        late_gradients = (per_layer + (0 if d.tied else counts.embedding) + counts.positions) * grad_e
     lm_head_grad = d.vocab * d.hidden * grad_e if s.full else 0
-    accumulated = gradients if run.train.gradient_accumulation_steps > 1 else 0
-    phases = {
-        "backward_start": static + activations + max(logits, tv * 4 + lm_head_grad) + accumulated + fwd_bwd_transient,
-        "optimizer_step": static + gradients + step_transient,
-    }
+    phases = peak_phases(s, act, static=static, logits=max(logits, tv * 4 + lm_head_grad), gradients=gradients,
+                         accumulate=run.train.gradient_accumulation_steps > 1, layers=d.layers,
+                         head_gradients=lm_head_grad + (d.hidden * grad_e if s.full else 0),
+                         fwd_transient=fwd_bwd_transient, bwd_transient=bwd_transient, step_transient=step_transient,
+                         tied_gradient=d.vocab * d.hidden * grad_e if s.full and d.tied else 0,
+                         late_gradients=late_gradients)
     phases["peak"] = max(phases.values()) + fixed
+    phases["fixed_runtime"] = fixed
 
     details: dict[str, Any] = {
         "model": {
             "model_type": d.model_type,
             "family": arch.family,
+            "measured": arch.measured and not any("not in the table" in w for w in warnings),
             "parameters": counts.total,
             "linear_parameters": counts.linear_weights,
-            "embedding_parameters": counts.embedding + counts.lm_head,
+            "embedding_parameters": counts.embedding + counts.lm_head + counts.positions,
+            "expert_parameters": counts.experts,
+            "router_parameters": counts.router,
+            "tower_parameters": counts.extra,
             "tied_embeddings": d.tied,
             "layers": d.layers,
+            "moe_layers": d.moe_layers,
+            "experts": d.experts,
+            "experts_per_token": d.top_k,
             "hidden_size": d.hidden,
             "intermediate_size": d.intermediate,
             "heads": d.heads,
@@ -279,6 +252,7 @@ def estimate(
         "weights": storage,
         "trainable_parameters": trained,
         "adapter_parameters": adapter_params,
+        "idle_adapter_parameters": idle,
         "optimizer": opt_detail,
         "activations": act,
         "logits": {"forward": logits_fwd, "backward": logits_bwd, "elements": tv, "positions": positions,
@@ -301,40 +275,57 @@ def estimate(
     )
 
 
+def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, gradients: int, accumulate: bool,
+                layers: int, head_gradients: int, fwd_transient: int, bwd_transient: int, step_transient: int,
+                tied_gradient: int = 0, late_gradients: int = 0) -> dict[str, int]:
+    """Bytes held at each moment of a steady-state step that can be its peak (the static states
+    are held throughout; gradients survive between micro-batches when accumulating):
+
+    - forward_end: all saved activations while the last layer's forward transients exist (DoRA's
+      weight norm, bitsandbytes' dequantized weight), before the loss buffers do;
+    - backward_start: all saved activations plus the loss buffers (or, once lm_head's backward runs
+      in full tuning, the logits' gradient and lm_head's weight gradient), with the backward
+      pass's transients (the dequantized weight);
+    - with activation checkpointing, the loss buffers are freed before the first layer is
+      recomputed, so the loss phase holds the checkpointed inputs and the model-level tensors, and
+      the recompute phase one layer's saved tensors instead of the loss buffers (with the gradients
+      made so far: at the last layer all inputs and the head's gradients, at the first one input
+      and nearly all gradients; the sum is linear in between, so the ends bound it);
+    - backward_end (full tuning of a tied embedding): the embedding's backward makes a second
+      vocab x hidden gradient for the weight lm_head already gave one, and autograd adds the two
+      out of place: two more of them beside all the other gradients (measured on the CPU);
+    - optimizer_step: the gradients plus the optimizer's temporary.
+    """
+    accumulated = gradients if accumulate else 0
+    end = {"backward_end": static + gradients + 2 * tied_gradient} if tied_gradient else {}
+    if not s.checkpointing:
+        return {
+            "forward_end": static + act["total"] + accumulated + fwd_transient,
+            "backward_start": static + act["total"] + logits + accumulated + bwd_transient,
+            **end,
+            "optimizer_step": static + gradients + step_transient,
+        }
+    kept, extra, model = act["checkpointed_inputs"], act["checkpoint_extra_inputs"], act["model_level"]
+    persistent = act["model_level_persistent"]
+    one_input = kept // max(1, layers)
+    grown = max(kept + (accumulated or head_gradients), one_input + (accumulated or gradients - late_gradients))
+    return {
+        "loss_backward": static + kept + extra + model + logits + accumulated + bwd_transient,
+        "recompute": static + extra + persistent + act["recompute_one_layer"] + grown + fwd_transient,
+        **end,
+        "optimizer_step": static + gradients + step_transient,
+    }
+
+
 def dora_transient(arch: Arch, d: Dims, s: Setup) -> int:
     """PEFT's DoRA recomputes the weight norm ||W + s*B@A|| in every forward pass (and in the
     recompute with checkpointing): B@A is built by pushing an identity (in x in, adapter dtype)
     through the adapter, and W + s*B@A is materialized (out x in): a transient of about
     in^2*4 + out*in*(4 + 2e) bytes for the largest adapted linear."""
     worst = 0
-    for lin in layer_linears(arch, d):
+    for lin, _ in all_linears(arch, d):
         if lin.role in s.targets:
             ae, e = s.adapter_e, s.e
             size = lin.inp * lin.inp * ae + lin.out * lin.inp * (ae + (e if e != ae else 0) + 2 * e)
             worst = max(worst, size)
     return worst
-
-
-def _trained_tensor_sizes(arch: Arch, d: Dims, s: Setup, counts: ParamCounts) -> list[int]:
-    """Element counts of every trained tensor (for 8-bit Adam's small-tensor rule)."""
-    sizes: list[int] = []
-    lins = layer_linears(arch, d)
-    if s.full:
-        for lin in lins:
-            sizes.append(lin.inp * lin.out)
-            if lin.bias:
-                sizes.append(lin.out)
-        sizes = sizes * d.layers
-        per_norm = [d.hidden] * (2 if arch.norm == "layer" else 1)
-        sizes += per_norm * (2 * d.layers + 1)
-        sizes.append(counts.embedding)
-        if counts.lm_head:
-            sizes.append(counts.lm_head)
-        return sizes
-    for lin in lins:
-        if lin.role in s.targets:
-            sizes += [s.rank * lin.inp, s.rank * lin.out] + ([lin.out] if s.method == "dora" else [])
-    sizes = sizes * d.layers
-    if "lm_head" in s.targets:
-        sizes += [s.rank * d.hidden, s.rank * d.vocab] + ([d.vocab] if s.method == "dora" else [])
-    return sizes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.config import RunConfig
-from backend.estimate.architectures import Arch, Dims, layer_linears
+from backend.estimate.architectures import Arch, Dims, all_linears
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class Setup:
     rank: int
     dropout: bool
     targets: frozenset[str]
-    """Roles (q, k, v, qkv, o, gate, up, gate_up, down, fc1, fc2, lm_head) that get adapters."""
+    """Roles (q, k, v, qkv, o, gate, up, gate_up, down, fc1, fc2, shared_*, lm_head; router,
+    experts_gate_up, experts_down for peft's parameter targets) that get adapters."""
     attention: str  # eager | sdpa | flash_attention_2
     checkpointing: bool
     batch: int
@@ -35,6 +36,8 @@ class Setup:
     and for the non-quantized parts of a k-bit model prepared by peft, else the compute dtype)."""
     r_e: int = 0
     """Bytes per element of the hidden states between layers (the embedding's dtype)."""
+    packing: bool = False
+    """Rows are packed examples (restarting position ids), which gives windowed models a mask."""
 
     @property
     def tokens(self) -> int:
@@ -46,6 +49,43 @@ class Setup:
 
 
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+EXPERT_ROLES = frozenset({"router", "experts_gate_up", "experts_down"})
+
+
+def lora_roles(arch: Arch, d: Dims, lora_targets: str) -> tuple[set[str], list[str]]:
+    """The roles `technique.lora_targets` adapts, as peft 0.21 resolves them, and warnings. For
+    mixtral and qwen3_moe peft maps the experts' and router's v4 module names (and all-linear) onto
+    target_parameters of the fused experts (gate and up together: naming one alone is refused)."""
+    names: dict[str, set[str]] = {}
+    for lin, _ in all_linears(arch, d):
+        names.setdefault(lin.name, set()).add(lin.role)
+    experts = arch.lora_expert_params and d.moe_layers > 0
+    if lora_targets.strip() == "all-linear":
+        roles = {role for group in names.values() for role in group}
+        return (roles | EXPERT_ROLES if experts else roles), []
+    roles: set[str] = set()
+    warnings: list[str] = []
+    asked = {item.strip().rsplit(".", 1)[-1] for item in lora_targets.split(",") if item.strip()}
+    for item in sorted(asked):
+        hit = False
+        if item in names:
+            roles |= names[item]
+            hit = True
+        if experts:
+            for role, aliases in arch.expert_names.items():
+                if item in aliases:
+                    hit = True
+                    if all(a in asked for a in aliases):
+                        roles.add(role)
+                    else:
+                        warnings.append(f"technique.lora_targets: {item} is fused with {', '.join(aliases)} in "
+                                        f"{d.model_type}'s experts; peft refuses one without the other")
+        if item == "lm_head":
+            roles.add("lm_head")
+            hit = True
+        if not hit:
+            warnings.append(f"technique.lora_targets: {item!r} is not a linear of {d.model_type}; ignored")
+    return roles, warnings
 
 
 def resolve_setup(
@@ -62,21 +102,17 @@ def resolve_setup(
     if attention == "flash_attention_2" and device == "cpu":
         warnings.append("flash_attention_2 needs CUDA; estimated as sdpa")
         attention = "sdpa"
-    names = {l.name: l.role for l in layer_linears(arch, d)}
-    roles = set(names.values())
-    if t.lora_targets.strip() == "all-linear":
-        targets = set(roles)
-    else:
-        targets = set()
-        for item in (s.strip() for s in t.lora_targets.split(",")):
-            if not item:
-                continue
-            if item in names:
-                targets.add(names[item])
-            elif item == "lm_head":
-                targets.add("lm_head")
-            else:
-                warnings.append(f"technique.lora_targets: {item!r} is not a linear of {d.model_type}; ignored")
+    if attention == "sdpa" and not arch.sdpa:
+        warnings.append(f"{d.model_type}: transformers refuses SDPA for it (no soft-capping there); estimated as eager")
+        attention = "eager"
+    targets, more = lora_roles(arch, d, t.lora_targets)
+    warnings += more
+    if t.method != "full" and targets & EXPERT_ROLES:
+        if t.method == "dora":
+            warnings.append(f"{d.model_type}: peft 0.21 refuses DoRA on the fused experts (ParamWrapper); "
+                            "target the attention projections only")
+        elif t.lora_dropout > 0:
+            warnings.append(f"{d.model_type}: peft 0.21 refuses lora_dropout > 0 on the fused experts (ParamWrapper)")
     quant = {"qlora": "nf4", "lora8": "int8"}.get(t.method)
     e = _DTYPE_BYTES[dtype]
     if autocast is None:
@@ -110,5 +146,6 @@ def resolve_setup(
         autocast=autocast,
         w_e=w_e,
         r_e=r_e,
+        packing=t.packing,
     )
     return setup, warnings

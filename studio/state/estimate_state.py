@@ -95,7 +95,8 @@ class EstimateState(QObject):
     # --- outputs ------------------------------------------------------------------------------
     @property
     def total_bytes(self) -> int | None:
-        return None if self.breakdown is None else int(self.breakdown.total_bytes)
+        """The sum of the parts (the Breakdown's total_bytes is its peak, `peak_bytes` here)."""
+        return None if self.breakdown is None else int(self.breakdown.sum_bytes)
 
     @property
     def peak_bytes(self) -> int | None:

@@ -170,9 +170,9 @@ class MemoryBreakdownWidget(QWidget):
             return
         parts = breakdown.breakdown()
         self.bar.parts = [(name, value) for name, value in parts.items() if name in PART_COLORS]
-        total = breakdown.total_bytes or 1
+        total = breakdown.sum_bytes or 1
         self.table.setRowCount(len(parts) + 1)
-        for row, (name, value) in enumerate([*parts.items(), ("total", breakdown.total_bytes)]):
+        for row, (name, value) in enumerate([*parts.items(), ("total", breakdown.sum_bytes)]):
             label = QTableWidgetItem(PART_WORDS.get(name, name) if name in PART_COLORS else "Total")
             if name == "logits":
                 label.setToolTip(logits_note(breakdown.details or {}))
@@ -196,7 +196,7 @@ class MemoryBreakdownWidget(QWidget):
         word, color = VERDICTS[estimate.verdict()]
         peak = human_bytes(estimate.peak_bytes)
         self.verdict_label.setText(f"<b style='color:{color}'>{word}</b> — predicted peak {peak}, "
-                                   f"sum of parts {human_bytes(breakdown.total_bytes)}")
+                                   f"sum of parts {human_bytes(breakdown.sum_bytes)}")
         warnings = (breakdown.details or {}).get("warnings") or []
         self.notes_label.setText("\n".join(f"Note: {w}" for w in warnings))
         self.bar.update()

@@ -1,0 +1,198 @@
+"""What one attention block saves for backward: projections, q/k norms, rotary, the kernel, o_proj."""
+
+from __future__ import annotations
+
+from backend.estimate.architectures import Arch, Dims, Linear
+from backend.estimate.saved import Saved, dropout, linear, norm
+from backend.estimate.setup import Setup
+
+
+def attention_kernel(d: Dims, s: Setup) -> str:
+    """The kernel that actually runs: eager; flash (FlashAttention-2, SDPA's flash kernel on CUDA
+    in bf16/fp16, SDPA's CPU kernel); efficient (SDPA on CUDA in fp32, which flash does not support);
+    math (SDPA on CUDA in fp32 with grouped-query attention, which the efficient kernel does not
+    support, and SDPA on the CPU with attention dropout, which its flash kernel does not support:
+    torch falls back to the reference implementation, which saves the s x s probabilities like
+    eager attention does; measured on an H200 and on the CPU)."""
+    if s.attention == "eager":
+        return "eager"
+    if s.attention == "flash_attention_2":
+        return "flash"
+    if s.device == "cpu":
+        return "math" if d.attn_dropout > 0 else "flash"
+    if s.e != 4:
+        return "flash"
+    return "math" if d.heads > d.kv_heads else "efficient"
+
+
+def sdpa_mask(d: Dims, s: Setup, layer_type: str) -> bool:
+    """Whether SDPA gets a 4-D mask in this layer: a sliding-window layer whose window the sequence
+    reaches (transformers skips the mask only below it), or any layer of a windowed model when packed
+    rows bring restarting position ids (the packed-sequence mask; the worker's sdpa_packed hands
+    windowed models to transformers' own masks)."""
+    if s.attention != "sdpa" or not d.sliding_window:
+        return False
+    return s.packing or (layer_type == "sliding_attention" and s.seq >= d.sliding_window)
+
+
+def attention_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linear], n1_e: int,
+                    input_grad: bool, layer_type: str) -> tuple[int, bool]:
+    """Saves of the attention block after the input norm (its output under the key "n1"); returns
+    the dtype bytes of o_proj's output and whether that output needs a gradient.
+
+    - rotary: q*cos and rotate_half(q)*sin save only cos/sin (model-wide, counted once), since cos
+      and sin need no gradient; the rotated q and k are new tensors. q/k norms (Qwen3, Gemma 3) save
+      their fp32 input and rsqrt per head.
+    - eager attention: matmul saves the rotated q and k (k repeated to all heads when
+      num_key_value_heads < num_attention_heads; GPT-2's q and k are views of c_attn's output, which
+      they keep alive whole for one row, or copies for several), softmax saves its fp32 output
+      (B*heads*S*S*4, the 5as/h term of Korthikanti et al.; GPT-2's runs in the input dtype), plus a
+      copy in the compute dtype when that is not fp32, and the second matmul saves that and V
+      (repeated for GQA, else a view that keeps the whole V or fused-QKV projection output alive).
+      Gemma 2's logit soft-capping saves tanh's S x S output; attention dropout its S x S mask
+      and the dropped probabilities.
+    - SDPA / FlashAttention-2: q, k, v (not repeated), the output and a fp32 log-sum-exp per query and
+      head; o_proj reads the output itself when the query kept the projection's memory layout, else
+      a contiguous copy. With a 4-D mask (sliding windows) transformers repeats k and v for GQA and
+      torch saves the mask converted to the query's dtype, per layer.
+    - dtypes follow type promotion (fp32 hidden states times bf16 projections give fp32) and, under
+      autocast, every matmul/linear/SDPA input that is not in the compute dtype is saved as a cast
+      copy instead.
+    """
+    T, c, B, S = s.tokens, s.e, s.batch, s.seq
+    x_e = s.r_e
+
+    def fed(key: str, src_e: int, numel: int, own: int | None = None, cast_key: str | None = None) -> None:
+        """A tensor saved by an op that autocast runs in the compute dtype: a cast copy if needed
+        (of the `own` elements of a view, which otherwise keeps its whole storage of `numel`)."""
+        if s.autocast and src_e != c:
+            saved.put(cast_key or f"{key}_c", (numel if own is None else own) * c)
+        else:
+            saved.put(key, numel * src_e)
+
+    def needs(role: str) -> bool:
+        """Whether q, k or v needs a gradient: always, except in a LoRA model's first layer (whose
+        input comes from a frozen embedding) where only the adapted projections do."""
+        return input_grad or s.full or role in s.targets or "qkv" in s.targets
+
+    q_grad, k_grad, v_grad = needs("q"), needs("k"), needs("v")
+    if arch.fused_qkv:
+        qkv_e = linear(saved, s, lins["qkv"], "n1", n1_e, input_grad)
+        q_e = k_e = v_e = qkv_e
+        out_numel = T * (d.q_dim + 2 * d.kv_dim)
+        q_key = k_key = v_key = "qkv_out"
+        q_numel = k_numel = v_numel = out_numel
+    else:
+        q_e = linear(saved, s, lins["q"], "n1", n1_e, input_grad)
+        k_e = linear(saved, s, lins["k"], "n1", n1_e, input_grad)
+        v_e = linear(saved, s, lins["v"], "n1", n1_e, input_grad)
+        q_key, k_key, v_key = "q_out", "k_out", "v_out"
+        q_numel, k_numel, v_numel = T * d.q_dim, T * d.kv_dim, T * d.kv_dim
+    if arch.qk_norm:
+        q_e = norm(saved, arch.norm, s, "q_norm", q_key, q_e, q_grad, d.head_dim, T * d.heads)
+        k_e = norm(saved, arch.norm, s, "k_norm", k_key, k_e, k_grad, d.head_dim, T * d.kv_heads)
+    if d.rotary_dim:
+        # Rotary embeddings multiply by cos/sin in the hidden states' dtype (type promotion).
+        qr_e, kr_e = max(q_e, x_e), max(k_e, x_e)
+        q_src, k_src = ("q_rot", T * d.q_dim), ("k_rot", T * d.kv_dim)
+    else:
+        # GPT-2: q and k are views of c_attn's output; bmm copies them for more than one row.
+        qr_e, kr_e = q_e, k_e
+        q_src = (q_key, q_numel) if B == 1 else ("q_copy", T * d.q_dim)
+        k_src = (k_key, k_numel) if B == 1 else ("k_copy", T * d.kv_dim)
+    groups = max(1, d.heads // d.kv_heads)
+    kernel = attention_kernel(d, s)
+    masked = kernel != "eager" and sdpa_mask(d, s, layer_type)
+    scores_grad = q_grad or k_grad
+    probs = B * d.heads * S * S
+    if kernel == "math":
+        # torch's reference kernel: q and k times sqrt(scale) (k repeated for GQA), its softmax,
+        # dropout, and V; on the CPU it upcasts bf16/fp16 inputs to fp32 first.
+        me = 4 if s.device == "cpu" else (c if s.autocast else qr_e)
+        kv_numel = T * (d.q_dim if groups > 1 else d.kv_dim)
+        if k_grad:
+            saved.put("q_scaled", T * d.q_dim * me)
+        if q_grad:
+            saved.put("k_scaled", kv_numel * me)
+        if scores_grad:
+            saved.put("probs_sm", probs * me)
+        p_key = "probs_sm"
+        if d.attn_dropout > 0:
+            dropout(saved, s, "attn_dropout", d.attn_dropout, probs, me, scores_grad)
+            p_key = "probs_dropped"
+        if v_grad:
+            saved.put(p_key, probs * me)
+        if scores_grad:
+            if groups > 1 or me != v_e or (arch.fused_qkv and B > 1) or (s.autocast and v_e != c):
+                saved.put("v_math", kv_numel * me)
+            else:
+                saved.put(v_key, v_numel * v_e)
+        o_in, o_e = "attn_out", (c if s.autocast else qr_e)
+    elif kernel == "eager":
+        # scores = q @ k^T saves each side only if the other needs a gradient; softmax saves its
+        # output if the scores need one; probs @ v saves probs if v needs one and v if probs do.
+        if k_grad:
+            fed(q_src[0], qr_e, q_src[1], T * d.q_dim, "q_c")
+        if q_grad:
+            if groups > 1:
+                fed("k_rep", kr_e, T * d.q_dim)
+            else:
+                fed(k_src[0], kr_e, k_src[1], T * d.kv_dim, "k_c")
+        scores_e = c if s.autocast else qr_e
+        if d.attn_softcap and scores_grad:
+            saved.put("softcap_tanh", probs * scores_e)
+        if arch.eager_softmax_fp32:
+            sm_key, sm_e = "probs32", 4
+            probs_e = c if s.autocast else qr_e  # softmax(..., dtype=float32).to(query.dtype)
+        else:
+            # GPT-2: softmax in the scores' dtype (fp32 under autocast), then .type(value.dtype)
+            sm_key, sm_e, probs_e = "probs_sm", (4 if s.autocast else scores_e), v_e
+        if scores_grad:
+            saved.put(sm_key, probs * sm_e)
+        p_key = sm_key if probs_e == sm_e else "probs"
+        if d.attn_dropout > 0:
+            dropout(saved, s, "attn_dropout", d.attn_dropout, probs, probs_e, scores_grad)
+            p_key = "probs_dropped"
+        if v_grad:
+            fed(p_key, probs_e, probs)
+        if scores_grad:
+            if groups > 1:
+                fed("v_rep", v_e, T * d.q_dim)
+            elif arch.fused_qkv and B > 1:
+                # bmm needs (B*heads, S, dim): a strided view of the fused output is copied
+                fed("v_copy", v_e, T * d.kv_dim)
+            elif s.autocast and v_e != c:
+                saved.put("v_c", T * d.kv_dim * c)
+            else:
+                # a view: it keeps the whole projection output (all of QKV when fused) alive
+                saved.put(v_key, v_numel * v_e)
+        o_in, o_e = "attn_out", (c if s.autocast else (v_e if not d.rotary_dim else qr_e))
+    else:
+        if masked and groups > 1:
+            fed("q_rot" if d.rotary_dim else q_src[0], qr_e, T * d.q_dim if d.rotary_dim else q_src[1])
+            fed("k_rep", kr_e, T * d.q_dim)
+            fed("v_rep", v_e, T * d.q_dim)
+        else:
+            fed(q_src[0], qr_e, q_src[1])
+            fed(k_src[0], kr_e, k_src[1])
+            if s.autocast and v_e != c:
+                saved.put("v_c", T * d.kv_dim * c)
+            else:
+                saved.put(v_key, v_numel * v_e)
+        o_e = c if s.autocast else qr_e
+        if masked:
+            saved.put("sdpa_mask", B * S * S * o_e)
+        if kernel == "efficient" or (masked and s.device == "cuda"):
+            # CUDA's memory-efficient kernel pads the log-sum-exp to 32 queries and writes its
+            # output in (B, S, heads, dim) layout, which o_proj then reads without a copy.
+            saved.put("lse", B * d.heads * (-(-S // 32) * 32) * 4)
+            saved.put("sdpa_out", T * d.q_dim * o_e)
+            o_in = "sdpa_out"
+        else:
+            saved.put("lse", B * d.heads * S * 4)
+            saved.put("sdpa_out", T * d.q_dim * o_e)
+            o_in = "sdpa_out" if arch.query_layout_bshd else "attn_out"
+    o_out_e = linear(saved, s, lins["o"], o_in, o_e, True)
+    out_grad = input_grad or s.full or bool(s.targets & {"q", "k", "v", "qkv", "o"})
+    dropout(saved, s, "attn_resid_dropout", d.resid_dropout, T * d.hidden, o_out_e, out_grad)
+    return o_out_e, out_grad
