@@ -48,6 +48,19 @@ FAMILIES: dict[str, tuple[Arch, dict[str, Any]]] = {
 """config.json's model_type -> (Arch, the config class's defaults for keys config.json may leave out).
 Mistral, SmolLM and TinyLlama are Llama-style (SmolLM and TinyLlama say model_type llama)."""
 
+_DIMENSIONS = ("vocab_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+for _type, _values in {
+    "llama": (32000, 32, 32, 2048), "mistral": (32000, 32, 8, 131072), "qwen2": (151936, 32, 32, 32768),
+    "qwen3": (151936, 32, 32, 32768), "gemma2": (256000, 8, 4, 8192), "gemma3_text": (262208, 8, 4, 131072),
+    "phi3": (32064, 32, 32, 4096), "gpt_neox": (50432, 64, None, 2048), "qwen2_moe": (151936, 16, 16, 32768),
+    "qwen3_moe": (151936, 32, 4, 32768), "mixtral": (32000, 32, 8, 131072),
+}.items():
+    # Heads and vocabulary too: a published config.json may leave them to the class (gemma-3-4b-it's
+    # names neither). hidden_size and num_hidden_layers have no default here: a file without them is
+    # broken, not brief, and a class default would estimate some other model without a word.
+    FAMILIES[_type][1].update({k: v for k, v in zip(_DIMENSIONS, _values) if v is not None})
+FAMILIES["gpt2"][1].update(vocab_size=50257, n_head=12)
+
 _GPT2_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
               "intermediate_size": "n_inner", "max_position_embeddings": "n_positions", "hidden_act": "activation_function"}
 _FIX = "copy config.json unchanged from the model's Hugging Face repository"
@@ -84,6 +97,8 @@ class _Reader:
 
     def __init__(self, raw: dict[str, Any], defaults: dict[str, Any], aliases: dict[str, str], source: str) -> None:
         self.raw, self.defaults, self.aliases, self.source = raw, defaults, aliases, source
+        self.defaulted: dict[str, Any] = {}
+        """Dimensions config.json leaves out, filled from the config class's defaults (said in a note)."""
 
     def key(self, name: str) -> str:
         alias = self.aliases.get(name)
@@ -93,6 +108,8 @@ class _Reader:
         key = self.key(name)
         if key in self.raw:
             return self.raw[key]
+        if key in _DIMENSIONS + ("n_head",) and (key in self.defaults or name in self.defaults):
+            self.defaulted[key] = self.defaults.get(key, self.defaults.get(name))
         return self.defaults.get(key, self.defaults.get(name, default))
 
     def _bad(self, name: str, value: Any, what: str) -> ValueError:
@@ -223,6 +240,9 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
         extra, extra_linear, linears, more = tower_params(outer)
         dims.update(extra_params=extra, extra_linear_params=extra_linear, extra_linears=linears)
         warnings += more
+    if r.defaulted and family is not None:
+        given = ", ".join(f"{k} {v}" for k, v in sorted(r.defaulted.items()))
+        warnings.append(f"{source} leaves {given} to {model_type}'s defaults, as transformers does")
     if act in ("gelu_fast", "quick_gelu") or (act not in ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu")):
         warnings.append(f"hidden_act {act}: estimated as one saved input per activation, like SiLU")
     return arch, Dims(**dims), warnings

@@ -82,13 +82,21 @@ except ImportError:  # pragma: no cover - a checkout without them
 @pytest.mark.skipif(model_configs is None, reason="tests/model_configs.py (real config.json fixtures) not present")
 @pytest.mark.parametrize("name", model_configs.names() if model_configs else [])
 def test_real_config_parameter_count_is_what_transformers_builds(name):
-    """Exactly equal for every published config.json in tests/fixtures/model_configs."""
+    """Exactly equal for every published config.json in tests/fixtures/model_configs (a multimodal one
+    with its vision tower, which AutoModelForCausalLM loads and training holds)."""
     raw = model_configs.load(name)
     arch, dims, _ = read_dims(raw)
-    assert count_params(arch, dims).total == model_configs.parameter_count(model_configs.meta_model(name))
+    built = model_configs.meta_model(name, text_only=False)
+    assert count_params(arch, dims).total == model_configs.parameter_count(built)
     for method in ("qlora", "lora", "full"):  # estimates at real size, without a note of an unknown family
         b = estimate(raw, run(method=method, gradient_checkpointing=True), device="cuda")
         assert 0 < b.total_bytes <= b.sum_bytes and b.details["model"]["measured"]
+
+
+def test_dimensions_left_to_the_class_are_said_once():
+    b = estimate(model_configs.load("google--gemma-3-4b-it"), run(), device="cuda")
+    notes = [w for w in b.details["warnings"] if "defaults" in w]
+    assert len(notes) == 1 and "num_attention_heads 8" in notes[0] and "vocab_size 262208" in notes[0]
 
 
 def test_family_defaults_are_the_config_classes_defaults():
