@@ -158,15 +158,20 @@ def tokenizer_check(path: Path, tokenizer: Any) -> dict[str, Any]:
     import gguf
     from transformers import AutoTokenizer
 
-    pre = gguf.GGUFReader(path).fields["tokenizer.ggml.pre"].contents()
-    texts = verify.prompt_texts(tokenizer) + list(EXTRA_TEXTS)
-    skipped = ""
+    fields = gguf.GGUFReader(path).fields
+    model, pre = (fields[f"tokenizer.ggml.{key}"].contents() for key in ("model", "pre"))
+    texts, kind, skipped = verify.prompt_texts(tokenizer) + list(EXTRA_TEXTS), "the chat-rendered prompts", ""
+    if model == "llama":  # SentencePiece-style: the two readers disagree on the "▁" after special tokens
+        texts = list(verify.PROMPTS) + [t for t in EXTRA_TEXTS if not t[:1].isspace()]
+        kind = "the plain prompts"
+        skipped = ("; texts with special tokens or a leading space left out: transformers' reader prepends '▁' "
+                   "only at the start of the text, llama.cpp also after every special token")
     if pre == "smollm":  # transformers' reader has no smollm entry and splits digit runs like GPT-2
         texts = [t for t in texts if not any(c.isdigit() for c in t)]
-        skipped = " (texts with digits left out: transformers' GGUF tokenizer reader does not split digits as smollm does)"
-    what = (f"the tokenizer transformers rebuilds from the GGUF alone encodes {len(texts)} texts (the chat-rendered "
-            f"prompts and {len(texts) - len(verify.PROMPTS)} with digits, whitespace runs and non-Latin scripts) to the "
-            f"same ids as the run's tokenizer, with the same BOS/EOS and chat template{skipped}")
+        skipped = "; texts with digits left out: transformers' GGUF tokenizer reader does not split digits as smollm does"
+    what = (f"the tokenizer transformers rebuilds from the GGUF alone encodes {len(texts)} texts ({kind} and "
+            f"{len(texts) - len(verify.PROMPTS)} with digits, whitespace runs and non-Latin scripts) to the same ids "
+            f"as the run's tokenizer, with the same BOS/EOS and chat template{skipped}")
     try:
         rebuilt = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:
