@@ -13,7 +13,6 @@ tokenizer check.
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,8 @@ import torch
 
 from backend.export import verify
 from backend.export.formats import LOGIT_TOLERANCE, PERPLEXITY_TOLERANCE
-from backend.export.gguf_families import FAMILIES, Family, family_of, head_dim, kv_heads
+from backend.export.gguf_families import Family, family_of, head_dim, kv_heads
 
-log = logging.getLogger(__name__)
 EXTRA_TEXTS = (
     "Numbers: 3 33 333 3333 and 3.14159, then 2024-01-31.",
     "Spaces:  two   three    four, a tab\there and\nnew lines\n\n  indented.",
@@ -199,7 +197,3 @@ def check_gguf(path: Path, config: Any, tokenizer: Any, probe: Any, expected: An
     check, loaded = model_check(path, config, probe, expected, fmt, tokenizer.pad_token_id)
     return [check, tokenizer_check(path, tokenizer)], loaded
 
-
-def transformers_reads(model_type: str) -> bool:
-    """Whether transformers' GGUF loader reads this family at all (it may still rebuild a config wrong)."""
-    return FAMILIES[model_type].reader is None

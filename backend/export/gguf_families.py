@@ -13,7 +13,7 @@ check) and `forward_keys` which config attributes it must rebuild for that readi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.errors import bad_input
@@ -279,7 +279,6 @@ class Family:
     forward_keys: tuple[str, ...] = COMMON_KEYS
     output_required: bool = False  # llama.cpp has no fallback to token_embd for the output head
     no_output: bool = False  # llama.cpp always uses token_embd as the output head
-    extra_keys: tuple[str, ...] = field(default=())
 
     @property
     def name(self) -> str:

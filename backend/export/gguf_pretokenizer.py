@@ -94,6 +94,8 @@ STRUCTURES = (
     PreTokenizer("smollm", "single digits, then GPT-2's regex (SmolLM)", ("digits", "gpt2-bytes")),
     PreTokenizer("llama-bpe", "Llama 3's regex split, then bytes, merges ignored for whole words",
                  (f"split:{LLAMA3_SPLIT}", "bytes"), ignore_merges=True),
+    PreTokenizer("dbrx", "Llama 3's (cl100k's) regex split, then bytes, merges always applied (DBRX, Phi-4)",
+                 (f"split:{LLAMA3_SPLIT}", "bytes")),
     PreTokenizer("qwen2", "Qwen2's regex split (single digits), then bytes", (f"split:{QWEN2_SPLIT}", "bytes"),
                  normalizers=(None, "NFC")),
 )

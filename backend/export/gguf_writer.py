@@ -14,7 +14,6 @@ never needs a second copy of the model in memory.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +28,6 @@ from backend.export.gguf_tokenizer import adds_special, tokenizer_metadata
 from backend.export.tensor_source import TensorSource
 
 __all__ = ["GgufExport", "adds_special", "check_architecture", "permute"]  # modelfile.py uses adds_special
-log = logging.getLogger(__name__)
 Q = gguf.GGMLQuantizationType
 FILE_TYPES = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
               "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}

@@ -129,6 +129,7 @@ def test_llama_cpp_test_text_is_copied_exactly():
     (lambda: bundled(), "gpt-2"),
     (lambda: rewrap(split(__import__("backend.export.gguf_pretokenizer", fromlist=["x"]).LLAMA3_SPLIT),
                     ignore_merges=True), "llama-bpe"),
+    (lambda: rewrap(split(__import__("backend.export.gguf_pretokenizer", fromlist=["x"]).LLAMA3_SPLIT)), "dbrx"),
     (lambda: rewrap(split(__import__("backend.export.gguf_pretokenizer", fromlist=["x"]).QWEN2_SPLIT),
                     normalizer={"type": "NFC"}), "qwen2"),
     (lambda: rewrap({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
