@@ -26,6 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from backend.export.gguf_check import EXTRA_TEXTS  # noqa: E402  (digits, whitespace runs, other scripts)
 INSTALL = (
     "llama-cpp-python is not importable. Build it for a generic CPU (slow), e.g. into its own venv:\n"
     '  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF '
@@ -35,8 +36,12 @@ INSTALL = (
 LONG = " ".join(f"word{i} is followed by the river and the stone, then the light." for i in range(8))
 PROMPTS = ("What is the capital of France?", "Reverse the order of these words: river stone light",
            f"Read this and summarise it: {LONG}")  # the last runs past the tiny Gemmas' 32-token window
-BOUNDS = {"gguf-f16": (0.02, 0.95), "gguf-q8_0": (0.08, 0.85), "gguf-q4_0": (0.35, 0.6), "gguf-q5_0": (0.25, 0.7)}
-"""format -> (largest |logit diff| / largest |logit|, top-1 agreement) for PASS."""
+BOUNDS = {"gguf-f16": (0.01, 0.97), "gguf-q8_0": (0.06, 0.9), "gguf-q5_0": (0.08, 0.9), "gguf-q4_0": (0.08, 0.9)}
+"""format -> (90th percentile over positions of |logit diff| / largest |logit|, top-1 agreement) for PASS,
+against the model with its weights rounded as stored (rounded_like): what is left is llama.cpp's own
+arithmetic (fp16 KV cache; activations quantized to 8 bits for quantized matmuls), a few tenths of a percent
+to a few percent; a wrong layout, rotary setting or hyper-parameter costs tens of percent at most positions
+(docs/export.md). The percentile, not the maximum: an MoE router flips an expert at the odd near-tie."""
 
 
 def rendered(tokenizer: Any) -> list[str]:
@@ -68,12 +73,16 @@ def compare(path: Path, model: Any, tokenizer: Any, n_ctx: int = 512) -> dict[st
         got = np.array(llm.scores[: len(ids)], dtype=np.float32)
         with torch.no_grad():
             want = model(torch.tensor([ids])).logits[0].float().numpy()
-        diffs.append(float(np.abs(got - want).max()))
+        diffs.extend(np.abs(got - want).max(-1).tolist())  # one figure per position
         scale = max(scale, float(np.abs(want).max()))
         agree += int((got.argmax(-1) == want.argmax(-1)).sum())
         positions += len(ids)
+    plain = list(PROMPTS[:2]) + list(EXTRA_TEXTS)
+    plain_same = sum(list(llm.tokenize(t.encode("utf-8"), add_bos=False, special=False))
+                     == tokenizer(t, add_special_tokens=False)["input_ids"] for t in plain)
     del llm
-    return {"rel_diff": max(diffs) / scale, "top1": agree / positions, "tokens_same": f"{same_tokens}/{len(texts)}"}
+    return {"rel_diff": max(diffs) / scale, "rel_p90": float(np.percentile(diffs, 90)) / scale, "top1": agree / positions,
+            "tokens_same": f"{same_tokens}/{len(texts)}", "plain_same": f"{plain_same}/{len(plain)}"}
 
 
 def cases() -> list[tuple[str, str, dict[str, Any], str | None, int]]:
@@ -96,6 +105,49 @@ def cases() -> list[tuple[str, str, dict[str, Any], str | None, int]]:
                                                                      "spm-metaspace")]
     out += [("gemma2, spm-gemma tokenizer", "gemma2", {}, "spm-gemma", 512)]
     return out
+
+
+def sharpen(model: Any, factor: float = 6.0) -> Any:
+    """Scale the query/key projections so the random tiny model's attention is peaked, not uniform: a
+    wrong rotary layout or scaling then moves the logits by far more than fp16 rounding does."""
+    import torch
+
+    gemma = model.config.model_type.startswith("gemma")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(k in name for k in ("q_proj", "k_proj", "qkv_proj", "query_key_value", "c_attn")):
+                param.mul_(factor)
+            elif "q_norm" in name or "k_norm" in name:  # q/k normalized after the projection (Qwen3, Gemma 3):
+                param.add_(1.0) if gemma else param.mul_(2.0)  # scale 2 (Gemma's norm multiplies by 1 + w)
+    return model
+
+
+def rounded_like(model: Any, export: Any) -> Any:
+    """A copy of the model whose weights are rounded as the GGUF stores them (F16, or quantized along
+    llama.cpp's rows with gguf-py): llama.cpp's logits are compared with this, so the figure measures how
+    it reads the file, not the quantization error every reader shares."""
+    import copy
+
+    import gguf
+    import numpy as np
+    import torch
+
+    reference = copy.deepcopy(model)
+    params = dict(reference.named_parameters())
+    for t in export.plan:
+        if t.op == "values" or t.ggml_type.name == "F32":
+            continue
+        for name in t.sources:
+            if name not in params:
+                continue  # a tied head: rounded with its embedding
+            w = params[name].detach().float().numpy()
+            x = np.ascontiguousarray(w.T if t.op == "transpose" else w)
+            if t.ggml_type.name == "F16":
+                r = x.astype(np.float16).astype(np.float32)
+            else:
+                r = gguf.quants.dequantize(gguf.quants.quantize(x, t.ggml_type), t.ggml_type).reshape(x.shape)
+            params[name].data.copy_(torch.from_numpy(np.ascontiguousarray(r.T if t.op == "transpose" else r)))
+    return reference
 
 
 def variant_tokenizer(variant: str | None) -> Any:
@@ -129,30 +181,32 @@ def families(formats: list[str], only: set[str] | None) -> int:
 
     torch.set_num_threads(2)
     failed = 0
-    print(f"{'case':34} {'format':10} {'arch':9} {'rel |dlogit|':>12} {'top-1':>7} {'tokens same':>11}  verdict")
+    print(f"{'case':34} {'format':10} {'arch':9} {'max rel':>8} {'p90 rel':>8} {'top-1':>7} {'chat ids':>8} "
+          f"{'plain ids':>9}  verdict")
     with tempfile.TemporaryDirectory() as tmp:
         for label, family, overrides, variant, n_ctx in cases():
             if only and family not in only and label not in only:
                 continue
             torch.manual_seed(1)
-            model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides), dtype=torch.float32).eval()
+            model = sharpen(AutoModelForCausalLM.from_config(tiny_config(family, **overrides), dtype=torch.float32).eval())
             tokenizer = variant_tokenizer(variant)
             for fmt in formats:
                 path = Path(tmp) / f"{family}-{fmt}.gguf"
                 export = GgufExport(StateDictSource(model), tokenizer, fmt, "tiny")
                 export.write(path)
                 try:
-                    figures = compare(path, model, tokenizer, n_ctx)
+                    figures = compare(path, rounded_like(model, export), tokenizer, n_ctx)
                 except Exception as exc:  # llama.cpp refused the file: that is the finding
                     print(f"{label:34} {fmt:10} {export.arch:9} llama.cpp failed: {type(exc).__name__}: {exc}")
                     failed += 1
                     continue
                 bound, top1 = BOUNDS[fmt]
                 same = figures["tokens_same"].split("/")
-                ok = figures["rel_diff"] <= bound and figures["top1"] >= top1 and same[0] == same[1]
+                ok = figures["rel_p90"] <= bound and figures["top1"] >= top1 and same[0] == same[1]
                 failed += not ok
-                print(f"{label:34} {fmt:10} {export.arch:9} {figures['rel_diff']:12.4f} {figures['top1']:7.1%} "
-                      f"{figures['tokens_same']:>11}  {'PASS' if ok else 'FAIL'}")
+                print(f"{label:34} {fmt:10} {export.arch:9} {figures['rel_diff']:8.4f} {figures['rel_p90']:8.4f} "
+                      f"{figures['top1']:7.1%} "
+                      f"{figures['tokens_same']:>8} {figures['plain_same']:>9}  {'PASS' if ok else 'FAIL'}")
                 path.unlink()
     return 1 if failed else 0
 
@@ -173,7 +227,8 @@ def single(path: Path, hf: str | None, tokens: int) -> int:
 
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     figures = compare(path, model, AutoTokenizer.from_pretrained(hf))
-    print(f"llama.cpp vs transformers: largest |logit diff| {figures['rel_diff']:.4f} of the largest |logit|, "
+    print(f"llama.cpp vs transformers (fp32, weights not rounded): largest |logit diff| {figures['rel_diff']:.4f} "
+          f"of the largest |logit| (90th percentile {figures['rel_p90']:.4f}), "
           f"top-1 agreement {figures['top1']:.1%}, prompts tokenized the same {figures['tokens_same']}")
     same = figures["tokens_same"].split("/")
     return 0 if same[0] == same[1] and figures["top1"] >= 0.85 else 1

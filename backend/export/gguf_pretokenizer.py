@@ -90,7 +90,8 @@ class PreTokenizer:
 
 
 STRUCTURES = (
-    PreTokenizer("gpt-2", "GPT-2's regex inside ByteLevel (GPT-2, GPT-NeoX, the bundled model)", ("gpt2-bytes",)),
+    PreTokenizer("gpt-2", "GPT-2's regex inside ByteLevel (GPT-2, GPT-NeoX, the bundled model)", ("gpt2-bytes",),
+                 normalizers=(None, "NFC")),
     PreTokenizer("smollm", "single digits, then GPT-2's regex (SmolLM)", ("digits", "gpt2-bytes")),
     PreTokenizer("llama-bpe", "Llama 3's regex split, then bytes, merges ignored for whole words",
                  (f"split:{LLAMA3_SPLIT}", "bytes"), ignore_merges=True),
@@ -99,7 +100,9 @@ STRUCTURES = (
     PreTokenizer("qwen2", "Qwen2's regex split (single digits), then bytes", (f"split:{QWEN2_SPLIT}", "bytes"),
                  normalizers=(None, "NFC")),
 )
-"""Pre-tokenizers recognised by structure: tokenizer.json shapes that are exactly llama.cpp's regexes."""
+"""Pre-tokenizers recognised by structure: tokenizer.json shapes that are exactly llama.cpp's regexes.
+An NFC normalizer is accepted where llama.cpp's own converter accepts it by hash (Qwen; GPT-NeoX-20B's
+vocabulary): llama.cpp does not normalize, so only decomposed Unicode input can tokenize differently."""
 
 
 def chkhsh(tokenizer: Any) -> str:

@@ -11,7 +11,10 @@ tokenizer.json has no scores but lists its merges in priority order (transformer
 them by the SentencePiece score of the merged piece), so a token's score is minus the rank (from 1) of
 the first merge that produces it; byte tokens (<0x41>) are BYTE, added tokens score -1000 as the
 converter writes them. Whether a space is prepended (`add_space_prefix`) is read off the normalizer
-or the Metaspace pre-tokenizer.
+or the Metaspace pre-tokenizer; llama.cpp then prepends it at the start and after every special token,
+like a Prepend normalizer. Metaspace's "first" (transformers 5's Llama/Mistral form) prepends at the
+start only, which llama.cpp cannot do: it is written as no prefix, so chat-rendered prompts (they
+start with a special token) tokenize exactly and only a raw prompt's first word differs.
 """
 
 from __future__ import annotations
@@ -149,7 +152,9 @@ def space_prefix(spec: dict[str, Any]) -> bool:
     if replaces and not pre and set(kinds) <= {"Prepend", "Replace"}:
         return any(s.get("type") == "Prepend" and s.get("prepend") == SPACE for s in steps if s)
     if not kinds and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE and not pre.get("split", True):
-        return pre.get("prepend_scheme", "always") != "never"
+        # "first" prepends only at the very start of the text; llama.cpp prepends at the start and after
+        # every special token, or nowhere. Nowhere keeps chat prompts (which start with a special token) exact.
+        return pre.get("prepend_scheme", "always") == "always"
     raise bad_input(f"GGUF export writes SentencePiece-style tokenizers whose spaces become '▁' by a Replace "
                     f"normalizer or an unsplit Metaspace pre-tokenizer; this one has normalizer {kinds or None} and "
                     f"pre-tokenizer {pre.get('type')}", "export merged, bnb-8bit or bnb-4bit instead")
