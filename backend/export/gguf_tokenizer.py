@@ -12,8 +12,8 @@ them by the SentencePiece score of the merged piece), so a token's score is minu
 the first merge that produces it; byte tokens (<0x41>) are BYTE, added tokens score -1000 as the
 converter writes them. Whether a space is prepended (`add_space_prefix`) is read off the normalizer
 or the Metaspace pre-tokenizer; llama.cpp then prepends it at the start and after every special token,
-like a Prepend normalizer. Metaspace's "first" (transformers 5's Llama/Mistral form) prepends at the
-start only, which llama.cpp cannot do: it is written as no prefix, so chat-rendered prompts (they
+like a Prepend normalizer. Metaspace's "first" (what transformers 5's LlamaTokenizer builds for Llama 2,
+Mistral, TinyLlama and Phi-3, whatever their tokenizer.json says) prepends at the start only, which llama.cpp cannot do: it is written as no prefix, so chat-rendered prompts (they
 start with a special token) tokenize exactly and only a raw prompt's first word differs.
 """
 
@@ -149,7 +149,9 @@ def space_prefix(spec: dict[str, Any]) -> bool:
     kinds = [s.get("type") for s in steps if s]
     replaces = any(s.get("type") == "Replace" and s.get("pattern") == {"String": " "} and s.get("content") == SPACE
                    for s in steps if s)
-    if replaces and not pre and set(kinds) <= {"Prepend", "Replace"}:
+    # transformers 5's GemmaTokenizer adds Split(" ") after the Replace normalizer: no spaces are left to split on
+    inert_split = pre.get("type") == "Split" and pre.get("pattern") == {"String": " "} and not pre.get("invert")
+    if replaces and (not pre or inert_split) and set(kinds) <= {"Prepend", "Replace"}:
         return any(s.get("type") == "Prepend" and s.get("prepend") == SPACE for s in steps if s)
     if not kinds and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE and not pre.get("split", True):
         # "first" prepends only at the very start of the text; llama.cpp prepends at the start and after

@@ -91,9 +91,10 @@ def sentencepiece(kind: str, merges: int = 160):
     replace = normalizers.Replace(" ", "▁")
     if kind == "legacy":  # Llama 2, TinyLlama, Phi-3: a space prepended to the text
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace])
-    elif kind == "gemma":  # no space prepended
+    elif kind == "gemma":  # no space prepended; transformers 5's GemmaTokenizer adds the (inert) Split
         tok.normalizer = replace
-    else:  # transformers 5's Llama/Mistral form
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    else:  # transformers 5's LlamaTokenizer form, whatever the checkpoint's tokenizer.json says
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<unk>", "<s>", "</s>", "[INST]", "[/INST]")])
@@ -187,3 +188,21 @@ def test_sentencepiece_style_tokenizer_is_written_as_llama_with_scores(kind, fam
     assert scores[vocab["▁the"]] > scores[vocab["▁sea"]] > -1000  # merged early, higher score
     check = tokenizer_check(path, tokenizer)
     assert check["passed"] and check["verified"], check
+
+
+@pytest.mark.parametrize("kind, cls, family", [("legacy", "LlamaTokenizer", "llama"), ("gemma", "GemmaTokenizer", "gemma2")])
+def test_sentencepiece_tokenizers_as_transformers_5_loads_them(kind, cls, family, tmp_path):
+    """A run loads its tokenizer through the model's class, which rebuilds the pipeline (LlamaTokenizer: Metaspace
+    "first" even for a legacy tokenizer.json; GemmaTokenizer: Replace plus an inert Split): both are written."""
+    from transformers import AutoTokenizer
+
+    from backend.export.gguf_check import tokenizer_check
+
+    sentencepiece(kind).save_pretrained(tmp_path / "tok")
+    config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": cls}))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert type(tokenizer).__name__ == cls
+    path, meta = export(tokenizer, tmp_path, family)
+    assert (meta.model, meta.add_space_prefix) == ("llama", False)
+    assert tokenizer_check(path, tokenizer)["passed"]
