@@ -255,6 +255,12 @@ def _qwen2_problems(cfg: Any) -> list[str]:
     return problems
 
 
+def _neox_problems(cfg: Any) -> list[str]:
+    act = attr(cfg, "hidden_act")
+    return [] if act in ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh") else [
+        f"hidden_act {act} (llama.cpp's gptneox computes GELU)"]
+
+
 def _gpt2_problems(cfg: Any) -> list[str]:
     problems = []
     if getattr(cfg, "scale_attn_by_inverse_layer_idx", False) or not getattr(cfg, "scale_attn_weights", True):
@@ -310,7 +316,7 @@ FAMILIES: dict[str, Family] = {
     "gpt2": Family("GPT2", _gpt2_keys, problems=_gpt2_problems, rope_types=("default",),
                    forward_keys=("n_embd", "n_layer", "n_head", "n_inner", "n_positions", "layer_norm_epsilon",
                                  "activation_function", "vocab_size", "tie_word_embeddings")),
-    "gpt_neox": Family("GPTNEOX", _neox_keys, problems=lambda c: [], rope_types=("default",),
+    "gpt_neox": Family("GPTNEOX", _neox_keys, problems=_neox_problems, rope_types=("default",),
                        reader="transformers' GGUF loader has no gptneox architecture", output_required=True),
 }
 FAMILIES["gemma3"] = FAMILIES["gemma3_text"]  # the text part of the multimodal Gemma 3 (its text_config)

@@ -92,7 +92,8 @@ def tokenizer_metadata(tokenizer: Any, vocab_size: int) -> TokenizerMetadata:
     model = spec.get("model") or {}
     vocab = tokenizer.get_vocab()
     if max(vocab.values()) >= vocab_size:
-        raise bad_input(f"the tokenizer has ids up to {max(vocab.values())} but the model only {vocab_size} embeddings")
+        raise bad_input(f"the tokenizer has ids up to {max(vocab.values())} but the model only {vocab_size} embeddings "
+                        f"(ids 0..{vocab_size - 1})", "resize the embeddings to the tokenizer, or export merged")
     if model.get("type") == "BPE" and model.get("byte_fallback"):
         meta = _sentencepiece(tokenizer, spec, vocab, vocab_size)
     elif model.get("type") == "BPE":
