@@ -42,7 +42,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2_moe": dict(model_type="qwen2_moe", **_DECODER, num_experts=4, num_experts_per_tok=2,
                       moe_intermediate_size=32, shared_expert_intermediate_size=64, decoder_sparse_step=1,
                       tie_word_embeddings=False),
-    "qwen3_moe": dict(model_type="qwen3_moe", **_DECODER, num_experts=4, num_experts_per_tok=2,
+    "qwen3_moe": dict(model_type="qwen3_moe", **_DECODER, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
                       moe_intermediate_size=32, decoder_sparse_step=1, tie_word_embeddings=False),
     "mixtral": dict(model_type="mixtral", **_DECODER, num_local_experts=4, num_experts_per_tok=2,
                     tie_word_embeddings=False),

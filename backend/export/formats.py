@@ -21,8 +21,13 @@ FORMATS: dict[str, str] = {
 GGUF_TYPES: dict[str, str] = {"gguf-f16": "F16", "gguf-q8_0": "Q8_0", "gguf-q5_0": "Q5_0", "gguf-q4_0": "Q4_0"}
 """GGUF format -> the GGML type of its 2-D weights (1-D tensors stay F32, odd rows F16)."""
 
-GGUF_ARCHITECTURES: dict[str, str] = {"llama": "llama"}
-"""Hugging Face model_type -> GGUF architecture written; anything else is refused."""
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+    "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3",
+    "phi3": "phi3", "gpt2": "gpt2", "gpt_neox": "gptneox",
+}
+"""Hugging Face model_type -> llama.cpp architecture written (backend/export/gguf_families.py has the
+details); anything else is refused. SmolLM, TinyLlama and Llama 2/3 are model_type llama."""
 
 DTYPES = ("bf16", "fp16")
 
@@ -32,7 +37,8 @@ LOGIT_TOLERANCE: dict[str, float] = {
     "adapter": 1e-4,   # the same tensors reloaded: only float summation order may differ
     "merged:fp16": 1e-2,
     "merged:bf16": 1e-1,  # bf16 keeps 8 significant bits: 1e-2 is below its own rounding (see docs)
-    "gguf-f16": 1e-2,
+    "gguf-f16": 3e-2,  # read back by transformers and computed in fp16: F16 weights plus fp16 activations
+    "gguf-f16:bf16": 1e-1,  # an F16 GGUF of Gemma, computed in bf16 (fp16 overflows Gemma's activations)
 }
 """Largest allowed |logit difference| against the trained model (base + adapter, fp32)."""
 

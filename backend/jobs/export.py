@@ -300,16 +300,12 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
         checks = [verify.logit_check(expected, got, LOGIT_TOLERANCE["adapter"])]
         loaded_as = "peft PeftModel on the base as trained"
     elif is_gguf(job.fmt):
-        from backend.export.gguf_loader import load_llama, tokenizer_check
+        from transformers import AutoConfig
 
-        model, meta = load_llama(job.tmp / "model.gguf")
-        got = verify.measure(model, probe, pad_id)
-        checks = [tokenizer_check(meta, tokenizer, verify.prompt_texts(tokenizer))]
-        if job.fmt == "gguf-f16":
-            checks.insert(0, verify.logit_check(expected, got, LOGIT_TOLERANCE["gguf-f16"]))
-        else:
-            checks.insert(0, verify.perplexity_check(expected, got, PERPLEXITY_TOLERANCE[job.fmt], probe.source))
-        return checks, f"gguf.GGUFReader -> dequantized, Q/K un-permuted -> transformers LlamaForCausalLM fp32 ({got_figures(expected, got)})"
+        from backend.export.gguf_check import check_gguf
+
+        source_config = AutoConfig.from_pretrained(run.weights_dir if run.full else run.base_path)
+        return check_gguf(job.tmp / "model.gguf", source_config, tokenizer, probe, expected, job.fmt)
     elif job.fmt == "merged":
         model, loaded_as = hf_writer.load_merged_export(job.tmp, job.dtype)
         got = verify.measure(model, probe, pad_id)

@@ -161,8 +161,7 @@ def test_bnb_export_loads_quantized(lora_run, fmt, layer):
 ])
 def test_gguf_export_reads_back_with_gguf_reader(lora_run, fmt, qtype, logit_bound):
     import gguf
-
-    from backend.export.gguf_loader import load_llama
+    from transformers import AutoModelForCausalLM
 
     events, report = export(lora_run, fmt)
     assert events[-1]["type"] == "JobFinished", events[-1]
@@ -187,7 +186,9 @@ def test_gguf_export_reads_back_with_gguf_reader(lora_run, fmt, qtype, logit_bou
     assert tensors["blk.0.attn_norm.weight"].tensor_type.name == "F32"
     embd = tensors["token_embd.weight"].tensor_type.name
     assert embd == ("Q8_0" if qtype in ("Q4_0", "Q5_0") else qtype)
-    model, _ = load_llama(out / "model.gguf")
+    assert check(report, "logits" if fmt == "gguf-f16" else "perplexity")["verified"] is True
+    assert "transformers' GGUF loader -> LlamaForCausalLM" in report["loaded_as"]
+    model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32)
     with torch.no_grad():
         diff = (model(IDS).logits - reference_logits(lora_run)).abs().max().item()
     assert diff <= logit_bound, diff
@@ -228,8 +229,14 @@ def _ggml_rope(x: np.ndarray, pos: int, base: float = 10000.0) -> np.ndarray:
     return out
 
 
+def unpermute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of gguf_tensors.permute, written independently: GGML's rotary rows back to halves."""
+    shape = weights.shape
+    return weights.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
 def test_qk_permutation_turns_hf_rotary_into_ggml_rotary_and_round_trips():
-    from backend.export.gguf_writer import permute, unpermute
+    from backend.export.gguf_tensors import permute
 
     rng = np.random.default_rng(0)
     n_head, n_kv, head_dim, hidden = 4, 2, 16, 32
@@ -387,7 +394,7 @@ def test_stop_while_writing_cancels_and_leaves_nothing(lora_run, tmp_path):
 
 
 def test_bad_options_and_other_architectures_are_refused_in_one_sentence(lora_run):
-    from transformers import Qwen2Config
+    from transformers import FalconConfig
 
     from backend.export.gguf_writer import check_architecture
 
@@ -396,9 +403,10 @@ def test_bad_options_and_other_architectures_are_refused_in_one_sentence(lora_ru
     with pytest.raises(JobError, match="dtype"):
         export(lora_run, "merged", dtype="fp8")
     with pytest.raises(JobError) as caught:
-        check_architecture(Qwen2Config())
-    assert caught.value.message == ("GGUF export supports the llama architecture (like the bundled model); "
-                                    "this model is qwen2")
+        check_architecture(FalconConfig())
+    message = caught.value.message
+    assert message.startswith("GGUF export writes the families ") and message.endswith("; this model is falcon")
+    assert "mistral (as llama)" in message and "qwen2_moe (as qwen2moe)" in message and "\n" not in message
 
 
 def test_untranslatable_chat_template_gives_a_modelfile_without_template():

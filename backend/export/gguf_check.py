@@ -1,0 +1,199 @@
+"""The GGUF export's check: the file read back by transformers' own GGUF loader, which shares no code with our writer.
+
+`AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)` rebuilds the config from llama.cpp's
+metadata keys and un-does llama.cpp's tensor layout with its own code (written against
+convert_hf_to_gguf.py), in 16-bit, on the GPU when there is one; its logits and perplexity are then
+measured against the trained model. Where that reader cannot read a family (GPT-NeoX; Mixtral, which
+it reads as a dense Llama) or rebuilds a config attribute differently from the model's (it ignores
+keys it has no mapping for and falls back to the config class's defaults), the check says so:
+"not verified", why, and how to verify with llama.cpp itself. It never falls back to our own code.
+`AutoTokenizer.from_pretrained(folder, gguf_file=...)` rebuilds the tokenizer from the file for the
+tokenizer check.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backend.export import verify
+from backend.export.formats import LOGIT_TOLERANCE, PERPLEXITY_TOLERANCE
+from backend.export.gguf_families import Family, family_of, head_dim, kv_heads
+
+EXTRA_TEXTS = (
+    "Numbers: 3 33 333 3333 and 3.14159, then 2024-01-31.",
+    "Spaces:  two   three    four, a tab\there and\nnew lines\n\n  indented.",
+    "Ünïcödé — ça va? 日本語のテキスト 🙂 مرحبا",
+    " leading space, trailing space ",
+)
+HOW_TO_VERIFY = ("python bench/llama_cpp_check.py {path} --hf MERGED_EXPORT_FOLDER (llama-cpp-python; "
+                 "compares llama.cpp's logits with the merged model's)")
+
+
+def load_dtype(family: Family) -> torch.dtype:
+    """16-bit compute for the reloaded model: bf16 for Gemma (its activations overflow fp16), else fp16."""
+    return torch.bfloat16 if family.arch.startswith("GEMMA") else torch.float16
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(float(a), float(b), rel_tol=1e-5, abs_tol=1e-12)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _value(cfg: Any, key: str) -> Any:
+    """The attribute as the model uses it (head_dim and KV heads have defaults computed from others)."""
+    if key == "head_dim" and hasattr(cfg, "num_attention_heads"):
+        return head_dim(cfg)
+    if key == "num_key_value_heads" and hasattr(cfg, "num_attention_heads"):
+        return kv_heads(cfg)
+    return getattr(cfg, key, None)
+
+
+def config_mismatches(model_config: Any, read_config: Any, keys: tuple[str, ...]) -> list[str]:
+    """Forward-relevant attributes the reader rebuilt differently: 'name=read (model has value)'."""
+    out = []
+    for key in keys:
+        want = _value(model_config, key)
+        if want is None:
+            continue
+        got = _value(read_config, key)
+        if key == "rope_parameters":
+            flat_want, flat_got = _flat(want), _flat(got or {})
+            for sub, value in flat_want.items():
+                if not _same(value, flat_got.get(sub)):
+                    out.append(f"rope_parameters.{sub}={flat_got.get(sub)} (the model has {value})")
+        elif not _same(want, got):
+            out.append(f"{key}={got} (the model has {want})")
+    return out
+
+
+def not_verified(name: str, tolerance: Any, reason: str, path: Path) -> dict[str, Any]:
+    return {
+        "name": name,
+        "what": "an independent reader (transformers' GGUF loader) reproducing the trained model from the file",
+        "measured": f"not verified: {reason}",
+        "tolerance": tolerance,
+        "passed": True,
+        "verified": False,
+        "reason": reason,
+        "how_to_verify": HOW_TO_VERIFY.format(path=path),
+    }
+
+
+def read_model(path: Path, family: Family) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=load_dtype(family),
+                                                 device_map={"": device})
+    return model.eval()
+
+
+def tolerance_for(fmt: str, family: Family) -> float:
+    """The format's tolerance (formats.py); an F16 file computed in bf16 (Gemma) gets bf16's logit tolerance."""
+    if fmt != "gguf-f16":
+        return PERPLEXITY_TOLERANCE[fmt]
+    return LOGIT_TOLERANCE["gguf-f16:bf16" if load_dtype(family) == torch.bfloat16 else "gguf-f16"]
+
+
+def model_check(path: Path, config: Any, probe: Any, expected: Any, fmt: str, pad_id: int) -> tuple[dict[str, Any], str]:
+    family, text_config = family_of(config)
+    name = "logits" if fmt == "gguf-f16" else "perplexity"
+    tolerance = tolerance_for(fmt, family)
+    reason = family.reader
+    model = None
+    if reason is None:
+        try:
+            model = read_model(path, family)
+        except Exception as exc:  # its loader raises on shapes it rebuilt wrong; say what it said
+            reason = f"transformers' GGUF loader failed on this file ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+    if model is not None:
+        mismatches = config_mismatches(text_config, model.config, family.forward_keys)
+        if mismatches:
+            reason = ("transformers' GGUF loader has no mapping for some of the file's keys and rebuilt "
+                      + "; ".join(mismatches[:4]))
+            del model
+            model = None
+    if model is None:
+        return not_verified(name, tolerance, reason, path), f"not verified by transformers: {reason}"
+    got = verify.measure(model, probe, pad_id)
+    if name == "logits":
+        check = verify.logit_check(expected, got, tolerance)
+    else:
+        check = verify.perplexity_check(expected, got, tolerance, probe.source)
+    check["verified"] = True
+    device = next(model.parameters()).device
+    loaded = (f"transformers' GGUF loader -> {type(model).__name__}, {str(load_dtype(family)).removeprefix('torch.')} "
+              f"on {device.type} ({_figures(expected, got)})")
+    return check, loaded
+
+
+def _figures(expected: Any, got: Any) -> str:
+    logits, ppl = verify.logit_figures(expected, got), verify.perplexity_figures(expected, got)
+    return (f"max |logit diff| {logits['max_abs_logit_diff']:.3g}, top-1 agreement {logits['top1_agreement']:.1%}, "
+            f"perplexity {ppl['export_perplexity']:.4g} vs {ppl['reference_perplexity']:.4g}")
+
+
+def tokenizer_check(path: Path, tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer transformers rebuilds from the file alone encodes the prompts and test texts like the run's."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    fields = gguf.GGUFReader(path).fields
+    model, pre = (fields[f"tokenizer.ggml.{key}"].contents() for key in ("model", "pre"))
+    texts, kind, skipped = verify.prompt_texts(tokenizer) + list(EXTRA_TEXTS), "the chat-rendered prompts", ""
+    if model == "llama":  # SentencePiece-style: the two readers disagree on the "▁" after special tokens
+        texts = list(verify.PROMPTS) + [t for t in EXTRA_TEXTS if not t[:1].isspace()]
+        kind = "the plain prompts"
+        skipped = ("; texts with special tokens or a leading space left out: transformers' reader prepends '▁' "
+                   "only at the start of the text, llama.cpp also after every special token")
+    if pre == "smollm":  # transformers' reader has no smollm entry and splits digit runs like GPT-2
+        texts = [t for t in texts if not any(c.isdigit() for c in t)]
+        skipped = "; texts with digits left out: transformers' GGUF tokenizer reader does not split digits as smollm does"
+    what = (f"the tokenizer transformers rebuilds from the GGUF alone encodes {len(texts)} texts ({kind} and "
+            f"{len(texts) - len(verify.PROMPTS)} with digits, whitespace runs and non-Latin scripts) to the same ids "
+            f"as the run's tokenizer, with the same BOS/EOS and chat template{skipped}")
+    try:
+        rebuilt = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as exc:
+        reason = f"transformers cannot rebuild this tokenizer from the file ({type(exc).__name__}: {str(exc)[:160]})"
+        check = not_verified("tokenizer", "identical", reason, path)
+        check["what"] = what
+        return check
+    failures = []
+    differing = sum(tokenizer(t, add_special_tokens=False)["input_ids"] != rebuilt(t, add_special_tokens=False)["input_ids"]
+                    for t in texts)
+    if differing:
+        failures.append(f"{differing} of {len(texts)} texts tokenize differently")
+    for kind in ("bos", "eos"):
+        if getattr(tokenizer, f"{kind}_token_id") != getattr(rebuilt, f"{kind}_token_id"):
+            failures.append(f"{kind} id")
+    if (getattr(tokenizer, "chat_template", None) or None) != (getattr(rebuilt, "chat_template", None) or None):
+        failures.append("chat template")
+    return {"name": "tokenizer", "what": what, "measured": "identical" if not failures else "differs: " + ", ".join(failures),
+            "tolerance": "identical", "passed": not failures, "verified": True}
+
+
+def check_gguf(path: Path, config: Any, tokenizer: Any, probe: Any, expected: Any,
+               fmt: str) -> tuple[list[dict[str, Any]], str]:
+    """The checks of one GGUF export and how it was loaded, for export_report.json."""
+    check, loaded = model_check(path, config, probe, expected, fmt, tokenizer.pad_token_id)
+    return [check, tokenizer_check(path, tokenizer)], loaded
+
