@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from backend.paths import resources_dir
@@ -87,3 +88,17 @@ def list_presets(folder: Path | None = None) -> list[Preset]:
     folder = folder or resources_dir() / "presets"
     presets = [load_preset(p) for p in sorted(folder.glob("*.yaml"))]
     return sorted(presets, key=lambda p: (p.card_gb * p.cards, p.title))
+
+
+def cost_line(config: Any, total_bytes: int, parts: dict[str, int], card_gb: int, cards: int) -> str:
+    """The header's Cost line for an estimate of `config` (what a test holds the file to)."""
+    gib = 1024**3
+    t, train = config.technique, config.train
+    per_step = train.micro_batch_size * train.gradient_accumulation_steps * cards
+    shown = ", ".join(f"{name} {parts[name] / gib:.1f}" for name in ("weights", "logits", "activations", "runtime")
+                      if parts.get(name))
+    card = f"{cards}x{card_gb} GB" if cards > 1 else f"{card_gb} GB"
+    return (f"estimated peak {total_bytes / gib:.1f} GiB per GPU of {card} ({shown} GiB) for {train.seq_len}-token "
+            f"rows, micro-batch {train.micro_batch_size}{', checkpointing' if t.gradient_checkpointing else ''}, "
+            f"{per_step} examples per optimizer step; the worst case (every position a target): instruction "
+            f"data needs less, see the Techniques page once your data is chosen.")
