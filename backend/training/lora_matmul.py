@@ -42,9 +42,10 @@ import torch
 class LoraMatmul:
     """Installs the rank-as-rows forward on a peft model's LoRA linears; counts what it patched."""
 
-    def __init__(self, bf16_base: bool = False) -> None:
+    def __init__(self, bf16_base: bool = False, rank_first: bool = True) -> None:
         self.patched = 0
         self.bf16_base = bf16_base
+        self.rank_first = rank_first  # off: the adapters multiply as peft does (only the base runs in bf16)
 
     def install(self, model: torch.nn.Module) -> int:
         try:
@@ -59,12 +60,12 @@ class LoraMatmul:
                     if module.base_layer.bias is not None:  # so that peft's own forward still runs (in bf16)
                         module.base_layer.bias.data = module.base_layer.bias.data.to(torch.bfloat16)
                     module.base_layer.studio_bf16_base = True
-                module.forward = types.MethodType(_fast_forward(module.forward), module)
+                module.forward = types.MethodType(_fast_forward(module.forward, self.rank_first), module)
                 self.patched += 1
         return self.patched
 
 
-def _fast_forward(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _fast_forward(original: Callable[..., torch.Tensor], rank_first: bool = True) -> Callable[..., torch.Tensor]:
     def forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         adapter = _plain_adapter(module, x)
         bf16_base = getattr(module.base_layer, "studio_bf16_base", False)
@@ -80,6 +81,8 @@ def _fast_forward(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
         else:
             base = module.base_layer(x)
         x = module.lora_dropout[adapter](x)
+        if not rank_first:  # peft's own adapter products, on the bf16 base's output
+            return base + module.lora_B[adapter](module.lora_A[adapter](x)) * module.scaling[adapter]
         out = LoraProduct.apply(base.reshape(-1, base.shape[-1]), x.reshape(-1, x.shape[-1]),
                                 module.lora_A[adapter].weight, module.lora_B[adapter].weight,
                                 float(module.scaling[adapter]))
