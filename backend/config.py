@@ -88,6 +88,12 @@ class TechniqueSection(_Section):
     offload: Literal["none", "zero2_optimizer", "zero3_optimizer_params"] = "none"
     """DeepSpeed offload: zero2_optimizer moves optimizer state and master weights to CPU memory (saves up to 12 bytes/parameter of GPU memory), zero3_optimizer_params moves the weights too; costs PCIe traffic and slower steps, and needs deepspeed."""
 
+    @field_validator("shortcuts", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` (and `on`) as a boolean
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _technique_combinations(self) -> "TechniqueSection":
         if self.attention == "flash_attention_2" and self.precision == "fp32":

@@ -29,6 +29,7 @@ from backend.training.loading import add_adapters, check_model_folder, load_mode
 from backend.training.mfu import forget_peak, peak_flops, token_flops
 from backend.training.model_facts import ModelFacts
 from backend.training.phase import set_phase
+from backend.training.shortcuts import SHORTCUTS
 from backend.training.shortcuts import install as install_shortcuts
 from backend.training.techniques import TechniquePlan, plan_techniques
 from backend.training.thread_choice import choose_threads, training_pass
@@ -169,7 +170,7 @@ def run_finetune(
     missing = [n for n in plan.shortcuts.applied if n not in installed and n != "thread_choice"]
     if missing:  # the registry's families say they fit; a model that does not is a registry bug
         log.warning("planned shortcuts not installed: %s", ", ".join(missing))
-    log.info("shortcuts in place: %s", ", ".join(installed) or "none")
+    log.info("shortcuts in place: %s", ", ".join(s.name for s in SHORTCUTS if s.name in installed) or "none")
     trainer.remove_callback(PrinterCallback)  # its log dicts would only repeat our events in worker.log
     done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
     if done >= config.train.max_steps:

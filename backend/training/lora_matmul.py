@@ -46,6 +46,7 @@ class LoraMatmul:
         self.patched = 0
         self.bf16_base = bf16_base
         self.rank_first = rank_first  # off: the adapters multiply as peft does (only the base runs in bf16)
+        self.active = True  # False: peft's forward for the fp32 layers (the benchmark switches it per step)
 
     def install(self, model: torch.nn.Module) -> int:
         try:
@@ -60,16 +61,17 @@ class LoraMatmul:
                     if module.base_layer.bias is not None:  # so that peft's own forward still runs (in bf16)
                         module.base_layer.bias.data = module.base_layer.bias.data.to(torch.bfloat16)
                     module.base_layer.studio_bf16_base = True
-                module.forward = types.MethodType(_fast_forward(module.forward, self.rank_first), module)
+                module.forward = types.MethodType(_fast_forward(module.forward, self), module)
                 self.patched += 1
         return self.patched
 
 
-def _fast_forward(original: Callable[..., torch.Tensor], rank_first: bool = True) -> Callable[..., torch.Tensor]:
+def _fast_forward(original: Callable[..., torch.Tensor], owner: LoraMatmul) -> Callable[..., torch.Tensor]:
     def forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         adapter = _plain_adapter(module, x)
         bf16_base = getattr(module.base_layer, "studio_bf16_base", False)
-        if adapter is None or args or kwargs:
+        rank_first = owner.rank_first and owner.active
+        if adapter is None or args or kwargs or not (rank_first or bf16_base):
             if bf16_base and x.dtype != torch.bfloat16:  # e.g. adapters disabled: peft's path, in bf16
                 return original(x.to(torch.bfloat16), *args, **kwargs).to(x.dtype)
             return original(x, *args, **kwargs)
