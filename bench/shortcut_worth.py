@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 
-def toggle_worth(preset: Path, overrides: list[str], steps: int) -> int:
+def toggle_worth(preset: Path, overrides: list[str], steps: int, only: list[str] | None = None) -> int:
+    """`only`: the shortcuts to leave out one at a time (default: every one the plan uses)."""
     import torch
 
     from backend.config import RunConfig
@@ -69,7 +70,7 @@ def toggle_worth(preset: Path, overrides: list[str], steps: int) -> int:
         model.zero_grad(set_to_none=True)
         return seconds, float(loss)
 
-    variants = {"auto": set(), "off": set(applied), **{f"-{n}": {n} for n in applied}}
+    variants = {"auto": set(), "off": set(applied), **{f"-{n}": {n} for n in applied if not only or n in only}}
     step(batches[0], set())  # warm-up: oneDNN's kernels, the allocator
     times: dict[str, list[float]] = {v: [] for v in variants}
     names = list(variants)

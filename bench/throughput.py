@@ -149,6 +149,9 @@ MODEL_SIZES = {
     # the weights (0.26) is near the real model's at 28 layers and 152k (0.35).
     "1024": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=64),
+    # TinyLlama-1.1B's widths (hidden 2048, MLP 5632, 32 heads, 4 KV heads) at 4 of its 22 layers.
+    "2048": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=32,
+                 num_key_value_heads=4, head_dim=64),
 }
 
 
@@ -202,6 +205,7 @@ def main() -> int:
                         help="compare the studio with its speed shortcuts (auto), without (off) and without each one")
     parser.add_argument("--toggle", action="store_true",
                         help="the same per training step, in one process (bench/shortcut_worth.py)")
+    parser.add_argument("--leave-out", help="with --toggle: only these shortcuts (comma-separated) left out one at a time")
     args = parser.parse_args()
 
     import torch
@@ -226,7 +230,7 @@ def main() -> int:
     if args.toggle:
         from bench.shortcut_worth import toggle_worth
 
-        return toggle_worth(Path(args.preset), common, args.steps)
+        return toggle_worth(Path(args.preset), common, args.steps, args.leave_out.split(",") if args.leave_out else None)
     base_threads = os.cpu_count() or 1
     params = {
         "model": str(config.resolved_model_path()), "data": str(config.resolved_data_path()),

@@ -180,3 +180,11 @@ def test_counts_are_reduced_on_the_process_groups_device(monkeypatch):
     callback.trainer = type("T", (), {"trained_tokens": 5, "input_tokens": 50, "head_tokens": 5, "row_tokens": 5})()
     callback._sync()
     assert seen == [torch.device("cpu")] * 2 and callback._all_tokens == 5 and callback._counts == (50, 5, 5)
+
+
+def test_rank_first_lora_only_where_it_was_measured_to_pay():
+    """Session 7: it pays at hidden 256 and 1024 and costs at 2048 (docs/benchmarks.md)."""
+    assert "rank_first_lora" in plan("llama", hidden_size=shortcuts.RANK_FIRST_MAX_HIDDEN).shortcuts.applied
+    wide = plan("llama", hidden_size=2048)
+    assert "rank_first_lora" not in wide.shortcuts.applied
+    assert dict(wide.shortcuts.skipped)["rank_first_lora"] == "hidden 2048 > 1024, where it does not pay"
