@@ -68,7 +68,7 @@ def toggle_worth(preset: Path, overrides: list[str], steps: int, only: list[str]
         seconds = time.perf_counter() - began
         rows.mask = None
         model.zero_grad(set_to_none=True)
-        return seconds, float(loss)
+        return seconds, float(loss.detach())
 
     variants = {"auto": set(), "off": set(applied), **{f"-{n}": {n} for n in applied if not only or n in only}}
     step(batches[0], set())  # warm-up: oneDNN's kernels, the allocator

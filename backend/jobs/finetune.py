@@ -167,6 +167,9 @@ def run_finetune(
             reporter.emit(PhaseChanged(phase="threads", detail=choice.summary()))
             callback.peak_flops = peak_flops(plan.device, peak_dtype)  # the peak is per thread count
             installed.append("thread_choice")
+        else:
+            reporter.emit(PhaseChanged(phase="threads", detail=f"{torch.get_num_threads()} CPU threads, not measured: "
+                                       "one pass would take 0.5 s or more, enough work for every thread"))
     missing = [n for n in plan.shortcuts.applied if n not in installed and n != "thread_choice"]
     if missing:  # the registry's families say they fit; a model that does not is a registry bug
         log.warning("planned shortcuts not installed: %s", ", ".join(missing))

@@ -18,7 +18,8 @@ estimate is unchanged; the loss and gradients match peft's to float rounding (te
 Installed where the registry chose it (shortcuts.py: CPU, fp32, LoRA, hidden up to
 `RANK_FIRST_MAX_HIDDEN`, beyond which it was measured not to pay), and used per call only where it
 is the plain case: peft's dense `lora.Linear` over an `nn.Linear`, one active adapter, not merged,
-no DoRA or LoRA bias, on the CPU in fp32 with autocast off. Everything else (GPUs, whose BLAS has no such weakness; bf16; quantized bases; DoRA) runs peft's forward unchanged.
+no DoRA or LoRA bias, on the CPU in fp32 with autocast off. Everything else (GPUs, whose BLAS has
+no such weakness; bf16; quantized bases; DoRA) runs peft's forward unchanged.
 
 `bf16_base=True` (the plan's choice on a CPU with native bf16, precision auto) also holds the frozen
 base weights of these layers in bf16 and runs their products in bf16: x is cast to bf16, multiplied
