@@ -8,7 +8,8 @@ own tolerance) and the conditions where it applies. A model of another family, o
 plan line names what runs and why the rest does not.
 
 Only shortcuts that pay on a model of realistic width are here: docs/benchmarks.md, "Session 7",
-measured each one alone with bench/throughput.py --shortcuts. Dropout draws differ between a
+measured each one alone at hidden 1024 and 2048 (bench/throughput.py --shortcuts and --toggle), and
+rank-first LoRA is limited to the widths where it paid. Dropout draws differ between a
 shortcut and the plain path where it cuts the rows a dropout sees (the same distribution, other
 random numbers), so exactness is tested with dropout off.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ class ShortcutChoice:
     applied: tuple[str, ...] = ()
     skipped: tuple[tuple[str, str], ...] = ()  # (name, why), for shortcuts that exist on this device
     proven: bool = True  # the family is one the exactness tests cover
-    disabled: tuple[str, ...] = field(default=())  # left out through DISABLE_ENV
+    disabled: tuple[str, ...] = ()  # left out through DISABLE_ENV
 
     def has(self, name: str) -> bool:
         return name in self.applied
