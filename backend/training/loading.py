@@ -145,6 +145,8 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
         lora_dropout=technique.lora_dropout,
         target_modules=targets,
         use_dora=technique.method == "dora",
+        # GPT-2's Conv1D holds its weights (in, out): peft must know, and would only warn and switch
+        fan_in_fan_out=any(type(m).__name__ == "Conv1D" for m in model.modules()),
         task_type="CAUSAL_LM",
     )
     try:

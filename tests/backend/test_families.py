@@ -8,6 +8,7 @@ What a family cannot do is refused before loading, in one line."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 
 import pytest
@@ -89,6 +90,10 @@ def test_family_trains_with_technique(models, tmp_path, caplog, family, method):
     saved = tmp_path / "run" / ("model" if method == "full" else "adapter")
     assert (saved / ("model.safetensors" if method == "full" else "adapter_model.safetensors")).is_file()
     assert finished.mfu and 0 < finished.mfu
+    if method != "full":  # GPT-2's Conv1D weights are (in, out): the adapter must say so to merge right;
+        # quantized, bitsandbytes has already made them (out, in) linears
+        adapter = json.loads((saved / "adapter_config.json").read_text())
+        assert adapter["fan_in_fan_out"] is (family == "gpt2" and method not in ("qlora", "lora8"))
 
     plan = next(e.detail for e in events if e.type == "PhaseChanged" and e.phase == "plan")
     attention = "eager" if family == "gemma2" or method == "dora" else "sdpa"
