@@ -90,8 +90,16 @@ class TechniqueSection(_Section):
     torch_compile: bool = False
     """Compile the model with torch.compile: faster steady-state steps after a one-off compile time
     (reported separately, never counted in tokens/s)."""
+    shortcuts: Literal["auto", "off"] = "auto"
+    """auto: the worker's speed shortcuts (logits only where the loss looks, the last layer on those rows, per-example attention for packed rows, and on the CPU rank-first LoRA products, bf16 base products and a measured thread count) where a test proved them exact for the model's family; off: the plain transformers + peft computation (slower, for comparison or a suspected shortcut bug)."""
     offload: Literal["none", "zero2_optimizer", "zero3_optimizer_params"] = "none"
     """DeepSpeed offload: zero2_optimizer moves optimizer state and master weights to CPU memory (saves up to 12 bytes/parameter of GPU memory), zero3_optimizer_params moves the weights too; costs PCIe traffic and slower steps, and needs deepspeed."""
+
+    @field_validator("shortcuts", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` (and `on`) as a boolean
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _technique_combinations(self) -> "TechniqueSection":

@@ -52,6 +52,7 @@ def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def bf16_base(run: RunConfig, device: str, native: bool) -> bool:
     """Whether a run holds its frozen base in bf16 on the CPU (lora_matmul.py): the worker's plan and
     the estimate ask the same question. Only plain LoRA at precision auto (fp32 asked means fp32),
-    on one process or DDP (the sharded strategies flatten parameters of one dtype)."""
+    on one process or DDP (the sharded strategies flatten parameters of one dtype), shortcuts not off
+    (it is one of the speed shortcuts: backend/training/shortcuts.py)."""
     return (device == "cpu" and native and run.technique.precision == "auto" and run.technique.method == "lora"
-            and run.hardware.strategy in ("single", "ddp"))
+            and run.hardware.strategy in ("single", "ddp") and run.technique.shortcuts != "off")

@@ -10,6 +10,13 @@ not counted, for either side. Prints each run, the medians and the ratio (studio
     # on a GPU: a 0.6B model built from a config, bf16 (both sides), LoRA and QLoRA, peak memory too
     python bench/throughput.py --model-size 0.6b --data tests/fixtures/peer-data/alpaca_en_demo.json \
         --seq-len 1024 --method qlora --rounds 2
+    # the speed shortcuts (backend/training/shortcuts.py): studio with them (auto) against without
+    # (off), and each shortcut's own worth: auto against auto with that one shortcut left out
+    python bench/throughput.py --shortcuts --model-size 1024 --vocab 32000 --rounds 3 --steps 4 \
+        --data tests/fixtures/peer-data/alpaca_en_demo.json --batch 2
+    # the same, switched per training step in one process (bench/shortcut_worth.py): finer than runs
+    python bench/throughput.py --toggle --model-size 1024 --vocab 32000 --steps 30 \
+        --data tests/fixtures/peer-data/alpaca_en_demo.json --batch 2
 
 The studio side runs with its default threads (at most all cores but one, so the desktop keeps a
 core, fewer where a measured training pass is faster on fewer; OMP_WAIT_POLICY=PASSIVE) and pinned
@@ -34,6 +41,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if "--toggle" in sys.argv:  # in this process, as in the worker: set before torch loads OpenMP
+    from backend.cpu_features import RUNTIME_ENV
+
+    for _name, _value in RUNTIME_ENV.items():
+        os.environ.setdefault(_name, _value)
 
 BASELINE = r'''
 import json, sys, time, torch
@@ -122,7 +134,7 @@ def run_studio(preset: Path, overrides: list[str]) -> dict:
     peaks = [(e.get("memory") or {}).get("peak_bytes") for e in events if e["type"] == "MetricsLogged"]
     chosen = [e["detail"] for e in events if e["type"] == "PhaseChanged" and e["phase"] == "threads"]
     threads = int(chosen[-1].split()[0]) if chosen and chosen[-1][:1].isdigit() else None  # measured count
-    return {**terminal, "reported_tokens_per_s": terminal["tokens_per_s"],
+    return {**terminal, "reported_tokens_per_s": terminal["tokens_per_s"], "events": events,
             "tokens_per_s": last["tokens_seen"] / last["elapsed_s"], "losses": losses,
             "peak_bytes": max((p for p in peaks if p), default=None), "threads": threads}
 
@@ -132,18 +144,29 @@ MODEL_SIZES = {
     # and memory depend on the shapes, not on what the weights know.
     "0.6b": dict(hidden_size=1536, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=12,
                  num_key_value_heads=4, head_dim=128),
+    # Qwen3-0.6B's widths (hidden 1024, MLP 3072, 16 heads, 8 KV heads) at 8 of its 28 layers, so
+    # that a CPU runs a few steps per minute; with a 32k vocabulary the output projection's share of
+    # the weights (0.26) is near the real model's at 28 layers and 152k (0.35).
+    "1024": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=64),
+    # TinyLlama-1.1B's widths (hidden 2048, MLP 5632, 32 heads, 4 KV heads) at 4 of its 22 layers.
+    "2048": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=32,
+                 num_key_value_heads=4, head_dim=64),
 }
 
 
-def build_model(size: str, tokenizer_dir: Path, out: Path) -> Path:
-    """A model of the named size from a config, with the bundled tokenizer, saved in bf16."""
+def build_model(size: str, tokenizer_dir: Path, out: Path, vocab: int | None = None) -> Path:
+    """A model of the named size from a config, with the bundled tokenizer, saved in bf16; a larger
+    `vocab` than the tokenizer's gives the output projection a real model's size (ids past the
+    tokenizer's are never seen, which changes no cost)."""
     import shutil
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     bundled = json.loads((tokenizer_dir / "config.json").read_text())
-    config = LlamaConfig(vocab_size=bundled["vocab_size"], max_position_embeddings=2048, tie_word_embeddings=True,
+    config = LlamaConfig(vocab_size=max(vocab or 0, bundled["vocab_size"]), max_position_embeddings=2048,
+                         tie_word_embeddings=True,
                          bos_token_id=bundled["bos_token_id"], eos_token_id=bundled["eos_token_id"],
                          pad_token_id=bundled["pad_token_id"], **MODEL_SIZES[size])
     torch.manual_seed(0)
@@ -177,6 +200,12 @@ def main() -> int:
     parser.add_argument("--method", choices=["lora", "qlora"], help="default: the preset's")
     parser.add_argument("--batch", type=int, help="micro-batch size; default: the preset's")
     parser.add_argument("--seq-len", type=int, help="default: the preset's")
+    parser.add_argument("--vocab", type=int, help="with --model-size: the vocabulary of the built model")
+    parser.add_argument("--shortcuts", action="store_true",
+                        help="compare the studio with its speed shortcuts (auto), without (off) and without each one")
+    parser.add_argument("--toggle", action="store_true",
+                        help="the same per training step, in one process (bench/shortcut_worth.py)")
+    parser.add_argument("--leave-out", help="with --toggle: only these shortcuts (comma-separated) left out one at a time")
     args = parser.parse_args()
 
     import torch
@@ -192,9 +221,16 @@ def main() -> int:
             common.append(f"{key}={Path(flag).resolve() if key == 'data.path' else flag}")
     config = RunConfig.load(args.preset, common)
     if args.model_size:
-        model = build_model(args.model_size, config.resolved_model_path(), Path(tempfile.mkdtemp(prefix="bench-model-")))
+        model = build_model(args.model_size, config.resolved_model_path(), Path(tempfile.mkdtemp(prefix="bench-model-")),
+                            args.vocab)
         common.append(f"model.path={model}")
         config = RunConfig.load(args.preset, common)
+    if args.shortcuts:
+        return compare_shortcuts(Path(args.preset), common, args.rounds)
+    if args.toggle:
+        from bench.shortcut_worth import toggle_worth
+
+        return toggle_worth(Path(args.preset), common, args.steps, args.leave_out.split(",") if args.leave_out else None)
     base_threads = os.cpu_count() or 1
     params = {
         "model": str(config.resolved_model_path()), "data": str(config.resolved_data_path()),
@@ -257,6 +293,59 @@ def main() -> int:
         equal = medians["studio (default threads)"] / medians["baseline (studio's threads)"]
         print(f"ratio studio/baseline (both {studio_threads} thread(s), each side's default otherwise): {equal:.2f}x")
     return 0
+
+
+def plan_line(run: dict) -> str:
+    return next(e["detail"] for e in run["events"] if e["type"] == "PhaseChanged" and e["phase"] == "plan")
+
+
+def compare_shortcuts(preset: Path, common: list[str], rounds: int) -> int:
+    """auto vs off, and auto vs auto-without-X for each shortcut X that auto uses, alternated in rounds
+    (the order rotates each round); prints each round's ratios, whose pairs are close in time."""
+    from backend.training.shortcuts import DISABLE_ENV, SHORTCUTS
+
+    def run(variant: str) -> dict:
+        os.environ.pop(DISABLE_ENV, None)
+        overrides = [*common, "data.validation_split=0"]
+        if variant == "off":
+            overrides.append("technique.shortcuts=off")
+        elif variant != "auto":
+            os.environ[DISABLE_ENV] = variant[len("auto-"):]
+        try:
+            return run_studio(preset, overrides)
+        finally:
+            os.environ.pop(DISABLE_ENV, None)
+
+    first = run("auto")
+    plan = plan_line(first)
+    print(f"plan: {plan}", flush=True)
+    used = [s.name for s in SHORTCUTS if re_used(plan, s.name) and s.name != "thread_choice"]
+    variants = ["auto", "off", *(f"auto-{name}" for name in used)]
+    speeds: dict[str, list[float]] = {v: [] for v in variants}
+    losses: dict[str, list[float]] = {}
+    for round_ in range(rounds):
+        t0 = time.monotonic()
+        order = variants[round_ % len(variants):] + variants[:round_ % len(variants)]
+        for variant in order:
+            result = run(variant)
+            speeds[variant].append(result["tokens_per_s"])
+            losses.setdefault(variant, result["losses"])
+        print(f"round {round_ + 1}: " + ", ".join(f"{v} {speeds[v][-1]:,.1f}" for v in variants)
+              + f" useful tokens/s  [{time.monotonic() - t0:.0f}s]", flush=True)
+    for variant in variants[1:]:
+        ratios = [a / b for a, b in zip(speeds["auto"], speeds[variant])]
+        what = "all shortcuts (auto/off)" if variant == "off" else f"{variant[len('auto-'):]} (auto/without it)"
+        print(f"worth of {what:42}: per round {' '.join(f'{r:.3f}' for r in ratios)}; median "
+              f"{statistics.median(ratios):.3f}x")
+    drift = max(abs(a - b) for a, b in zip(losses["auto"], losses["off"]))
+    print(f"largest loss difference, auto vs off, over {len(losses['auto'])} steps: {drift:.2e}")
+    return 0
+
+
+def re_used(plan: str, name: str) -> bool:
+    """Whether the plan line's "shortcuts a, b, c (not used: ...)" lists `name` as used."""
+    head = plan.split("shortcuts ", 1)[-1].split(" (not used", 1)[0].split(";", 1)[0]
+    return name in [part.strip() for part in head.split(",")]
 
 
 if __name__ == "__main__":

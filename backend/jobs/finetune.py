@@ -25,11 +25,12 @@ from backend.training.callbacks import ReportingCallback
 from backend.training.capabilities import probe_capabilities
 from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
-from backend.training.last_layer_rows import LastLayerRows
-from backend.training.lora_matmul import LoraMatmul
-from backend.training.mfu import flops_per_token, forget_peak, peak_flops
-from backend.training.phase import set_phase
 from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
+from backend.training.mfu import forget_peak, peak_flops, token_flops
+from backend.training.model_facts import ModelFacts
+from backend.training.phase import set_phase
+from backend.training.shortcuts import SHORTCUTS
+from backend.training.shortcuts import install as install_shortcuts
 from backend.training.techniques import TechniquePlan, plan_techniques
 from backend.training.thread_choice import choose_threads, training_pass
 from backend.worker.reporter import Reporter
@@ -114,14 +115,15 @@ def run_finetune(
     if resume_from:
         reporter.emit(PhaseChanged(phase="resume", detail=f"from {Path(resume_from).name}, the newest complete checkpoint"))
 
-    plan = plan_techniques(config, capabilities)  # refuses what cannot run here, before any loading
+    model_path = check_model_folder(config)
+    facts = ModelFacts.read(model_path, config.model.trust_remote_code)  # config.json only, no weights
+    plan = plan_techniques(config, capabilities, facts, world_size())  # refuses what cannot run here, before any loading
     reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))
     # The peak of the precision the products run in (the frozen base's, where they are bf16 on the CPU).
     peak_dtype = plan.load_dtype if plan.precision != "fp32" else (torch.bfloat16 if plan.bf16_base else torch.float32)
     peak = peak_flops(plan.device, peak_dtype)  # measured (once per machine) while the device is still empty
     set_phase("load")
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
-    model_path = check_model_folder(config)
     tokenizer = load_tokenizer(model_path, config)
 
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
@@ -140,7 +142,6 @@ def run_finetune(
     callback = ReportingCallback(reporter, stop, plan.device)
     context = sum(len(r) for r in train_set["input_ids"]) / max(len(train_set), 1)  # mean example length
     callback.compiling = config.technique.torch_compile
-    callback.flops_per_token = flops_per_token(model, context)
     callback.peak_flops = peak
     if eval_set is not None and world_size() == 1:  # sharded ranks cannot generate on one process alone
         callback.sampler = SampleGenerator.for_run(config, tokenizer, eval_set, reporter)
@@ -154,24 +155,27 @@ def run_finetune(
         callbacks=[callback, PhaseCallback()],
     )
     callback.trainer = trainer
-    t = config.technique
-    if plan.device == "cpu" and plan.precision == "fp32":  # before LastLayerRows, which must wrap it
-        patched = LoraMatmul(bf16_base=plan.bf16_base).install(model)
-        log.info("%d LoRA layers multiply rank-first%s (lora_matmul.py)", patched,
-                 ", their frozen base products in bf16" if plan.bf16_base else "")
-    if not (t.liger_kernel or t.torch_compile) and config.hardware.strategy in ("single", "ddp"):
-        rows = LastLayerRows()
-        if rows.install(model):
-            trainer.rows = rows
-            log.info("last layer's %s run on the loss rows only", " and ".join(rows.modules))
-    if plan.device == "cpu" and not config.train.cpu_threads and not t.torch_compile and world_size() == 1:
+    installed = install_shortcuts(plan.shortcuts, model, trainer)
+    if plan.shortcuts.has("sdpa_packed") and getattr(model.config, "_attn_implementation", None) == "sdpa_packed":
+        installed.append("sdpa_packed")
+    rows_only = trainer.rows.patched if trainer.rows is not None else []
+    callback.token_flops = token_flops(model, context, rows_only)
+    if plan.shortcuts.has("thread_choice"):
         sample = collator([train_set[i] for i in range(min(len(train_set), config.train.micro_batch_size))])
-        fastest_pass_s = callback.flops_per_token * int(sample["input_ids"].numel()) / peak  # at 100% MFU
-        if torch.get_num_threads() > 1 and fastest_pass_s < 0.5:  # a bigger model uses every thread anyway
+        fastest_pass_s = callback.token_flops.per_token * int(sample["input_ids"].numel()) / peak  # at 100% MFU
+        if fastest_pass_s < 0.5:  # a bigger model uses every thread anyway
             reporter.emit(PhaseChanged(phase="threads", detail="measuring one training pass at each thread count"))
             choice = choose_threads(training_pass(trainer, sample), torch.get_num_threads())
             reporter.emit(PhaseChanged(phase="threads", detail=choice.summary()))
             callback.peak_flops = peak_flops(plan.device, peak_dtype)  # the peak is per thread count
+            installed.append("thread_choice")
+        else:
+            reporter.emit(PhaseChanged(phase="threads", detail=f"{torch.get_num_threads()} CPU threads, not measured: "
+                                       "one pass would take 0.5 s or more, enough work for every thread"))
+    missing = [n for n in plan.shortcuts.applied if n not in installed and n != "thread_choice"]
+    if missing:  # the registry's families say they fit; a model that does not is a registry bug
+        log.warning("planned shortcuts not installed: %s", ", ".join(missing))
+    log.info("shortcuts in place: %s", ", ".join(s.name for s in SHORTCUTS if s.name in installed) or "none")
     trainer.remove_callback(PrinterCallback)  # its log dicts would only repeat our events in worker.log
     done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
     if done >= config.train.max_steps:

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from backend.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged, PhaseChanged
 from backend.runs import mark_checkpoint_complete
+from backend.training.mfu import TokenFlops
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
 
@@ -45,6 +46,14 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def collective_device(backend: str) -> torch.device:
+    """Where a collective's tensors must live: NCCL reduces CUDA tensors only (each rank's own GPU),
+    gloo reduces CPU tensors."""
+    if str(backend).lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class ReportingCallback(TrainerCallback):
     """Reports each logged step; throughput is wall time between step ends, saves and evals excluded."""
 
@@ -62,20 +71,21 @@ class ReportingCallback(TrainerCallback):
         self._tokens_at_start = 0
         self._window: list[tuple[float, int]] = []
         self._all_tokens = 0
-        self._all_inputs = 0
-        self._inputs_at_start = 0
-        self.flops_per_token = 0.0
+        self._counts = (0, 0, 0)  # computed tokens, logit positions, last-layer rows: of the whole job
+        self._counts_at_start = (0, 0, 0)
+        self.token_flops: TokenFlops | None = None  # set by the job (mfu.token_flops)
         self.peak_flops = 0.0
         self.compile_seconds: float | None = None
         self.compiling = False  # set when torch.compile is on: the first step is compilation
         self.sampler: Any = None  # called with the model after each evaluation: sample answers
 
     def mfu(self) -> float | None:
-        """FLOPs of every token computed on (prompts too, padding not) over the measured peak."""
-        if not self._train_seconds or not self.flops_per_token or not self.peak_flops:
+        """FLOPs that ran (every token computed on, prompts too, padding not; the output projection
+        and the last layer's rows-only modules only where they ran) over the measured peak."""
+        if not self._train_seconds or self.token_flops is None or not self.peak_flops:
             return None
-        per_s = (self._all_inputs - self._inputs_at_start) / self._train_seconds
-        return per_s * self.flops_per_token / self.peak_flops
+        tokens, heads, rows = (now - then for now, then in zip(self._counts, self._counts_at_start))
+        return self.token_flops.of(tokens, heads, rows) / self._train_seconds / self.peak_flops
 
     def _tokens(self) -> int:
         return self._all_tokens
@@ -83,20 +93,21 @@ class ReportingCallback(TrainerCallback):
     def _sync(self) -> None:
         """Across ranks: any rank's stop request stops all (stdin lines reach one rank), and tokens
         are summed so that rank 0 reports the throughput of the whole job."""
-        tokens = getattr(self.trainer, "trained_tokens", 0)
-        inputs = getattr(self.trainer, "input_tokens", 0)
+        trainer = self.trainer
+        counts = [getattr(trainer, name, 0) for name in ("trained_tokens", "input_tokens", "head_tokens", "row_tokens")]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # 0: go on, 1: stop and save, 2: cancel. MAX makes a cancel win over a save everywhere.
             wish = 0 if not self.stop.requested else (1 if self.stop.save else 2)
-            stop = torch.tensor([wish], dtype=torch.int64)
-            total = torch.tensor([tokens, inputs], dtype=torch.int64)
+            device = collective_device(torch.distributed.get_backend())
+            stop = torch.tensor([wish], dtype=torch.int64, device=device)
+            total = torch.tensor(counts, dtype=torch.int64, device=device)
             torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
             torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
             if int(stop.item()) != wish:
                 self.stop.request(save=int(stop.item()) == 1)
-            tokens, inputs = int(total[0].item()), int(total[1].item())
-        self._all_tokens = tokens
-        self._all_inputs = inputs
+            counts = [int(n) for n in total.tolist()]
+        self._all_tokens = counts[0]
+        self._counts = (counts[1], counts[2], counts[3])
 
     # --- throughput -------------------------------------------------------------------------
     def tokens_per_s(self) -> float | None:
@@ -124,7 +135,7 @@ class ReportingCallback(TrainerCallback):
             # The first compiled step is mostly compilation: report it apart, keep it out of tokens/s.
             self.compile_seconds = now - self._last_end
             self._tokens_at_start = self._tokens()
-            self._inputs_at_start = self._all_inputs
+            self._counts_at_start = self._counts
             self._window = [(0.0, self._tokens_at_start)]
             self.reporter.emit(PhaseChanged(phase="compile", detail=f"first step with torch.compile took "
                                                                     f"{self.compile_seconds:.1f} s"))

@@ -14,7 +14,7 @@ from transformers import Trainer, TrainerCallback
 
 from backend.training.data import IGNORE  # one definition of the ignored label
 from backend.training.last_layer_rows import LastLayerRows
-from backend.training.loss_positions import keep_loss_positions, supports_loss_positions
+from backend.training.loss_positions import keep_loss_positions
 from backend.training.phase import set_phase
 
 
@@ -26,16 +26,27 @@ class PhaseCallback(TrainerCallback):
 class CountingTrainer(Trainer):
     trained_tokens: int = 0
     input_tokens: int = 0  # every non-padding token the model computes on (what MFU counts)
+    head_tokens: int = 0  # of those, the positions whose logits are computed (all, without loss_positions)
+    row_tokens: int = 0  # the rows the last layer's MLP and o_proj ran on (all, without last_layer_rows)
+    loss_positions: bool = False
+    """Set by the job where the registry chose it (shortcuts.py): logits only at the loss positions."""
     rows: LastLayerRows | None = None
     """Set by the job where the last layer may run on the loss rows only (last_layer_rows.py)."""
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
         labels = inputs.get("labels")
+        targets = 0
         if labels is not None:
             # The model shifts labels by one: the first position never enters the loss.
-            self.trained_tokens += int((labels[..., 1:] != IGNORE).sum())
+            targets = int((labels[..., 1:] != IGNORE).sum())
+            self.trained_tokens += targets
         mask = inputs.get("attention_mask")
-        self.input_tokens += int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
+        computed = int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
+        self.input_tokens += computed
+        # keep_loss_positions keeps exactly the target positions (or all of them when there is none)
+        kept = targets if self.loss_positions and targets else computed
+        self.head_tokens += kept
+        self.row_tokens += kept if self.rows is not None else computed
         set_phase("forward", self.state.global_step + 1)
         try:
             return super().training_step(model, inputs, num_items_in_batch)
@@ -43,13 +54,8 @@ class CountingTrainer(Trainer):
             if self.rows is not None:
                 self.rows.mask = None
 
-    _loss_positions: bool | None = None
-
     def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any):
-        if self._loss_positions is None:
-            # Liger's fused linear cross-entropy already skips the full logits; NEFTune and the rest are unaffected.
-            self._loss_positions = not self.args.use_liger_kernel and supports_loss_positions(model)
-        if model.training and self._loss_positions and not kwargs.get("return_outputs"):
+        if model.training and self.loss_positions and not kwargs.get("return_outputs"):
             inputs = keep_loss_positions(inputs)  # logits only where the loss looks: same loss, less work
             if self.rows is not None:
                 self.rows.mask = inputs.get("logits_to_keep")

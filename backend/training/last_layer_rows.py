@@ -10,9 +10,9 @@ this is the MLP of one layer in four, ~17% of the matrix work of a step.
 
 The rows are set by `CountingTrainer` for the span of one training step (so that activation
 checkpointing's recomputation, which runs inside backward and on CUDA on another thread, sees them)
-and cleared after it; evaluation and generation always run the unmodified layer. Installed only
-where it is safe: dense (non-MoE) decoder layers whose modules are named as in Llama, Qwen, Mistral,
-Gemma and Phi-3, no torch.compile (boolean indexing breaks graphs), no Liger, no FSDP/DeepSpeed.
+and cleared after it; evaluation and generation always run the unmodified layer. Where it is used
+(dense decoder layers named as in Llama, Qwen, Mistral, Gemma, Phi-3 and GPT-NeoX; not under
+torch.compile, Liger, FSDP or DeepSpeed) is the registry's decision: shortcuts.py.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class LastLayerRows:
     def __init__(self) -> None:
         self.mask: torch.Tensor | None = None
         self.modules: list[str] = []
+        self.patched: list[torch.nn.Module] = []  # what MFU counts at the kept rows only
 
     def install(self, model: Any) -> bool:
         """Patch the last layer's `mlp` and `self_attn.o_proj` forwards; False where the model is not the known shape."""
@@ -42,6 +43,7 @@ class LastLayerRows:
                 continue  # a mixture of experts routes over all rows (and its aux loss would change)
             module.forward = types.MethodType(self._rows_only(module.forward), module)
             self.modules.append(name)
+            self.patched.append(module)
         return bool(self.modules)
 
     def _rows_only(self, forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.training.moe import enable_aux_loss, keep_experts_dtype
 from backend.training.techniques import TechniquePlan
 
 log = logging.getLogger(__name__)
@@ -87,31 +88,35 @@ def load_model(path: Path, config: RunConfig, plan: TechniquePlan) -> Any:
         dtype=plan.load_dtype,
         trust_remote_code=config.model.trust_remote_code,
         use_safetensors=not config.model.allow_pickle,
-        attn_implementation=_attention_implementation(plan.attention, config.technique.torch_compile),
+        attn_implementation=attention_implementation(plan),
         **kwargs,
     )
     model.config.use_cache = False
+    enable_aux_loss(model, plan.facts)
     return model if plan.quantization else model.to(plan.device)
 
 
-def _attention_implementation(attention: str, compiled: bool = False) -> str:
-    """The plan's sdpa loads as `sdpa_packed`: SDPA, but per example for packed rows (packed_attention.py).
+def attention_implementation(plan: TechniquePlan) -> str | None:
+    """What `from_pretrained` is asked for: the plan's sdpa loads as `sdpa_packed` where the registry
+    chose it (SDPA, but per example for packed rows: packed_attention.py); an empty plan attention
+    (the class was not known before loading) leaves the choice to transformers."""
+    if plan.shortcuts.has("sdpa_packed"):
+        from backend.training.packed_attention import register
 
-    Not under torch.compile: a Python loop over data-dependent example boundaries would recompile
-    the graph for every new packing of a batch."""
-    if attention != "sdpa" or compiled:
-        return attention
-    from backend.training.packed_attention import register
-
-    return register()
+        return register()
+    return plan.attention or None
 
 
 def check_lora_rank(model: Any, config: RunConfig) -> None:
-    """A rank above a layer's smaller side adds parameters without adding capacity: refuse it."""
-    smallest = min(
-        (min(m.in_features, m.out_features) for m in model.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")),
-        default=None,
-    )
+    """A rank above an adapted layer's smaller side adds parameters without adding capacity: refuse it.
+    A MoE's routers and scalar gates are left out (a router has one output per expert, a shared-expert
+    gate one): all-linear adapts them on such models, whatever the rank."""
+    from peft.tuners.lora import LoraLayer
+
+    sides = [min(m.in_features, m.out_features) for m in model.modules()
+             if isinstance(m, LoraLayer) and type(m).__name__ != "ParamWrapper"
+             and isinstance(m.in_features, int) and isinstance(m.out_features, int)]
+    smallest = min((side for side in sides if side > 1), default=None)
     if smallest is not None and config.technique.lora_rank > smallest:
         raise bad_input(
             f"technique.lora_rank {config.technique.lora_rank} is larger than the smallest adapted layer "
@@ -127,10 +132,10 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    check_lora_rank(model, config)
     if plan.quantization:
         # Casts norms to fp32 and freezes the quantized base; checkpointing is set by the Trainer.
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        # A MoE's unquantized fused experts keep their dtype (moe.py).
+        model = keep_experts_dtype(model, lambda m: prepare_model_for_kbit_training(m, use_gradient_checkpointing=False))
     targets: Any = technique.lora_targets
     if targets != "all-linear":
         targets = [t.strip() for t in targets.split(",") if t.strip()]
@@ -140,6 +145,8 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
         lora_dropout=technique.lora_dropout,
         target_modules=targets,
         use_dora=technique.method == "dora",
+        # GPT-2's Conv1D holds its weights (in, out): peft must know, and would only warn and switch
+        fan_in_fan_out=any(type(m).__name__ == "Conv1D" for m in model.modules()),
         task_type="CAUSAL_LM",
     )
     try:
@@ -147,6 +154,7 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
     except ValueError as exc:
         first = str(exc).splitlines()[0]
         raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
+    check_lora_rank(model, config)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     log.info("%s r=%d: %d trainable of %d parameters (%.2f%%)", technique.method, technique.lora_rank,

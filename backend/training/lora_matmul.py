@@ -15,9 +15,11 @@ separate `* scaling` and `+` over the full (tokens x out) output. Same parameter
 tensors (x and the small h), so adapters save, merge and export exactly as before, and the memory
 estimate is unchanged; the loss and gradients match peft's to float rounding (tests hold 1e-5).
 
-Used only where it is the plain case: peft's dense `lora.Linear` over an `nn.Linear`, one active
-adapter, not merged, no DoRA or LoRA bias, on the CPU in fp32 with autocast off. Everything else
-(GPUs, whose BLAS has no such weakness; bf16; quantized bases; DoRA) runs peft's forward unchanged.
+Installed where the registry chose it (shortcuts.py: CPU, fp32, LoRA, hidden up to
+`RANK_FIRST_MAX_HIDDEN`, beyond which it was measured not to pay), and used per call only where it
+is the plain case: peft's dense `lora.Linear` over an `nn.Linear`, one active adapter, not merged,
+no DoRA or LoRA bias, on the CPU in fp32 with autocast off. Everything else (GPUs, whose BLAS has
+no such weakness; bf16; quantized bases; DoRA) runs peft's forward unchanged.
 
 `bf16_base=True` (the plan's choice on a CPU with native bf16, precision auto) also holds the frozen
 base weights of these layers in bf16 and runs their products in bf16: x is cast to bf16, multiplied
@@ -42,9 +44,11 @@ import torch
 class LoraMatmul:
     """Installs the rank-as-rows forward on a peft model's LoRA linears; counts what it patched."""
 
-    def __init__(self, bf16_base: bool = False) -> None:
+    def __init__(self, bf16_base: bool = False, rank_first: bool = True) -> None:
         self.patched = 0
         self.bf16_base = bf16_base
+        self.rank_first = rank_first  # off: the adapters multiply as peft does (only the base runs in bf16)
+        self.active = True  # False: peft's forward for the fp32 layers (the benchmark switches it per step)
 
     def install(self, model: torch.nn.Module) -> int:
         try:
@@ -59,16 +63,17 @@ class LoraMatmul:
                     if module.base_layer.bias is not None:  # so that peft's own forward still runs (in bf16)
                         module.base_layer.bias.data = module.base_layer.bias.data.to(torch.bfloat16)
                     module.base_layer.studio_bf16_base = True
-                module.forward = types.MethodType(_fast_forward(module.forward), module)
+                module.forward = types.MethodType(_fast_forward(module.forward, self), module)
                 self.patched += 1
         return self.patched
 
 
-def _fast_forward(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _fast_forward(original: Callable[..., torch.Tensor], owner: LoraMatmul) -> Callable[..., torch.Tensor]:
     def forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         adapter = _plain_adapter(module, x)
         bf16_base = getattr(module.base_layer, "studio_bf16_base", False)
-        if adapter is None or args or kwargs:
+        rank_first = owner.rank_first and owner.active
+        if adapter is None or args or kwargs or not (rank_first or bf16_base):
             if bf16_base and x.dtype != torch.bfloat16:  # e.g. adapters disabled: peft's path, in bf16
                 return original(x.to(torch.bfloat16), *args, **kwargs).to(x.dtype)
             return original(x, *args, **kwargs)
@@ -80,6 +85,8 @@ def _fast_forward(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
         else:
             base = module.base_layer(x)
         x = module.lora_dropout[adapter](x)
+        if not rank_first:  # peft's own adapter products, on the bf16 base's output
+            return base + module.lora_B[adapter](module.lora_A[adapter](x)) * module.scaling[adapter]
         out = LoraProduct.apply(base.reshape(-1, base.shape[-1]), x.reshape(-1, x.shape[-1]),
                                 module.lora_A[adapter].weight, module.lora_B[adapter].weight,
                                 float(module.scaling[adapter]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +20,9 @@ from backend.cpu_features import bf16_base as cpu_bf16_base
 from backend.cpu_features import native_bf16
 from backend.errors import JobError
 from backend.protocol import Capabilities
+from backend.training.shortcuts import ShortcutChoice, Situation, choose
+from backend.training.model_facts import ModelFacts
+from backend.training.moe import moe_notes
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +41,17 @@ class TechniquePlan:
     # CPU, precision auto, LoRA: the frozen base's weights held in bf16 and its products run in bf16
     # (adapters, activations, loss and optimizer stay fp32); see lora_matmul.py.
     bf16_base: bool = False
+    facts: ModelFacts = field(default_factory=ModelFacts.unknown)
+    shortcuts: ShortcutChoice = field(default_factory=lambda: ShortcutChoice("off", ""))
+    aux_loss: bool = False  # a MoE's router load-balancing loss is added to the training loss
 
     def summary(self) -> str:
         precision = self.precision + (" (base products bf16)" if self.bf16_base else "")
-        parts = [f"device {self.device}", f"precision {precision}", f"attention {self.attention}",
+        parts = [f"device {self.device}", f"precision {precision}", f"attention {self.attention or 'default'}",
                  f"optimizer {self.optimizer}"]
         if self.quantization:
             parts.append(f"base weights {self.quantization}")
+        parts.append(self.shortcuts.summary())
         return ", ".join(parts) + ("; " + "; ".join(self.notes) if self.notes else "")
 
 
@@ -97,7 +105,10 @@ def _precision(config: RunConfig, caps: Capabilities, device: str) -> str:
     return asked
 
 
-def _attention(config: RunConfig, caps: Capabilities, device: str, precision: str, notes: list[str]) -> str:
+def _attention(config: RunConfig, caps: Capabilities, device: str, precision: str, facts: ModelFacts,
+               notes: list[str]) -> str:
+    """The attention kernel, asking the model's class what it supports; "" leaves it to transformers
+    (a class that cannot be resolved before loading: remote code)."""
     asked = config.technique.attention
     flash_ok = device == "cuda" and caps.flash_attn and precision in ("bf16", "fp16")
     if asked == "flash_attention_2":
@@ -108,24 +119,42 @@ def _attention(config: RunConfig, caps: Capabilities, device: str, precision: st
                          "install the gpu extra, or pick sdpa")
         if precision == "fp32":
             raise refuse("attention", "flash_attention_2 runs only in bf16 or fp16", "set precision bf16, or attention sdpa")
+        if facts.known and not facts.supports_flash_attn:
+            raise refuse("attention", f"{facts.name} does not support flash_attention_2 (transformers refuses it)",
+                         "pick auto, or " + ("sdpa" if facts.supports_sdpa else "eager"))
         return asked
+    if asked == "sdpa" and facts.known and not facts.supports_sdpa:
+        raise refuse("attention", f"{facts.name} does not support sdpa (transformers refuses it"
+                     + (", as its attention logits are soft-capped)" if facts.attention_softcapping else ")"),
+                     "pick eager, or auto (which picks eager for it)")
     if asked == "auto":
-        if flash_ok:
+        if not facts.known:
+            notes.append("attention auto -> transformers' default (the model's class is not known before loading)")
+            return ""
+        if flash_ok and facts.supports_flash_attn:
             notes.append("attention auto -> flash_attention_2 (installed and usable)")
             return "flash_attention_2"
-        why = "no CUDA" if device != "cuda" else ("flash-attn not installed" if not caps.flash_attn else "fp32")
+        if not facts.supports_sdpa:
+            notes.append(f"attention auto -> eager ({facts.name} does not support SDPA; transformers falls back the same way)")
+            return "eager"
+        why = ("no CUDA" if device != "cuda" else "flash-attn not installed" if not caps.flash_attn
+               else f"{facts.name} does not support it" if not facts.supports_flash_attn else "fp32")
         notes.append(f"attention auto -> sdpa ({why})")
         return "sdpa"
     return asked
 
 
-def plan_techniques(config: RunConfig, caps: Capabilities) -> TechniquePlan:
-    """Decide everything that depends on the machine; raise JobError for what cannot run here."""
+def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | None = None,
+                    world_size: int | None = None, threads: int | None = None) -> TechniquePlan:
+    """Decide everything that depends on the machine and the model's class (read from its config.json,
+    no weights); raise JobError for what cannot run here."""
     t = config.technique
     device = "cuda" if caps.cuda else "cpu"
+    if facts is None:
+        facts = ModelFacts.read(config.resolved_model_path(), config.model.trust_remote_code)
     notes: list[str] = []
     precision = _precision(config, caps, device)
-    attention = _attention(config, caps, device, precision, notes)
+    attention = _attention(config, caps, device, precision, facts, notes)
 
     quantization = None
     if t.method == "qlora":
@@ -187,10 +216,21 @@ def plan_techniques(config: RunConfig, caps: Capabilities) -> TechniquePlan:
         load_dtype = torch.float32
     else:
         load_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-    bf16_base = cpu_bf16_base(config, device, device == "cpu" and native_bf16())
+    notes += moe_notes(config, facts)  # refuses what peft cannot do with fused experts, before loading
+    aux_loss = facts.moe and facts.router_aux_loss_coef > 0
+    situation = Situation(
+        device=device, precision=precision, method=t.method, attention=attention, packing=t.packing,
+        torch_compile=t.torch_compile, liger_kernel=t.liger_kernel, strategy=config.hardware.strategy,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size,
+        cpu_threads=config.train.cpu_threads, threads=torch.get_num_threads() if threads is None else threads,
+        bf16_base=cpu_bf16_base(config, device, device == "cpu" and native_bf16()), facts=facts, aux_loss=aux_loss,
+        native_bf16=device == "cpu" and native_bf16())
+    choice = choose(situation, t.shortcuts)
+    bf16_base = choice.has("bf16_base")
     if bf16_base:
         notes.append("precision auto -> fp32, with the frozen base's products in bf16 (this CPU multiplies "
                      "bf16 natively); set precision fp32 to keep them fp32")
-    plan = TechniquePlan(device, precision, load_dtype, attention, optimizer, quantization, notes, bf16_base)
+    plan = TechniquePlan(device, precision, load_dtype, attention, optimizer, quantization, notes, bf16_base,
+                         facts, choice, aux_loss)
     log.info("technique plan: %s", plan.summary())
     return plan

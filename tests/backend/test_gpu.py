@@ -84,3 +84,45 @@ def test_the_peak_measurement_leaves_no_memory_or_peak_behind(tmp_path, monkeypa
     assert peak_flops("cuda", torch.bfloat16) > 1e12
     assert torch.cuda.max_memory_allocated() - before < 2**20
     assert torch.cuda.memory_reserved() <= reserved + 64 * 2**20
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3_text", "phi3", "gpt2", "qwen3_moe", "mixtral"])
+def test_shortcuts_on_and_off_agree_in_bf16_on_cuda(family):
+    """The registry's GPU shortcuts (loss positions, last-layer rows, per-example SDPA) against the plain
+    path, both bf16 on CUDA: losses and gradients within bf16 rounding, not merely finite."""
+    import torch
+
+    from backend.protocol import Capabilities
+    from backend.training.data import PackingCollator, PadCollator
+    from tests.backend.test_shortcut_exactness import build, features, loss_and_grads, plans
+
+    on, off = plans(family, Capabilities(cuda=True, bf16=True), ["technique.precision=bf16"])
+    assert "loss_positions" in on.shortcuts.applied and off.shortcuts.applied == ()
+    model_on, trainer_on, _ = build(family, on, torch.bfloat16, "cuda")
+    model_off, trainer_off, _ = build(family, off, torch.bfloat16, "cuda")
+    for collate in (PackingCollator(), PadCollator(pad_id=0)):
+        batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in collate(features()).items()}
+        plain_loss, plain_grads = loss_and_grads(model_off, trainer_off, batch)
+        loss, grads = loss_and_grads(model_on, trainer_on, batch)
+        assert torch.isfinite(plain_loss) and abs(loss - plain_loss) < 5e-3 * plain_loss, (loss, plain_loss)
+        assert (grads - plain_grads).norm() < 3e-2 * plain_grads.norm(), family
+
+
+def test_counts_are_reduced_as_cuda_tensors_under_nccl(tmp_path):
+    """NCCL cannot reduce CPU tensors: the callback's token and stop counts go on the rank's GPU."""
+    import io
+
+    import torch
+    import torch.distributed as dist
+
+    from backend.training.callbacks import ReportingCallback
+    from backend.worker.stop_listener import StopListener
+
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        callback = ReportingCallback(reporter=None, stop=StopListener(io.StringIO()), device="cuda")
+        callback.trainer = type("T", (), {"trained_tokens": 7, "input_tokens": 70, "head_tokens": 7, "row_tokens": 7})()
+        callback._sync()
+        assert callback._all_tokens == 7 and callback._counts == (70, 7, 7)
+    finally:
+        dist.destroy_process_group()
