@@ -96,10 +96,13 @@ def build_model(case: Case, device: str = "cpu"):
             task_type="CAUSAL_LM",
         )
         if case.method in ("qlora", "lora8") and case.autocast:
-            # As the worker does: freezes the base and casts the non-quantized weights to fp32.
+            # As the worker does: freezes the base and casts the non-quantized weights to fp32, except
+            # a MoE's fused experts, which keep their load dtype (backend/training/moe.py).
             from peft import prepare_model_for_kbit_training
 
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            from backend.training.moe import keep_experts_dtype
+
+            model = keep_experts_dtype(model, lambda m: prepare_model_for_kbit_training(m, use_gradient_checkpointing=False))
         model = get_peft_model(model, lcfg)
     if case.checkpointing:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

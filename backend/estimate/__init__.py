@@ -20,7 +20,7 @@ weights
     buffers. bitsandbytes quantizes nn.Linear modules only (GPT-2's Conv1D too); embeddings,
     lm_head, norms, biases, and MoE's fused experts and routers (3-D nn.Parameters, bitsandbytes
     issue #1849) stay unquantized: fp32 after prepare_model_for_kbit_training, else the compute
-    dtype. For a MoE model under qlora/lora8 the estimate says so in a note, with the experts' size.
+    dtype, except the fused experts, which the worker keeps in the compute dtype. For a MoE model under qlora/lora8 the estimate says so in a note, with the experts' size.
 adapters
     LoRA A (r x in) and B (out x r) for every targeted linear, i.e. r*(in+out) parameters, plus the
     DoRA magnitude vector (out) per targeted linear; held in fp32 (PEFT's `autocast_adapter_dtype`).

@@ -52,7 +52,8 @@ def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linea
     Returns the output's bytes per element (the input's)."""
     T, c, E, k, H, I = s.tokens, s.e, d.experts, d.top_k, d.hidden, d.expert_intermediate
     S = T * k
-    we = s.w_e  # fused experts and router stay in the load dtype (never quantized)
+    we = s.w_e  # the router stays in the load dtype (never quantized; fp32 once k-bit prepared)
+    xe = c if s.quant else we  # the fused experts too, but the worker keeps them off peft's fp32 upcast
     experts_lora = "experts_gate_up" in s.targets or "experts_down" in s.targets
     router_lora = "router" in s.targets
     router_trained = s.full or router_lora
@@ -89,23 +90,23 @@ def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linea
     saved.put("experts.offsets", 2 * E * 4)
     x_grad = in_grad
     if experts_trained:
-        saved.put("experts.in", S * H * we)
+        saved.put("experts.in", S * H * xe)
     gu = E * (2 if arch.gated_mlp else 1) * I * H
     if experts_lora:
         if x_grad:
-            saved.put("experts.merged_gate_up", gu * we)
-        if s.adapter_e != we:
-            saved.put("experts.lora_factors_c", s.rank * E * (3 * H + 3 * I) * we)
+            saved.put("experts.merged_gate_up", gu * xe)
+        if s.adapter_e != xe:
+            saved.put("experts.lora_factors_c", s.rank * E * (3 * H + 3 * I) * xe)
     h_grad = x_grad or experts_trained
     if h_grad:
-        saved.put("experts.gate_up_out", S * 2 * I * we)
-        saved.put("experts.act_out", S * I * we)
+        saved.put("experts.gate_up_out", S * 2 * I * xe)
+        saved.put("experts.act_out", S * I * xe)
     if experts_trained:
-        saved.put("experts.prod", S * I * we)
+        saved.put("experts.prod", S * I * xe)
     if experts_lora and h_grad:
-        saved.put("experts.merged_down", E * H * I * we)
+        saved.put("experts.merged_down", E * H * I * xe)
     if weights_grad:
-        saved.put("experts.down_out", S * H * we)
+        saved.put("experts.down_out", S * H * xe)
     if h_grad:
         saved.put("experts.routing_weights", S * sw_e)
     out_e = in_e
