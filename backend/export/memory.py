@@ -59,7 +59,8 @@ def release() -> None:
 
 
 class StagePeaks:
-    """Peak RSS per named stage: `start(name)` resets the mark, `stop()` records it."""
+    """Peak RSS per named stage: `start(name)` resets the mark, `stop()` records it (call `release` first
+    where the previous stage freed a model)."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, int | None] = {}
@@ -67,7 +68,6 @@ class StagePeaks:
 
     def start(self, name: str) -> None:
         self.stop()
-        release()
         self._current = name if reset_peak() else None
 
     def stop(self) -> None:

@@ -192,6 +192,7 @@ def run_export(
     stage("measure", f"the trained model on {probe.describe()}")
     expected = verify.measure(reference, probe)
     del reference
+    release()
     timings["reference"] = time.monotonic() - clock
     log.info("trained model: perplexity %.4f over %d tokens in %.1f s", expected.perplexity, expected.tokens,
              timings["reference"])
