@@ -114,7 +114,7 @@ class AdapterWeights:
         product = b @ a
         if adapted.kind == "embedding":
             product = product.T
-        return product * adapted.scaling
+        return product.mul_(adapted.scaling)
 
     def magnitude(self, adapted: AdaptedModule) -> torch.Tensor:
         return self.files.get(adapted.magnitude_key).float()

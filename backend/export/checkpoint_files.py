@@ -110,8 +110,8 @@ class CheckpointFiles:
         del state
         return tensor
 
-    def total_bytes(self) -> int:
-        return sum(i.numel * i.dtype.itemsize for i in self.tensors.values())
+    def parameter_count(self) -> int:
+        return sum(i.numel for i in self.tensors.values())
 
     def floating_dtype(self) -> torch.dtype | None:
         """The dtype most of the floating-point weights are stored in (by bytes)."""

@@ -60,7 +60,6 @@ class MergedSource:
         self.quantization = quantization
         self.quant_device = quant_device
         self.rounding = RoundingStats()
-        self.handed_out = 0
 
     # --- TensorSource ----------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -75,7 +74,6 @@ class MergedSource:
         return self.dtype if stored.is_floating_point else stored
 
     def get(self, name: str) -> torch.Tensor:
-        self.handed_out += 1
         tensor = self.files.get(name)
         if not tensor.is_floating_point():
             return tensor
@@ -114,14 +112,21 @@ class MergedSource:
         return tensor.to(dtype)
 
     def _merge(self, base: torch.Tensor, adapted: AdaptedModule) -> torch.Tensor:
-        merged = base + self.adapter.delta(adapted)
+        delta = self.adapter.delta(adapted)
         if adapted.magnitude_key is not None:
+            merged = base + delta
+            del delta
             norm = torch.linalg.norm(merged, dim=1)
             merged = (self.adapter.magnitude(adapted) / norm).view(-1, 1) * merged
+            change = float(torch.linalg.vector_norm(merged - base))
+        else:
+            change = float(torch.linalg.vector_norm(delta))
+            merged = base.add_(delta)  # `base` is this call's own fp32 copy (or a private file mapping)
+            del delta
         out = merged.to(self.dtype)
         if self.dtype != torch.float32:
-            self.rounding.change += float((merged - base).square_().sum(dtype=torch.float64))
-            self.rounding.error += float((out.float() - merged).square_().sum(dtype=torch.float64))
+            self.rounding.change += change**2
+            self.rounding.error += float(torch.linalg.vector_norm(out.float().sub_(merged))) ** 2
             self.rounding.tensors += 1
         del merged
         return out

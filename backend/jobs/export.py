@@ -161,7 +161,7 @@ def run_export(
         reporter.emit(PhaseChanged(phase=name, detail=detail))
 
     stage("check", f"{job.fmt} -> {job.out}")
-    peaks.start("check")
+    peaks.start("setup")
     run = TrainedRun.check(Path(run_dir), config, job.fmt)
     job.dtype = job.dtype or default_dtype(run)
     job.check_target(run)
@@ -268,9 +268,10 @@ def _refuse_unsupported(job: Export, run: TrainedRun) -> None:
 
 
 def _model_bytes(source: Any, run: TrainedRun) -> int:
+    """The model's size in 16-bit, the yardstick of the report's memory figures."""
     if source is not None:
         return source.parameter_count() * 2
-    return CheckpointFiles(run.base_path, run.config.model.allow_pickle).total_bytes() // 2 * 2
+    return CheckpointFiles(run.base_path, run.config.model.allow_pickle).parameter_count() * 2
 
 
 def _rounding(job: Export, source: Any, notes: list[str]) -> dict[str, Any] | None:
