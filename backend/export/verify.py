@@ -19,7 +19,7 @@ import math
 import time
 import types
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -200,15 +200,18 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 @torch.no_grad()
-def measure(model: Any, probe: Probe) -> Measurement:
+def measure(model: Any, probe: Probe, should_stop: Callable[[], bool] | None = None) -> Measurement:
     """Run the model over the probe, sequences right-padded into batches of at most MAX_SEQUENCE tokens
-    (every forward pass reads every weight, so few passes matter more than little padding)."""
+    (every forward pass reads every weight, so few passes matter more than little padding).
+    `should_stop` is asked between passes: InterruptedError when it says so."""
     began = time.monotonic()
     device = _device_of(model)
     values, ids, nll, prompt_logits = [], [], [], []
     sequences = [(p, None) for p in probe.prompts] + [(r["input_ids"], r["labels"]) for r in probe.rows]
     with cpu_products_in_fp32(model), _quiet("bitsandbytes.autograd._functions"):
         for batch in _batches(sequences):
+            if should_stop and should_stop():
+                raise InterruptedError("stop requested")
             width = max(len(s) for s, _ in batch)
             tokens = torch.full((len(batch), width), probe.pad_id, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)

@@ -190,7 +190,10 @@ def run_export(
     clock = time.monotonic()
     reference = load_trained(run, dtype, device)
     stage("measure", f"the trained model on {probe.describe()}")
-    expected = verify.measure(reference, probe)
+    try:
+        expected = verify.measure(reference, probe, lambda: stop.requested)
+    except InterruptedError:
+        raise JobError("cancelled", "export cancelled while measuring the trained model; nothing was written") from None
     del reference
     release()
     timings["reference"] = time.monotonic() - clock
@@ -208,7 +211,7 @@ def run_export(
         stage("verify", f"reloading {job.tmp.name} as its loader would, {job.dtype} on {device}, and measuring it")
         peaks.start("check")
         clock = time.monotonic()
-        checks, figures, loaded_as = _verify(job, run, tokenizer, probe, expected, device)
+        checks, figures, loaded_as = _verify(job, run, tokenizer, probe, expected, device, stop)
         timings["check"] = time.monotonic() - clock
         peaks.stop()
         rounding = _rounding(job, source, notes)
@@ -328,7 +331,7 @@ def _write(job: Export, run: TrainedRun, source: Any, tokenizer: Any, gguf_expor
 
 
 def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: Any,
-            device: str) -> tuple[list[dict], dict, str]:
+            device: str, stop: StopListener) -> tuple[list[dict], dict, str]:
     """Load what was written with the loader that owns the format, measure it, free it, compare."""
     from transformers import AutoTokenizer
 
@@ -353,7 +356,10 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
     else:
         model, loaded_as = hf_writer.load_bnb_export(job.tmp, 4 if job.fmt == "bnb-4bit" else 8, job.dtype, device,
                                                      trust)
-    got = verify.measure(model, probe)
+    try:
+        got = verify.measure(model, probe, lambda: stop.requested)
+    except InterruptedError:
+        raise JobError("cancelled", "export cancelled while checking it; nothing was left behind") from None
     del model
     release()
     figures = verify.compare(expected, got)

@@ -478,6 +478,23 @@ def test_stop_while_writing_cancels_and_leaves_nothing(lora_run, tmp_path, fmt):
     assert not out.exists() and not leftovers(out)
 
 
+def test_stop_while_measuring_the_trained_model_cancels_before_anything_is_written(lora_run, tmp_path):
+    stop = StopListener(io.StringIO())
+
+    def hook(emit):
+        def wrapped(event):
+            if event.type == "PhaseChanged" and event.phase == "measure":
+                stop.request(save=False)
+            emit(event)
+        return wrapped
+
+    out = tmp_path / "stopped-early"
+    with pytest.raises(JobError) as caught:
+        export(lora_run, "merged", stop=stop, reporter_hook=hook, out=str(out))
+    assert caught.value.kind == "cancelled" and "measuring the trained model" in caught.value.message
+    assert not out.exists() and not leftovers(out)
+
+
 def test_bad_options_and_other_architectures_are_refused_in_one_sentence(lora_run):
     from transformers import Qwen2Config
 
