@@ -36,8 +36,9 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
     parser.add_argument("--out", metavar="DIR", help="export folder (default: RUN_DIR/exports/FORMAT)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export in that folder")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16",
-                        help="16-bit type of merged and bnb exports (default bf16)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=None,
+                        help="16-bit type of merged and bnb exports, and of the check (default: the base's own; "
+                             "bf16 for an fp32 base)")
     parser.set_defaults(func=cmd_export)
     return parser
 
@@ -64,6 +65,8 @@ def _format_measured(check: dict[str, Any]) -> tuple[str, str]:
         figures = check.get("figures", {})
         return (f"{measured:+.2%} ({figures.get('export_perplexity', 0):.4g} vs {figures.get('reference_perplexity', 0):.4g})",
                 f"<= {tolerance:+.0%}")
+    if check.get("name") == "top1" and isinstance(measured, (int, float)):
+        return f"{measured:.1%}", f">= {tolerance:.1%}"
     if isinstance(measured, float):
         return f"{measured:.4g}", f"<= {tolerance:g}"
     return str(measured), str(tolerance)
@@ -73,6 +76,10 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
     lines = [f"{'PASSED' if report.get('passed') else 'FAILED'}: {report.get('format')} export in {report.get('path')}",
              f"  size:      {report.get('total_bytes', 0) / 1e6:.1f} MB in {len(report.get('files', []))} files",
              f"  loaded as: {report.get('loaded_as', '')}"]
+    timings = report.get("timings") or {}
+    if timings:
+        lines.append(f"  time:      write {timings.get('write', 0):.1f} s, check {timings.get('reference', 0):.1f} s "
+                     f"(trained model) + {timings.get('check', 0):.1f} s (export)")
     for check in report.get("checks", []):
         measured, tolerance = _format_measured(check)
         mark = "ok  " if check.get("passed") else "FAIL"
@@ -90,7 +97,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError(f"{folder.path}: not a run folder (no config.yaml)")
     config = folder.load_config()
     out = Path(args.out).expanduser().absolute() if args.out else folder.path / "exports" / args.format
-    params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite), "dtype": args.dtype}
+    params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite)}
+    if args.dtype:
+        params["dtype"] = args.dtype
     err = sys.stderr
     err.write(f"exporting {folder.path} as {args.format} -> {out}\n")
     started = time.time()

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from backend.export import verify
-from backend.export.formats import LOGIT_TOLERANCE, PERPLEXITY_TOLERANCE
-from backend.export.gguf_families import Family, family_of, head_dim, kv_heads
+from backend.export.gguf_families import family_of, head_dim, kv_heads
 
 EXTRA_TEXTS = (
     "Numbers: 3 33 333 3333 and 3.14159, then 2024-01-31.",
@@ -31,11 +30,6 @@ EXTRA_TEXTS = (
 )
 HOW_TO_VERIFY = ("python bench/llama_cpp_check.py {path} --hf MERGED_EXPORT_FOLDER (llama-cpp-python; "
                  "compares llama.cpp's logits with the merged model's)")
-
-
-def load_dtype(family: Family) -> torch.dtype:
-    """16-bit compute for the reloaded model: bf16 for Gemma (its activations overflow fp16), else fp16."""
-    return torch.bfloat16 if family.arch.startswith("GEMMA") else torch.float16
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -97,58 +91,29 @@ def not_verified(name: str, tolerance: Any, reason: str, path: Path) -> dict[str
     }
 
 
-def read_model(path: Path, family: Family) -> Any:
+def read_back(path: Path, config: Any, dtype: torch.dtype, device: str) -> tuple[Any, str, str | None]:
+    """(the model transformers' GGUF loader builds from the file, how it was loaded, None), or (None,
+    "", why it cannot be verified). Gemma is read in bf16 whatever `dtype` says (its activations
+    overflow fp16)."""
     from transformers import AutoModelForCausalLM
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=load_dtype(family),
-                                                 device_map={"": device})
-    return model.eval()
-
-
-def tolerance_for(fmt: str, family: Family) -> float:
-    """The format's tolerance (formats.py); an F16 file computed in bf16 (Gemma) gets bf16's logit tolerance."""
-    if fmt != "gguf-f16":
-        return PERPLEXITY_TOLERANCE[fmt]
-    return LOGIT_TOLERANCE["gguf-f16:bf16" if load_dtype(family) == torch.bfloat16 else "gguf-f16"]
-
-
-def model_check(path: Path, config: Any, probe: Any, expected: Any, fmt: str, pad_id: int) -> tuple[dict[str, Any], str]:
     family, text_config = family_of(config)
-    name = "logits" if fmt == "gguf-f16" else "perplexity"
-    tolerance = tolerance_for(fmt, family)
-    reason = family.reader
-    model = None
-    if reason is None:
-        try:
-            model = read_model(path, family)
-        except Exception as exc:  # its loader raises on shapes it rebuilt wrong; say what it said
-            reason = f"transformers' GGUF loader failed on this file ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-    if model is not None:
-        mismatches = config_mismatches(text_config, model.config, family.forward_keys)
-        if mismatches:
-            reason = ("transformers' GGUF loader has no mapping for some of the file's keys and rebuilt "
-                      + "; ".join(mismatches[:4]))
-            del model
-            model = None
-    if model is None:
-        return not_verified(name, tolerance, reason, path), f"not verified by transformers: {reason}"
-    got = verify.measure(model, probe, pad_id)
-    if name == "logits":
-        check = verify.logit_check(expected, got, tolerance)
-    else:
-        check = verify.perplexity_check(expected, got, tolerance, probe.source)
-    check["verified"] = True
-    device = next(model.parameters()).device
-    loaded = (f"transformers' GGUF loader -> {type(model).__name__}, {str(load_dtype(family)).removeprefix('torch.')} "
-              f"on {device.type} ({_figures(expected, got)})")
-    return check, loaded
-
-
-def _figures(expected: Any, got: Any) -> str:
-    logits, ppl = verify.logit_figures(expected, got), verify.perplexity_figures(expected, got)
-    return (f"max |logit diff| {logits['max_abs_logit_diff']:.3g}, top-1 agreement {logits['top1_agreement']:.1%}, "
-            f"perplexity {ppl['export_perplexity']:.4g} vs {ppl['reference_perplexity']:.4g}")
+    if family.reader is not None:
+        return None, "", family.reader
+    dtype = torch.bfloat16 if family.arch.startswith("GEMMA") else dtype
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                     device_map={"": device}).eval()
+    except Exception as exc:  # its loader raises on shapes it rebuilt wrong; say what it said
+        return None, "", (f"transformers' GGUF loader failed on this file "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+    mismatches = config_mismatches(text_config, model.config, family.forward_keys)
+    if mismatches:
+        del model
+        return None, "", "transformers' GGUF loader has no mapping for some of the file's keys and rebuilt " + \
+            "; ".join(mismatches[:4])
+    loaded = f"transformers' GGUF loader -> {type(model).__name__}, {str(dtype).removeprefix('torch.')} on {device}"
+    return model, loaded, None
 
 
 def tokenizer_check(path: Path, tokenizer: Any) -> dict[str, Any]:
@@ -189,11 +154,3 @@ def tokenizer_check(path: Path, tokenizer: Any) -> dict[str, Any]:
         failures.append("chat template")
     return {"name": "tokenizer", "what": what, "measured": "identical" if not failures else "differs: " + ", ".join(failures),
             "tolerance": "identical", "passed": not failures, "verified": True}
-
-
-def check_gguf(path: Path, config: Any, tokenizer: Any, probe: Any, expected: Any,
-               fmt: str) -> tuple[list[dict[str, Any]], str]:
-    """The checks of one GGUF export and how it was loaded, for export_report.json."""
-    check, loaded = model_check(path, config, probe, expected, fmt, tokenizer.pad_token_id)
-    return [check, tokenizer_check(path, tokenizer)], loaded
-

@@ -1,7 +1,8 @@
 """Hugging Face folder exports: the adapter, the merged 16-bit model, bitsandbytes 8-bit and 4-bit.
 
-Each `write_*` fills a temporary folder the export job renames once complete; each `load_*` opens
-what was written the way a user would (plain peft or transformers) for the job's check. The
+Each `write_*` fills a temporary folder the export job renames once complete, the merged tensors
+streamed from a MergedSource one at a time; each `load_*` opens what was written the way a user
+would (plain transformers, in 16-bit) for the job's check. The
 bitsandbytes formats are probed first: a tiny model is quantized, saved, reloaded and compared, so
 a bitsandbytes build that cannot serialize (or, as seen with 0.50 on AVX512-BF16 CPUs, writes
 repacked 4-bit weights after a forward pass) is refused in one sentence instead of shipping a
@@ -11,15 +12,19 @@ broken folder. The merged model is saved before any forward pass for the same re
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from backend.export.merge import DTYPES, TrainedRun, load_base
+from backend.export.checkpoint_files import read_config
+from backend.export.merge import DTYPES, TrainedRun, placement
+from backend.export.merged_source import MergedSource
+from backend.export.safetensors_writer import write_safetensors
 
 log = logging.getLogger(__name__)
 SKIP_FROM_ADAPTER = ("README.md", "training_args.bin")
@@ -77,22 +82,41 @@ def write_adapter(run: TrainedRun, tmp: Path) -> None:
             shutil.copy2(item, tmp / item.name)
 
 
-def write_merged(merged: Any, tokenizer: Any, tmp: Path, dtype: str) -> None:
-    """Cast the fp32 merged model to the chosen 16-bit dtype (in place) and save it with its tokenizer."""
-    merged.to(DTYPES[dtype])
-    merged.config.use_cache = True
-    merged.save_pretrained(tmp, safe_serialization=True)
+def write_merged(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Path, dtype: str,
+                 progress: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+    """The merged tensors streamed into safetensors shards, then the config, generation config and tokenizer."""
+    write_safetensors(source, tmp, progress=progress, should_stop=should_stop)
+    folder = run.weights_dir if run.full else run.base_path
+    config = read_config(folder)
+    config.pop("quantization_config", None)
+    for key in ("dtype", "torch_dtype"):
+        if key in config or key == "dtype":
+            config[key] = str(DTYPES[dtype]).removeprefix("torch.")
+    config["use_cache"] = True
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for name in ("generation_config.json",):
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, tmp / name)
+    if config.get("auto_map"):  # the model's own code, which its config names
+        for code in folder.glob("*.py"):
+            shutil.copy2(code, tmp / code.name)
     tokenizer.save_pretrained(tmp)
 
 
-def write_bnb(merged: Any, tokenizer: Any, tmp: Path, bits: int, dtype: str) -> None:
-    """Merged 16-bit -> scratch folder -> transformers quantizes it while loading -> saved quantized."""
+def write_bnb(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Path, bits: int, dtype: str,
+              progress: Callable[[int, int], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> None:
+    """Merged 16-bit -> scratch folder -> transformers quantizes it while loading -> saved quantized.
+    bitsandbytes owns the format, so its own loader quantizes; it holds the quantized model, never fp32."""
     scratch = tmp / ".scratch-16bit"
-    write_merged(merged, tokenizer, scratch, dtype)
+    scratch.mkdir()
+    write_merged(source, run, tokenizer, scratch, dtype, progress, should_stop)
     from transformers import AutoModelForCausalLM
 
     quantized = AutoModelForCausalLM.from_pretrained(
         scratch, dtype=DTYPES[dtype], quantization_config=bnb_config(bits, dtype), device_map={"": bnb_device()},
+        trust_remote_code=run.config.model.trust_remote_code,
     )
     # Saved before any forward pass: bitsandbytes repacks CPU 4-bit weights in place on the first one.
     quantized.save_pretrained(tmp, safe_serialization=True)
@@ -101,48 +125,36 @@ def write_bnb(merged: Any, tokenizer: Any, tmp: Path, bits: int, dtype: str) -> 
     shutil.rmtree(scratch)
 
 
-# --- loaders for the checks ---------------------------------------------------------------------
+# --- loaders for the checks (16-bit, on the check's device) -------------------------------------
 
 
-def load_adapter_export(run: TrainedRun, path: Path) -> Any:
-    """Plain peft on top of the base, rebuilt as the run trained it (dequantized for qlora/lora8)."""
-    from peft import PeftModel
-
-    model = PeftModel.from_pretrained(load_base(run), path, is_trainable=False)
-    model.eval()
-    return model
-
-
-def load_merged_export(path: Path, dtype: str) -> tuple[Any, str]:
-    """(model widened to fp32 for the check, description of the dtype it was saved in)."""
+def load_merged_export(path: Path, dtype: str, device: str, trust_remote_code: bool = False) -> tuple[Any, str]:
+    """(model as plain transformers loads the folder, in its saved dtype, description)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", **placement(device),
+                                                 trust_remote_code=trust_remote_code)
     saved = {p.dtype for p in model.parameters()}
     if saved != {DTYPES[dtype]}:
         raise RuntimeError(f"{path} loaded as {sorted(str(s) for s in saved)}, expected {dtype}")
-    model.float().eval()
-    return model, f"all weights {dtype}"
+    model.eval()
+    return model, f"transformers AutoModelForCausalLM, all weights {dtype}, on {device}"
 
 
-def load_bnb_export(path: Path, bits: int) -> tuple[Any, str]:
-    """(model as transformers loads it from the folder, how many Linear layers came back quantized)."""
+def load_bnb_export(path: Path, bits: int, dtype: str, device: str,
+                    trust_remote_code: bool = False) -> tuple[Any, str]:
+    """(model as transformers loads the folder, quantized, the rest in `dtype`; description)."""
     import bitsandbytes as bnb
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, device_map={"": bnb_device()})
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], device_map={"": device},
+                                                 trust_remote_code=trust_remote_code)
     kind = bnb.nn.Linear4bit if bits == 4 else bnb.nn.Linear8bitLt
     layers = [m for m in model.modules() if isinstance(m, kind)]
     if not layers:
         raise RuntimeError(f"{path} did not load quantized: no {kind.__name__} layers")
-    # The check measures the stored weights, not 16-bit arithmetic: unquantized tensors (embeddings,
-    # norms; transformers keeps them in the saved 16-bit dtype whatever `dtype` says) and the 4-bit
-    # matmuls are widened to fp32.
-    for param in model.parameters():
-        if param.dtype in (torch.bfloat16, torch.float16):
-            param.data = param.data.float()
-    for layer in layers:
-        if bits == 4:
-            layer.compute_dtype = torch.float32
+    if not device.startswith("cuda") and bits == 4:
+        for layer in layers:
+            layer.compute_dtype = torch.float32  # CPUs multiply fp32 fastest; the weights are what is checked
     model.eval()
-    return model, f"{len(layers)} linear layers load as {kind.__name__}, the rest widened to fp32"
+    return model, f"transformers, {len(layers)} linear layers as {kind.__name__}, the rest {dtype}, on {device}"

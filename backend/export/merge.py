@@ -1,11 +1,11 @@
-"""The trained model of a run, as the export sees it: checked, loaded in fp32, merged.
+"""The trained model of a run, as the export sees it: checked, then read two ways, never as an fp32 model.
 
-`TrainedRun.check` refuses a run folder that cannot be exported (no adapter, a half-written one)
-before torch loads anything. `load_reference` builds the trained model the way it computed while
-training: the base as the run stored it (for qlora the very NF4 weights the adapter trained against,
-dequantized; for lora8 the LLM.int8 weights) plus the adapter, all in fp32. Every export is checked
-against that model, and `merge` folds the adapter into it: a quantized base is always dequantized
-first, never merged into 4-bit or 8-bit weights.
+`TrainedRun.check` refuses a run folder that cannot be exported (no adapter, a half-written one, a
+pre-quantized base) before torch loads anything. `merged_source` serves the merged model one tensor
+at a time for the writers (merged_source.py: for qlora the very NF4 weights the adapter trained
+against, dequantized; never merged into 4-bit or 8-bit weights). `load_trained` builds the trained
+model the way it computed while training (base as trained + adapter, unmerged, through peft) in
+16-bit, the reference every export is measured against.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ from typing import Any
 import torch
 
 from backend.config import RunConfig
-from backend.errors import JobError, bad_input
+from backend.errors import bad_input
+from backend.export.adapter_weights import AdapterWeights
+from backend.export.checkpoint_files import CheckpointFiles, read_config
+from backend.export.merged_source import MergedSource
+from backend.export.model_layout import ModelLayout
+from backend.export.quantized_base import bnb_config
 from backend.runs import RunFolder
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,7 @@ class TrainedRun:
     weights_dir: Path  # adapter/ for adapter methods, model/ for method full
     precision: str  # the compute precision the run trained in (the base was loaded in it)
     device: str  # where the run quantized its base (cuda or cpu)
+    bf16_base: bool = False  # a CPU LoRA run that held its adapted base weights in bf16 (lora_matmul.py)
 
     @property
     def method(self) -> str:
@@ -48,6 +54,11 @@ class TrainedRun:
     @property
     def quantization(self) -> str | None:
         return {"qlora": "nf4", "lora8": "int8"}.get(self.method)
+
+    @property
+    def load_dtype(self) -> torch.dtype:
+        """The dtype the run held its base in (method full: its fp32 master weights)."""
+        return torch.float32 if self.full else DTYPES[self.precision]
 
     @classmethod
     def check(cls, run_dir: Path, config: RunConfig, fmt: str) -> "TrainedRun":
@@ -81,13 +92,20 @@ class TrainedRun:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise bad_input(f"{weights / 'adapter_config.json'} is not valid JSON: the adapter is damaged",
                                 f"resume the run with `{resume}` to write it again") from None
-        precision, device = trained_plan(folder, config)
-        return cls(folder, config, config.resolved_model_path(), weights, precision, device)
+        base = config.resolved_model_path()
+        if fmt != "adapter" and not full and (base / "config.json").is_file() \
+                and read_config(base).get("quantization_config"):
+            raise bad_input(f"{base}/config.json has a quantization_config: the base is stored pre-quantized, and a "
+                            f"{fmt} export needs its 16-bit weights to merge into",
+                            "export --format adapter, or train on the original 16-bit model")
+        precision, device, bf16_base = trained_plan(folder, config)
+        return cls(folder, config, base, weights, precision, device, bf16_base)
 
 
-def trained_plan(folder: RunFolder, config: RunConfig) -> tuple[str, str]:
-    """(precision, device) the run trained with: its plan event, else what the config implies."""
+def trained_plan(folder: RunFolder, config: RunConfig) -> tuple[str, str, bool]:
+    """(precision, device, bf16 base) the run trained with: its plan event, else what the config implies."""
     precision = device = None
+    bf16_base = False
     for event in folder.iter_events():
         if event.get("type") == "PhaseChanged" and event.get("phase") == "plan":
             detail = event.get("detail", "")
@@ -95,10 +113,11 @@ def trained_plan(folder: RunFolder, config: RunConfig) -> tuple[str, str]:
                 precision = match.group(1)
             if match := re.search(r"device (cuda|cpu)", detail):
                 device = match.group(1)
+            bf16_base = "base products bf16" in detail
     if precision is None:
         asked = config.technique.precision
         precision = asked if asked != "auto" else ("bf16" if torch.cuda.is_available() else "fp32")
-    return precision, device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return precision, device or ("cuda" if torch.cuda.is_available() else "cpu"), bf16_base
 
 
 def load_tokenizer(run: TrainedRun) -> Any:
@@ -112,99 +131,64 @@ def load_tokenizer(run: TrainedRun) -> Any:
     return tokenizer
 
 
-def _dequantized_linears(run: TrainedRun) -> dict[str, torch.Tensor]:
-    """fp32 copies of the base's quantized Linear weights, quantized exactly as the run did it."""
-    import bitsandbytes as bnb
-    import bitsandbytes.functional as F
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    device = run.device if run.device == "cpu" or torch.cuda.is_available() else "cpu"
-    load_dtype = DTYPES[run.precision]
-    if run.quantization == "nf4":
-        # Same settings as backend.training.loading.load_model; the compute dtype does not change the codes.
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                   bnb_4bit_compute_dtype=load_dtype)
-    else:
-        quant = BitsAndBytesConfig(load_in_8bit=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        run.base_path, dtype=load_dtype, quantization_config=quant, device_map={"": device},
-        trust_remote_code=run.config.model.trust_remote_code, use_safetensors=not run.config.model.allow_pickle,
-    )
-    weights: dict[str, torch.Tensor] = {}
-    # No forward pass has run, so bitsandbytes' CPU weight repacking has not touched these tensors.
-    for name, module in model.named_modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            state = module.weight.quant_state
-            if getattr(state, "packing_format_for_cpu", False):
-                raise JobError("crashed", f"{name}: the 4-bit weights were repacked before export could read them")
-            weights[name + ".weight"] = F.dequantize_4bit(module.weight.data, state).float().cpu()
-        elif isinstance(module, bnb.nn.Linear8bitLt):
-            scb = module.weight.SCB if getattr(module.weight, "SCB", None) is not None else module.state.SCB
-            weights[name + ".weight"] = (module.weight.data.float() * scb.float()[:, None] / 127.0).cpu()
-    del model
-    if not weights:
-        raise JobError("crashed", f"loading {run.base_path} with bitsandbytes gave no quantized layers to dequantize")
-    log.info("dequantized %d %s linear layers (quantized on %s from %s weights)", len(weights),
-             run.quantization, device, run.precision)
-    return weights
+def quant_device(run: TrainedRun) -> str:
+    """Where to quantize the base again: where the run did, unless this machine lacks it."""
+    return run.device if run.device == "cpu" or torch.cuda.is_available() else "cpu"
 
 
-def load_base(run: TrainedRun) -> Any:
-    """The base in fp32 holding exactly the values the run computed with (dequantized for qlora/lora8)."""
+def check_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def placement(device: str) -> dict[str, Any]:
+    """from_pretrained's arguments for `device`: on the CPU none (a matching dtype then maps the file
+    instead of copying it, several times faster), elsewhere a device_map."""
+    return {} if device == "cpu" else {"device_map": {"": device}}
+
+
+def default_dtype(run: TrainedRun) -> str:
+    """The base's own 16-bit dtype (bf16 for an fp32 base): what a merged export is written in unless asked."""
+    stored = CheckpointFiles(run.base_path, run.config.model.allow_pickle).floating_dtype()
+    return "fp16" if stored == torch.float16 else "bf16"
+
+
+def merged_source(run: TrainedRun, dtype: torch.dtype) -> MergedSource:
+    """The trained model's tensors, merged one at a time into `dtype` (nothing is loaded yet)."""
+    folder = run.weights_dir if run.full else run.base_path
+    quantization = None if run.full else run.quantization
+    files = CheckpointFiles(folder, run.config.model.allow_pickle)
+    layout = ModelLayout.build(folder, files.shapes(), run.config.model.trust_remote_code, quantization,
+                               DTYPES[run.precision])
+    adapter = None if run.full else AdapterWeights(run.weights_dir, layout)
+    return MergedSource(files, layout, adapter, dtype, load_dtype=run.load_dtype,
+                        adapted_dtype=torch.bfloat16 if run.bf16_base else None,
+                        quantization=quantization, quant_device=quant_device(run))
+
+
+def load_trained(run: TrainedRun, dtype: torch.dtype, device: str, adapter_dir: Path | None = None) -> Any:
+    """The trained model in 16-bit on `device`: the base as the run held it (its quantized layers quantized
+    again the same way) + the adapter from `adapter_dir` (the run's by default), unmerged, through peft;
+    method full: the run's model/ folder."""
     from transformers import AutoModelForCausalLM
 
-    source = run.weights_dir if run.full else run.base_path
-    # Unquantized weights were loaded in the run's precision (bf16 rounds them): do the same, then widen.
-    load_dtype = torch.float32 if run.full else DTYPES[run.precision]
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=load_dtype, trust_remote_code=run.config.model.trust_remote_code,
-        use_safetensors=not run.config.model.allow_pickle,
-    ).float()
-    if run.quantization:
-        weights = _dequantized_linears(run)
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        if unexpected:
-            raise JobError("crashed", f"dequantized weights do not fit the model: {unexpected[:3]}")
-    model.eval()
-    return model
-
-
-def load_reference(run: TrainedRun) -> Any:
-    """The trained model in fp32: base (as trained) + the run's adapter, unmerged."""
-    base = load_base(run)
+    common = {"trust_remote_code": run.config.model.trust_remote_code,
+              "use_safetensors": not run.config.model.allow_pickle}
     if run.full:
-        return base
-    from peft import PeftModel
+        model = AutoModelForCausalLM.from_pretrained(run.weights_dir, dtype=dtype, **placement(device), **common)
+    elif run.quantization:
+        # Quantized from the dtype the run loaded in (the codes depend on it), the rest then cast to 16-bit.
+        compute = dtype if device.startswith("cuda") else torch.float32  # CPUs multiply fp32 fastest
+        model = AutoModelForCausalLM.from_pretrained(
+            run.base_path, dtype=run.load_dtype, quantization_config=bnb_config(run.quantization, compute),
+            device_map={"": quant_device(run)}, **common)
+        for param in model.parameters():
+            if param.dtype.is_floating_point and param.dtype != dtype and type(param).__name__ == "Parameter":
+                param.data = param.data.to(dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(run.base_path, dtype=dtype, **placement(device), **common)
+    if not run.full:
+        from peft import PeftModel
 
-    model = PeftModel.from_pretrained(base, run.weights_dir, is_trainable=False)
+        model = PeftModel.from_pretrained(model, adapter_dir or run.weights_dir, is_trainable=False)
     model.eval()
     return model
-
-
-def merge(reference: Any) -> Any:
-    """Fold the adapter into the fp32 weights (in place) and return the plain transformers model."""
-    if hasattr(reference, "merge_and_unload"):
-        merged = reference.merge_and_unload(safe_merge=True)
-    else:
-        merged = reference
-    merged.eval()
-    return merged
-
-
-def parameter_count(model: Any) -> int:
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
-
-
-def linear_parameter_count(model: Any) -> int:
-    """Parameters in Linear layers other than lm_head: what bitsandbytes quantizes."""
-    total = 0
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
-            total += module.weight.numel()
-    return total

@@ -1,27 +1,41 @@
-"""Measuring an export against the trained model: logits on fixed prompts, perplexity on held-out data.
+"""Measuring an export against the trained model: next-token choices and perplexity on a fixed token budget.
 
-`Probe` fixes what is measured once per export: a few chat prompts rendered with the run's own
-template, and up to MAX_ROWS examples of the run's validation split (its training data when it has
-none, the bundled demo_eval set when the data file is gone). `measure` runs one model over them in
-fp32; `compare_*` turn two measurements into the checks written to export_report.json.
+`build_probe` fixes what is measured once per export: four chat prompts rendered with the run's own
+template and examples of the run's validation split (its training data when it has none, the bundled
+demo_eval set when the data file is gone), cut to a budget of tokens fed to the model
+(TOKEN_BUDGET: it bounds the check's time on the CPU, and the longest sequence bounds its logits in
+memory). `measure` runs one 16-bit model over them, one sequence at a time, and keeps only small
+summaries (the top-5 logits of every scored position, the negative log-likelihood of every answer
+token, the prompts' logits); `compare` turns two measurements into the figures of
+export_report.json and `perplexity_check` / `top1_check` into pass or fail (tolerances: formats.py,
+reasoning: docs/export.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from dataclasses import dataclass, field
-from typing import Any
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
 
 from backend.config import RunConfig
+from backend.export.formats import DECIDED_MARGIN
 from backend.paths import resolve_resource
-from backend.training.data import IGNORE, PadCollator, build_datasets, encode_conversation
+from backend.training.data import IGNORE, build_datasets, encode_conversation
 
 log = logging.getLogger(__name__)
-MAX_ROWS = 64
-BATCH = 8
+TOKEN_BUDGET = {"cuda": 4096, "cpu": 512}
+"""Tokens fed to each model per check (prompts + examples); the CPU's is smaller because it is slow."""
+MAX_SEQUENCE = 512
+"""Most tokens (padding included) in one forward pass: its logits (MAX_SEQUENCE x vocabulary, 16-bit) are
+the check's largest buffer."""
+TOP_K = 5
+CHUNK = 128  # positions whose logits are widened to fp32 at a time
 PROMPTS = (
     "What is the capital of France?",
     "Reverse the order of these words: river stone light",
@@ -35,24 +49,65 @@ class Probe:
     prompts: list[list[int]]
     rows: list[dict[str, list[int]]]
     source: str  # where the perplexity rows came from, in words
+    budget: int
+    pad_id: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(p) for p in self.prompts) + sum(len(r["input_ids"]) for r in self.rows)
+
+    def describe(self) -> str:
+        answers = sum(sum(1 for x in r["labels"][1:] if x != IGNORE) for r in self.rows)
+        return (f"{len(self.prompts)} fixed prompts and {len(self.rows)} examples of {self.source}: "
+                f"{self.tokens} tokens fed (budget {self.budget}), {answers} answer tokens scored")
 
 
 @dataclass
 class Measurement:
-    logits: list[torch.Tensor]
-    nll: float  # mean negative log-likelihood per predicted token
-    tokens: int
-    extra: dict[str, Any] = field(default_factory=dict)
+    top_values: torch.Tensor  # (positions, TOP_K) fp32: every prompt position, then every answer position
+    top_ids: torch.Tensor  # (positions, TOP_K)
+    nll: torch.Tensor  # (answer tokens,) fp32
+    prompt_logits: list[torch.Tensor]  # per prompt (length, vocabulary), in the model's dtype, on the CPU
+    seconds: float
 
     @property
     def perplexity(self) -> float:
-        return math.exp(min(self.nll, 700.0))
+        return math.exp(min(float(self.nll.double().mean()) if self.nll.numel() else 0.0, 700.0))
+
+    @property
+    def tokens(self) -> int:
+        return int(self.nll.numel())
 
 
-def build_probe(config: RunConfig, tokenizer: Any) -> Probe:
-    prompts = [tokenize_prompt(tokenizer, text) for text in PROMPTS]
-    rows, source = _perplexity_rows(config, tokenizer)
-    return Probe(prompts, rows, source)
+def build_probe(config: RunConfig, tokenizer: Any, device: str) -> Probe:
+    budget = TOKEN_BUDGET["cuda" if device.startswith("cuda") else "cpu"]
+    prompts = [tokenize_prompt(tokenizer, text)[-MAX_SEQUENCE:] for text in PROMPTS]
+    candidates, source = _perplexity_rows(config, tokenizer)
+    left = budget - sum(len(p) for p in prompts)
+    rows = []
+    for row in candidates:
+        row = _window(row, min(MAX_SEQUENCE, left))
+        if row is None:
+            break
+        rows.append(row)
+        left -= len(row["input_ids"])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    return Probe(prompts, rows, source, budget, int(pad))
+
+
+def _window(row: dict[str, list[int]], limit: int) -> dict[str, list[int]] | None:
+    """The row, or its last `limit` tokens up to its last answer token when longer; None when no answer fits."""
+    ids, labels = list(row["input_ids"]), list(row["labels"])
+    answered = [i for i, x in enumerate(labels) if x != IGNORE and i > 0]
+    if not answered or limit < 2:
+        return None
+    if len(ids) > limit:
+        end = answered[-1] + 1
+        start = max(0, end - limit)
+        ids, labels = ids[start:end], labels[start:end]
+        if not any(x != IGNORE for x in labels[1:]):
+            return None
+    return {"input_ids": ids, "labels": labels}
 
 
 def prompt_texts(tokenizer: Any) -> list[str]:
@@ -77,20 +132,21 @@ def _perplexity_rows(config: RunConfig, tokenizer: Any) -> tuple[list[dict[str, 
     try:
         train, evaluation, _ = build_datasets(config, tokenizer)
         if evaluation is not None and len(evaluation):
-            rows = [evaluation[i] for i in range(min(MAX_ROWS, len(evaluation)))]
-            return rows, f"the run's validation split ({len(rows)} of {len(evaluation)} examples)"
-        rows = [train[i] for i in range(min(MAX_ROWS, len(train)))]
-        return rows, f"the run's training data ({len(rows)} examples; it has no validation split)"
+            return [evaluation[i] for i in range(len(evaluation))], "the run's validation split"
+        return [train[i] for i in range(min(1024, len(train)))], "the run's training data (it has no validation split)"
     except Exception as exc:  # the data file moved or changed: fall back to the bundled eval set
         log.warning("run data unusable for perplexity (%s); using the bundled demo_eval set", exc)
     path = resolve_resource("bundled:datasets/demo_eval.jsonl")
-    records = read_records(path)[:MAX_ROWS]
+    records = read_records(path)
     fmt = detect_format(records, path)
     rows = []
     for index, record in enumerate(records):
         ids, labels = encode_conversation(tokenizer, to_conversation(record, fmt, f"{path} record {index + 1}"))
-        rows.append({"input_ids": ids[: config.train.seq_len], "labels": labels[: config.train.seq_len]})
-    return rows, f"the bundled demo_eval set ({len(rows)} examples; the run's data could not be read)"
+        rows.append({"input_ids": ids, "labels": labels})
+    return rows, "the bundled demo_eval set (the run's data could not be read)"
+
+
+# --- running a model ----------------------------------------------------------------------------
 
 
 def _device_of(model: Any) -> torch.device:
@@ -100,75 +156,160 @@ def _device_of(model: Any) -> torch.device:
         return torch.device("cpu")
 
 
+def _fp32_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A 16-bit Linear with its product in fp32, rows of the weight widened a slice at a time."""
+    weight = self.weight
+    rows = max(1, (1 << 24) // max(weight.shape[1], 1))  # ~64 MB of fp32 weight at a time
+    x32 = x.float()
+    parts = [torch.nn.functional.linear(x32, weight[i:i + rows].float()) for i in range(0, weight.shape[0], rows)]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    if self.bias is not None:
+        out += self.bias.float()
+    return out.to(x.dtype)
+
+
+@contextlib.contextmanager
+def cpu_products_in_fp32(model: Any) -> Iterator[None]:
+    """On a CPU, the 16-bit Linear layers multiply in fp32 (as a GPU's 16-bit matmul accumulates in fp32):
+    CPUs without native bf16 run 16-bit products several times slower. Weights and activations stay 16-bit."""
+    if _device_of(model).type != "cpu":
+        yield
+        return
+    patched = []
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.dtype in (torch.bfloat16, torch.float16):
+            module.forward = types.MethodType(_fp32_linear, module)
+            patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """bitsandbytes logs on every 8-bit forward that it casts the input to fp16, which is how it works."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 @torch.no_grad()
-def measure(model: Any, probe: Probe, pad_id: int) -> Measurement:
-    """Logits on the prompts (every position, fp32, on the CPU) and perplexity on the rows."""
+def measure(model: Any, probe: Probe, should_stop: Callable[[], bool] | None = None) -> Measurement:
+    """Run the model over the probe, sequences right-padded into batches of at most MAX_SEQUENCE tokens
+    (every forward pass reads every weight, so few passes matter more than little padding).
+    `should_stop` is asked between passes: InterruptedError when it says so."""
+    began = time.monotonic()
     device = _device_of(model)
-    logits = []
-    for ids in probe.prompts:
-        out = model(input_ids=torch.tensor([ids], device=device)).logits[0]
-        logits.append(out.float().cpu())
-    total, count = 0.0, 0
-    for start in range(0, len(probe.rows), BATCH):
-        padded = PadCollator(pad_id)(probe.rows[start:start + BATCH])  # the padding training used
-        ids, labels, mask = padded["input_ids"], padded["labels"], padded["attention_mask"]
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float().cpu()
-        shift_logits, shift_labels = out[:, :-1], labels[:, 1:]
-        loss = torch.nn.functional.cross_entropy(
-            shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
-            ignore_index=IGNORE, reduction="sum",
-        )
-        total += loss.item()
-        count += int((shift_labels != IGNORE).sum())
-    return Measurement(logits, total / max(count, 1), count)
+    values, ids, nll, prompt_logits = [], [], [], []
+    sequences = [(p, None) for p in probe.prompts] + [(r["input_ids"], r["labels"]) for r in probe.rows]
+    with cpu_products_in_fp32(model), _quiet("bitsandbytes.autograd._functions"):
+        for batch in _batches(sequences):
+            if should_stop and should_stop():
+                raise InterruptedError("stop requested")
+            width = max(len(s) for s, _ in batch)
+            tokens = torch.full((len(batch), width), probe.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (seq, _) in enumerate(batch):
+                tokens[i, :len(seq)] = torch.tensor(seq)
+                mask[i, :len(seq)] = 1
+            logits = model(input_ids=tokens.to(device), attention_mask=mask.to(device)).logits
+            for i, (seq, labels) in enumerate(batch):
+                row = logits[i, :len(seq)]
+                if labels is None:
+                    prompt_logits.append(row.cpu().clone())
+                    _summarize(row, torch.arange(len(seq), device=device), None, values, ids, nll)
+                else:
+                    shifted = torch.tensor(labels[1:], device=device)
+                    positions = torch.nonzero(shifted != IGNORE).flatten()
+                    _summarize(row, positions, shifted[positions], values, ids, nll)
+            del logits
+    return Measurement(torch.cat(values), torch.cat(ids), torch.cat(nll) if nll else torch.zeros(0),
+                       prompt_logits, time.monotonic() - began)
 
 
-def logit_figures(reference: Measurement, candidate: Measurement) -> dict[str, float]:
-    diffs = [(a - b).abs().max().item() for a, b in zip(reference.logits, candidate.logits)]
-    scale = max(a.abs().max().item() for a in reference.logits)
-    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in zip(reference.logits, candidate.logits))
-    positions = sum(a.shape[0] for a in reference.logits)
+def _batches(sequences: list) -> Iterator[list]:
+    batch: list = []
+    for item in sequences:
+        width = max([len(item[0])] + [len(s) for s, _ in batch])
+        if batch and width * (len(batch) + 1) > MAX_SEQUENCE:
+            yield batch
+            batch = []
+        batch.append(item)
+    if batch:
+        yield batch
+
+
+def _summarize(logits: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor | None,
+               values: list, ids: list, nll: list) -> None:
+    for start in range(0, len(positions), CHUNK):
+        chunk = logits[positions[start:start + CHUNK]].float()
+        top = chunk.topk(TOP_K, dim=-1)
+        values.append(top.values.cpu())
+        ids.append(top.indices.cpu())
+        if targets is not None:
+            picked = chunk.gather(1, targets[start:start + CHUNK, None])[:, 0]
+            nll.append((torch.logsumexp(chunk, dim=-1) - picked).cpu())
+
+
+# --- comparing ----------------------------------------------------------------------------------
+
+
+def compare(reference: Measurement, candidate: Measurement) -> dict[str, Any]:
+    """Figures of the candidate against the reference (same probe)."""
+    ref_top, got_top = reference.top_ids[:, 0], candidate.top_ids[:, 0]
+    margin = reference.top_values[:, 0] - reference.top_values[:, 1]
+    decided = margin >= DECIDED_MARGIN
+    agree = ref_top == got_top
+    diff = candidate.nll.double() - reference.nll.double()
+    n = max(int(diff.numel()), 1)
+    max_diff = max(((a.float() - b.float()).abs().max().item() for a, b in
+                    zip(reference.prompt_logits, candidate.prompt_logits)), default=0.0)
     return {
-        "max_abs_logit_diff": max(diffs),
-        "max_abs_logit": scale,
-        "top1_agreement": agree / max(positions, 1),
-        "positions": positions,
-    }
-
-
-def perplexity_figures(reference: Measurement, candidate: Measurement) -> dict[str, float]:
-    return {
+        "positions": int(agree.numel()),
+        "top1_agreement": float(agree.float().mean()) if agree.numel() else 1.0,
+        "decided_positions": int(decided.sum()),
+        "top1_agreement_decided": float(agree[decided].float().mean()) if decided.any() else None,
         "reference_perplexity": reference.perplexity,
         "export_perplexity": candidate.perplexity,
         "relative_increase": candidate.perplexity / reference.perplexity - 1.0,
+        "increase_standard_error": float(diff.std()) / math.sqrt(n) if n > 1 else 0.0,
         "tokens": candidate.tokens,
+        "max_abs_logit_diff": max_diff,
+        "max_abs_logit": max((a.float().abs().max().item() for a in reference.prompt_logits), default=0.0),
     }
 
 
-def logit_check(reference: Measurement, candidate: Measurement, tolerance: float) -> dict[str, Any]:
-    figures = logit_figures(reference, candidate)
-    measured = figures["max_abs_logit_diff"]
-    return {
-        "name": "logits",
-        "what": "largest |logit difference| against the trained model (base + adapter, fp32) at every "
-                f"position of {len(reference.logits)} fixed prompts",
-        "measured": measured,
-        "tolerance": tolerance,
-        "passed": bool(measured <= tolerance),
-        "figures": figures,
-    }
-
-
-def perplexity_check(reference: Measurement, candidate: Measurement, tolerance: float, source: str) -> dict[str, Any]:
-    figures = perplexity_figures(reference, candidate)
+def perplexity_check(figures: dict[str, Any], tolerance: float, source: str) -> dict[str, Any]:
     measured = figures["relative_increase"]
     return {
         "name": "perplexity",
-        "what": f"relative perplexity increase over the trained model's on {source}",
+        "what": f"relative perplexity increase over the trained model's, on {figures['tokens']} answer tokens of {source}",
         "measured": measured,
         "tolerance": tolerance,
         "passed": bool(measured <= tolerance),
-        "figures": figures,
+        "figures": {k: figures[k] for k in ("reference_perplexity", "export_perplexity", "relative_increase",
+                                            "increase_standard_error", "tokens")},
+    }
+
+
+def top1_check(figures: dict[str, Any], tolerance: float) -> dict[str, Any]:
+    measured = figures["top1_agreement_decided"]
+    return {
+        "name": "top1",
+        "what": f"share of the positions where the trained model's first choice leads its second by at least "
+                f"{DECIDED_MARGIN:g} logit ({figures['decided_positions']} of {figures['positions']}) at which the "
+                "export picks the same next token",
+        "measured": measured if measured is not None else "no such position",
+        "tolerance": tolerance,
+        "passed": bool(measured is None or measured >= tolerance),
+        "figures": {k: figures[k] for k in ("positions", "top1_agreement", "decided_positions",
+                                            "top1_agreement_decided")},
     }
 
 

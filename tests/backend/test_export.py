@@ -31,7 +31,7 @@ torch.set_num_threads(1)
 IDS = torch.tensor([[1, 4, 300, 517, 700, 911, 1200, 2, 5, 64, 128]])
 
 
-def _train(root: Path, name: str, *overrides: str) -> RunFolder:
+def _train(root: Path, name: str, *overrides: str, check_adapter: bool = True) -> RunFolder:
     from backend.jobs.finetune import run_finetune
 
     config = RunConfig.load(PRESET, ["train.max_steps=5", "train.cpu_threads=1", f"name={name}", *overrides])
@@ -40,7 +40,8 @@ def _train(root: Path, name: str, *overrides: str) -> RunFolder:
     reporter.attach_run(folder.path)
     run_finetune(config, folder.path, reporter, StopListener(io.StringIO()))
     reporter.close()
-    assert (folder.adapter_dir / "adapter_model.safetensors").is_file()
+    if check_adapter:
+        assert (folder.adapter_dir / "adapter_model.safetensors").is_file()
     return folder
 
 
@@ -111,7 +112,12 @@ def test_adapter_export_loads_with_plain_peft(lora_run):
     events, report = export(lora_run, "adapter")
     out = lora_run.path / "exports" / "adapter"
     assert events[-1]["type"] == "JobFinished" and report["passed"] is True
-    assert check(report, "logits")["measured"] <= 1e-4
+    # The same tensors on the same base, computed the same way: identical figures.
+    assert abs(check(report, "perplexity")["measured"]) <= 1e-6 and check(report, "top1")["measured"] == 1.0
+    assert report["figures"]["max_abs_logit_diff"] == 0.0
+    assert set(report["timings"]) == {"reference", "write", "check"}  # the check's time apart from the write's
+    assert "tokens fed (budget 512)" in report["check"]["budget"] and report["check"]["dtype"] == "bf16"
+    assert set(report["memory"]["peak_rss_bytes"]) >= {"reference", "write", "check"}
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= {f["name"] for f in report["files"]}
     base = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32)
     with torch.no_grad():
@@ -121,21 +127,29 @@ def test_adapter_export_loads_with_plain_peft(lora_run):
     assert phases[:6] == ["check", "load_model", "measure", "write", "verify", "report"]
 
 
-@pytest.mark.parametrize("dtype, tolerance", [("bf16", 0.1), ("fp16", 1e-2)])
-def test_merged_export_loads_with_plain_transformers(lora_run, dtype, tolerance, tmp_path):
+@pytest.mark.parametrize("dtype, bound", [(None, 0.1), ("fp16", 1e-2)])
+def test_merged_export_loads_with_plain_transformers(lora_run, dtype, bound, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from backend.export.formats import tolerance
+
     out = tmp_path / f"merged-{dtype}"
-    events, report = export(lora_run, "merged", out=str(out), dtype=dtype)
+    events, report = export(lora_run, "merged", out=str(out), **({"dtype": dtype} if dtype else {}))
     assert events[-1]["type"] == "JobFinished", events[-1]
-    assert report["passed"] and report["dtype"] == dtype
-    assert check(report, "logits")["measured"] <= tolerance == check(report, "logits")["tolerance"]
+    saved = dtype or "bf16"  # the bundled base is fp32: the default 16-bit type is then bf16
+    assert report["passed"] and report["dtype"] == saved
+    max_increase, min_top1 = tolerance("merged", saved)
+    assert check(report, "perplexity")["tolerance"] == max_increase and check(report, "top1")["tolerance"] == min_top1
+    assert 0 < report["rounding"]["relative_error"] < 1
+    assert (out / "model.safetensors").is_file() and not (out / "model.safetensors.index.json").exists()
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == ("bfloat16" if saved == "bf16" else "float16") and config["use_cache"] is True
     model = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16 if dtype == "bf16" else torch.float16}
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16 if saved == "bf16" else torch.float16}
     assert not any("lora" in name for name, _ in model.named_parameters())
     with torch.no_grad():
         got = model.float()(IDS).logits
-    assert (got - reference_logits(lora_run)).abs().max().item() <= tolerance
+    assert (got - reference_logits(lora_run)).abs().max().item() <= bound  # the files: only 16-bit rounding
     tokenizer = AutoTokenizer.from_pretrained(out)
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert rendered == "<|bos|><|user|>\nhi<|end|>\n<|assistant|>\n"
@@ -284,7 +298,7 @@ def test_qlora_merge_uses_the_nf4_weights_the_adapter_trained_on(qlora_run, tmp_
 
 def test_qlora_adapter_export_and_bnb_4bit_failure_is_kept_and_named(qlora_run):
     events, report = export(qlora_run, "adapter")
-    assert report["passed"] and check(report, "logits")["measured"] <= 1e-4
+    assert report["passed"] and abs(check(report, "perplexity")["measured"]) <= 1e-6
     with pytest.raises(JobError) as caught:
         export(qlora_run, "bnb-4bit")
     message = caught.value.message
@@ -292,6 +306,84 @@ def test_qlora_adapter_export_and_bnb_4bit_failure_is_kept_and_named(qlora_run):
     assert "NF4 grid" in caught.value.hint
     report = json.loads((qlora_run.path / "exports" / "bnb-4bit" / "export_report.json").read_text())
     assert report["passed"] is False and check(report, "perplexity")["measured"] > 0.25
+
+
+# --- real depth, method full, failure hints ------------------------------------------------------
+
+
+def deeper_bundled_model(folder: Path, repeat: int = 4) -> Path:
+    """The bundled (pre-trained) model with its 4 layers repeated: 16 layers of real weights, stored bf16,
+    so rounding accumulates through a depth closer to real models' than the bundled model's 4."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32)
+    layers = [copy.deepcopy(layer) for _ in range(repeat) for layer in model.model.layers]
+    for index, layer in enumerate(layers):
+        layer.self_attn.layer_idx = index
+    model.model.layers = torch.nn.ModuleList(layers)
+    model.config.num_hidden_layers = len(layers)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(BUNDLED_MODEL / name, folder / name)
+    return folder
+
+
+def test_tolerances_pass_a_bf16_merge_of_a_deeper_model(runs_root, tmp_path):
+    base = deeper_bundled_model(tmp_path / "deep")
+    run = _train(runs_root, "export-deep", f"model.path={base}", "train.max_steps=3", "train.seq_len=64")
+    events, report = export(run, "merged", out=str(tmp_path / "merged"))
+    assert events[-1]["type"] == "JobFinished", events[-1]
+    assert report["dtype"] == "bf16"  # the base's own dtype
+    ppl, top1 = check(report, "perplexity"), check(report, "top1")
+    assert ppl["passed"] and top1["passed"] and top1["figures"]["decided_positions"] > 0
+    assert report["figures"]["max_abs_logit_diff"] > 0  # rounding did change the logits
+
+
+def test_full_fine_tune_exports_its_model_folder(runs_root, tmp_path):
+    from safetensors.torch import load_file
+
+    run = _train(runs_root, "export-full", "technique.method=full", "train.max_steps=2", "train.seq_len=64",
+                 check_adapter=False)
+    out = tmp_path / "full-merged"
+    events, report = export(run, "merged", out=str(out), dtype="fp16")
+    assert events[-1]["type"] == "JobFinished", events[-1]
+    assert report["method"] == "full" and report["rounding"] is None
+    trained = load_file(next((run.path / "model").glob("*.safetensors")))
+    written = load_file(out / "model.safetensors")
+    assert set(written) == set(trained)
+    assert all(torch.equal(written[name], trained[name].to(torch.float16)) for name in trained)
+
+
+def test_a_failed_check_names_it_and_suggests_another_format(lora_run, tmp_path, monkeypatch):
+    import backend.jobs.export as job
+
+    monkeypatch.setattr(job, "tolerance", lambda fmt, dtype: (-1.0, 0.5))  # no export can pass this
+    out = tmp_path / "failing"
+    with pytest.raises(JobError) as caught:
+        export(lora_run, "merged", out=str(out), dtype="bf16")
+    assert "merged export failed its perplexity check" in caught.value.message
+    assert "--format merged --dtype fp16" in caught.value.hint and "--dtype bf16" not in caught.value.hint
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["passed"] is False and check(report, "top1")["passed"] is True
+
+
+def test_pre_quantized_base_is_refused_for_merging(lora_run, tmp_path):
+    import yaml
+
+    base = tmp_path / "prequantized"
+    shutil.copytree(BUNDLED_MODEL, base)
+    config = json.loads((base / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (base / "config.json").write_text(json.dumps(config))
+    broken = _copy_run(lora_run, tmp_path)
+    run_config = yaml.safe_load(broken.config_path.read_text())
+    run_config["model"]["path"] = str(base)
+    broken.config_path.write_text(yaml.safe_dump(run_config))
+    with pytest.raises(JobError) as caught:
+        export(broken, "gguf-f16")
+    assert "pre-quantized" in caught.value.message and "--format adapter" in caught.value.hint
 
 
 # --- refusals and clean-up -----------------------------------------------------------------------
@@ -362,13 +454,12 @@ def test_full_disk_mid_gguf_removes_the_partial_folder_and_says_how_much_is_need
 
 
 def test_full_disk_mid_safetensors_write_leaves_nothing(lora_run, tmp_path, monkeypatch):
-    import transformers.modeling_utils as modeling_utils
+    import backend.export.safetensors_writer as writer
 
-    def failing(state_dict, filename, metadata=None):
-        Path(filename).write_bytes(b"\0" * 1000)  # a torn file, as a real full disk leaves
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def failing(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")  # after the shard's bytes: a torn file
 
-    monkeypatch.setattr(modeling_utils, "safe_save_file", failing)
+    monkeypatch.setattr(writer.os, "fsync", failing)
     out = tmp_path / "merged"
     with pytest.raises(JobError) as caught:
         export(lora_run, "merged", out=str(out))
@@ -376,7 +467,8 @@ def test_full_disk_mid_safetensors_write_leaves_nothing(lora_run, tmp_path, monk
     assert not out.exists() and not leftovers(out)
 
 
-def test_stop_while_writing_cancels_and_leaves_nothing(lora_run, tmp_path):
+@pytest.mark.parametrize("fmt", ["gguf-q8_0", "merged"])
+def test_stop_while_writing_cancels_and_leaves_nothing(lora_run, tmp_path, fmt):
     stop = StopListener(io.StringIO())
 
     def hook(emit):
@@ -388,8 +480,25 @@ def test_stop_while_writing_cancels_and_leaves_nothing(lora_run, tmp_path):
 
     out = tmp_path / "stopped"
     with pytest.raises(JobError) as caught:
-        export(lora_run, "gguf-q8_0", stop=stop, reporter_hook=hook, out=str(out))
+        export(lora_run, fmt, stop=stop, reporter_hook=hook, out=str(out))
     assert caught.value.kind == "cancelled"
+    assert not out.exists() and not leftovers(out)
+
+
+def test_stop_while_measuring_the_trained_model_cancels_before_anything_is_written(lora_run, tmp_path):
+    stop = StopListener(io.StringIO())
+
+    def hook(emit):
+        def wrapped(event):
+            if event.type == "PhaseChanged" and event.phase == "measure":
+                stop.request(save=False)
+            emit(event)
+        return wrapped
+
+    out = tmp_path / "stopped-early"
+    with pytest.raises(JobError) as caught:
+        export(lora_run, "merged", stop=stop, reporter_hook=hook, out=str(out))
+    assert caught.value.kind == "cancelled" and "measuring the trained model" in caught.value.message
     assert not out.exists() and not leftovers(out)
 
 

@@ -1,0 +1,112 @@
+"""ModelLayout: how a checkpoint's on-disk tensor names meet the modules peft and bitsandbytes saw.
+
+The merge works in the checkpoint's own names (what `save_pretrained` writes: per-expert tensors
+for MoE, `block_sparse_moe` for Mixtral), while an adapter's keys follow the in-memory module names
+of the model transformers built (fused `mlp.experts`, `mlp` for Mixtral). The model is built on
+the meta device (no memory) and transformers' own conversion mapping renames every disk name, so
+the two sides meet without a table of our own. The same meta model says which modules are
+Conv1D (GPT-2 stores those weights transposed) or embeddings, and, passed through transformers'
+bitsandbytes quantizer, which Linear layers a qlora/lora8 run held in 4 or 8 bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backend.errors import bad_input
+
+
+@dataclass
+class ModelLayout:
+    config: Any
+    to_memory: dict[str, str]  # disk name -> in-memory parameter name (1:1 renames only)
+    to_disk: dict[str, str]  # in-memory parameter name -> disk name
+    fused: dict[str, list[str]]  # in-memory fused parameter (MoE experts) -> the disk tensors it is built from
+    kinds: dict[str, str]  # in-memory module name -> linear | conv1d | embedding
+    shapes: dict[str, tuple[int, ...]]  # disk name -> shape
+    quantized: set[str] = field(default_factory=set)  # in-memory module names bitsandbytes replaced
+    quant_kwargs: dict[str, Any] = field(default_factory=dict)  # Params4bit/Int8Params attributes
+
+    @classmethod
+    def build(cls, folder: Path, shapes: dict[str, tuple[int, ...]], trust_remote_code: bool = False,
+              quantization: str | None = None, compute_dtype: torch.dtype = torch.bfloat16) -> "ModelLayout":
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+        from transformers.pytorch_utils import Conv1D
+
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        conversions = get_model_conversion_mapping(meta)
+        renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
+        converters = [c for c in conversions if isinstance(c, WeightConverter)]
+        meta_state = meta.state_dict()
+        to_memory, to_disk, fused = {}, {}, {}
+        for name in shapes:
+            renamed, pattern = rename_source_key(name, renamings, converters, meta.base_model_prefix, meta_state)
+            if pattern is not None:
+                fused.setdefault(renamed, []).append(name)
+            else:
+                to_memory[name] = renamed
+                to_disk[renamed] = name
+        kinds = {}
+        for name, module in meta.named_modules():
+            if isinstance(module, Conv1D):
+                kinds[name] = "conv1d"
+            elif isinstance(module, torch.nn.Linear):
+                kinds[name] = "linear"
+            elif isinstance(module, torch.nn.Embedding):
+                kinds[name] = "embedding"
+        layout = cls(config, to_memory, to_disk, fused, kinds, dict(shapes))
+        if quantization:
+            layout._find_quantized(config, quantization, compute_dtype, trust_remote_code)
+        return layout
+
+    def _find_quantized(self, config: Any, quantization: str, compute_dtype: torch.dtype, trust: bool) -> None:
+        """The Linear layers transformers' bitsandbytes quantizer replaces, asked of the quantizer itself."""
+        import bitsandbytes as bnb
+        from transformers import AutoModelForCausalLM
+        from transformers.quantizers import AutoHfQuantizer
+
+        from backend.export.quantized_base import bnb_config
+
+        quantizer = AutoHfQuantizer.from_config(bnb_config(quantization, compute_dtype), pre_quantized=False)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
+        quantizer.preprocess_model(model, device_map={"": "cpu"}, keep_in_fp32_modules=model._keep_in_fp32_modules)
+        kind = bnb.nn.Linear4bit if quantization == "nf4" else bnb.nn.Linear8bitLt
+        for name, module in model.named_modules():
+            if isinstance(module, kind):
+                self.quantized.add(name)
+                if not self.quant_kwargs:
+                    attrs = dict(module.weight.__dict__)
+                    for transient in ("module", "quant_state", "bnb_quantized", "CB", "SCB"):
+                        attrs.pop(transient, None)
+                    self.quant_kwargs = attrs
+        if not self.quantized:
+            raise bad_input(f"bitsandbytes {quantization} finds no Linear layers to quantize in this {config.model_type} model")
+
+    # --- queries --------------------------------------------------------------------------------
+    def memory_name(self, disk_name: str) -> str | None:
+        return self.to_memory.get(disk_name)
+
+    def module_of(self, disk_name: str) -> tuple[str, str] | None:
+        """(in-memory module name, parameter name) of a disk tensor, or None for fused experts."""
+        memory = self.to_memory.get(disk_name)
+        if memory is None or "." not in memory:
+            return None
+        module, _, param = memory.rpartition(".")
+        return module, param
+
+    def fused_owner(self, module: str) -> str | None:
+        """The fused parameter an adapter module name points into (peft's ParamWrapper on MoE experts)."""
+        for name in self.fused:
+            owner = name.rpartition(".")[0]
+            if module == owner or module.startswith(owner + "."):
+                return name
+        return None

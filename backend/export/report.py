@@ -1,0 +1,72 @@
+"""export_report.json: what was written, how it was checked, and what each stage cost.
+
+Built by the export job once the check has run; the CLI and the studio read it back. The check's
+time and memory are reported apart from the write's, since on a CPU the check can take longer
+than writing the files.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from backend.export.formats import GGUF_TYPES
+
+REPORT = "export_report.json"
+
+
+def figure(check: dict[str, Any]) -> str:
+    """A check's measured figure against its tolerance, for the one-line messages."""
+    measured, tolerance = check["measured"], check["tolerance"]
+    if check["name"] == "perplexity":
+        return f"{measured:+.2%} (tolerance {tolerance:+.0%})"
+    if check["name"] == "top1" and isinstance(measured, float):
+        return f"{measured:.1%} (tolerance {tolerance:.1%})"
+    if isinstance(measured, float):
+        return f"{measured:.3g} (tolerance {tolerance:g})"
+    return f"{measured}"
+
+
+def build_report(*, fmt: str, dtype: str, out: Path, tmp: Path, run: Any, checks: list[dict], figures: dict,
+                 reference: Any, probe: Any, device: str, notes: list[str], loaded_as: str, seconds: float,
+                 timings: dict[str, float], peaks: dict[str, int | None], model_bytes: int,
+                 rounding: dict[str, Any] | None) -> dict[str, Any]:
+    files = sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: str(p))
+    listing = [{"name": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files]
+    known = [v for v in peaks.values() if v]
+    return {
+        "format": fmt,
+        "passed": all(c["passed"] for c in checks),
+        "path": str(out),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 2),
+        "timings": {name: round(value, 2) for name, value in timings.items()},
+        "run_dir": str(run.folder.path),
+        "method": run.method,
+        "base_model": str(run.base_path),
+        "dtype": dtype if fmt in ("merged", "bnb-4bit", "bnb-8bit") else None,
+        "gguf_type": GGUF_TYPES.get(fmt),
+        "files": listing,
+        "total_bytes": sum(item["bytes"] for item in listing),
+        "memory": {
+            "model_16bit_bytes": model_bytes,
+            "peak_rss_bytes": peaks,
+            "peak_over_16bit": round(max(known) / model_bytes, 3) if known and model_bytes else None,
+        },
+        "reference": {
+            "what": f"the trained model: base as trained (quantized again for qlora/lora8) + adapter, unmerged, "
+                    f"through peft, {dtype} on {device}",
+            "perplexity": reference.perplexity,
+            "tokens": reference.tokens,
+            "data": probe.source,
+            "budget": probe.describe(),
+        },
+        "check": {"device": device, "dtype": dtype, "seconds": round(timings.get("check", 0.0), 2),
+                  "budget": probe.describe()},
+        "loaded_as": loaded_as,
+        "figures": figures,
+        "rounding": rounding,
+        "checks": checks,
+        "notes": notes,
+    }

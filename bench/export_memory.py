@@ -1,0 +1,183 @@
+"""Peak memory and time of every export format for a ~1 B Llama, the check included.
+
+Builds a random-weight Llama with TinyLlama-1.1B's dimensions (hidden 2048, intermediate 5632, 22
+layers, 32 heads, 4 KV heads, vocabulary 32000, untied; the config is read from
+tests/fixtures/model_configs/TinyLlama--TinyLlama-1.1B-Chat-v1.0/config.json where present),
+saved in bf16 with the bundled tokenizer, runs a 2-step LoRA fine-tune through the real `train`
+command, then exports it in every format, each in its own process (so peaks do not mix), through
+the export job itself. Prints one table: wall time, the write's and the check's time (the check is
+the trained model's measurement plus the export's), peak resident memory as a multiple of the
+model's 16-bit size, and which stage peaked. The peaks come from VmHWM (Linux), reset by the job
+at each stage.
+
+    python bench/export_memory.py                        # everything, in a temporary folder
+    python bench/export_memory.py --work /tmp/em --keep  # keep the model, run and exports
+    python bench/export_memory.py --formats merged gguf-q8_0
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CONFIG_NAME = "TinyLlama--TinyLlama-1.1B-Chat-v1.0"
+CONFIG_PLACES = [ROOT / "tests" / "fixtures" / "model_configs" / CONFIG_NAME / "config.json",
+                 Path("/work/wt/configs/tests/fixtures/model_configs") / CONFIG_NAME / "config.json"]
+FALLBACK = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                num_key_value_heads=4, vocab_size=32000, rms_norm_eps=1e-5, rope_theta=10000.0,
+                max_position_embeddings=2048, tie_word_embeddings=False)
+FORMATS = ["adapter", "merged", "gguf-f16", "gguf-q8_0", "gguf-q4_0", "bnb-8bit", "bnb-4bit"]
+
+
+def model_overrides() -> tuple[dict, str]:
+    for place in CONFIG_PLACES:
+        if place.is_file():
+            raw = json.loads(place.read_text())
+            return {k: raw[k] for k in FALLBACK}, str(place)
+    return dict(FALLBACK), "the built-in copy of its values"
+
+
+def build(folder: Path, layers: int | None) -> None:
+    """Child process: the random-weight model, bf16, with the bundled tokenizer (tests/families.py)."""
+    from tests.families import build_tiny_model
+
+    values, _ = model_overrides()
+    if layers:
+        values["num_hidden_layers"] = layers
+    theta = values.pop("rope_theta")
+    values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+    build_tiny_model("llama", folder, seed=0, dtype="bfloat16",
+                     rope_parameters={"rope_type": "default", "rope_theta": theta}, **values)
+
+
+def one(fmt: str, run_dir: Path, out: Path) -> None:
+    """Child process: one export through run_export; prints a JSON line with what the parent needs."""
+    import torch
+
+    from backend.errors import JobError
+    from backend.export.memory import peak_rss_bytes
+    from backend.jobs.export import run_export
+    from backend.runs import RunFolder
+    from backend.worker.reporter import Reporter
+    from backend.worker.stop_listener import StopListener
+
+    import peft  # noqa: F401  (imported before the baseline is read: their code is not the export's memory)
+    import transformers  # noqa: F401
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    folder = RunFolder(run_dir)
+    config = folder.load_config()
+    baseline = peak_rss_bytes()
+    began = time.monotonic()
+    error = None
+    try:
+        run_export(config, folder.path, Reporter(io.StringIO()), StopListener(io.StringIO()),
+                   params={"format": fmt, "out": str(out), "overwrite": True})
+    except JobError as exc:
+        error = f"{exc.kind}: {exc.message}"
+    print("RESULT " + json.dumps({"wall": time.monotonic() - began, "baseline": baseline,
+                                   "end_peak": peak_rss_bytes(), "error": error}))
+
+
+def run_child(*args: str, env: dict) -> str:
+    done = subprocess.run([sys.executable, __file__, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, help="folder for the model, the run and the exports")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
+    parser.add_argument("--layers", type=int, help="fewer layers than 22, for a quick try of the bench itself")
+    parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=3, metavar=("FORMAT", "RUN", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.build:
+        build(args.build, args.layers)
+        return 0
+    if args.one:
+        one(args.one[0], Path(args.one[1]), Path(args.one[2]))
+        return 0
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="export-memory-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FINETUNE_STUDIO_HOME": str(work / "home"), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(ROOT)}
+    _, config_from = model_overrides()
+    model = work / "model"
+    began = time.monotonic()
+    if not (model / "model.safetensors").is_file():
+        run_child("--build", str(model), *(["--layers", str(args.layers)] if args.layers else []), env=env)
+    print(f"model: {model} (config from {config_from}), built in {time.monotonic() - began:.0f} s", flush=True)
+    began = time.monotonic()
+    train = subprocess.run(
+        [sys.executable, "-m", "backend.cli", "train", str(ROOT / "resources/presets/tiny_lora.yaml"),
+         "--set", f"model.path={model}", "--set", "train.max_steps=2", "--set", "train.seq_len=64",
+         "--set", "train.micro_batch_size=2", "--set", "train.save_steps=100", "--set", "name=bench-1b"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    found = re.search(r"adapter:\s+(\S+)/adapter", train.stdout)
+    if train.returncode != 0 or not found:
+        raise SystemExit(f"training failed:\n{train.stdout[-2000:]}\n{train.stderr[-2000:]}")
+    run_dir = Path(found.group(1))
+    print(f"run: {run_dir} (2 LoRA steps, seq_len 64), trained in {time.monotonic() - began:.0f} s", flush=True)
+
+    rows = []
+    for fmt in args.formats:
+        out = work / "exports" / fmt
+        stdout = run_child("--one", fmt, str(run_dir), str(out), env=env)
+        result = json.loads(stdout.split("RESULT ", 1)[1])
+        report_path = out / "export_report.json"
+        report = json.loads(report_path.read_text()) if report_path.is_file() else None
+        rows.append((fmt, result, report))
+        print(f"  {fmt}: {result['wall']:.0f} s {result['error'] or ''}", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+    (work / "export_memory.json").write_text(json.dumps([{"format": f, "result": r, "report": p} for f, r, p in rows],
+                                                        indent=2))
+    print(table(rows))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def table(rows: list) -> str:
+    lines = ["| format | wall s | write s | check s (trained + export) | peak RSS GB | peak / 16-bit size | "
+             "peak stage | check |",
+             "|---|---|---|---|---|---|---|---|"]
+    for fmt, result, report in rows:
+        if report is None:
+            lines.append(f"| {fmt} | {result['wall']:.0f} | | | | | | refused: {result['error']} |")
+            continue
+        peaks = {k: v for k, v in report["memory"]["peak_rss_bytes"].items() if v}
+        size = report["memory"]["model_16bit_bytes"]
+        peak = max([*peaks.values(), result["end_peak"] or 0])
+        stage = max(peaks, key=peaks.get) if peaks else "?"
+        t = report["timings"]
+        check = t.get("reference", 0) + t.get("check", 0)
+        verdict = "passed" if report["passed"] else "FAILED " + ", ".join(c["name"] for c in report["checks"]
+                                                                         if not c["passed"])
+        lines.append(f"| {fmt} | {result['wall']:.0f} | {t.get('write', 0):.0f} | {check:.0f} "
+                     f"({t.get('reference', 0):.0f} + {t.get('check', 0):.0f}) | {peak / 1e9:.2f} | "
+                     f"{peak / size:.2f}x | {stage} | {verdict} |")
+    first = next((r for _, _, r in rows if r), None)
+    if first:
+        lines.append(f"\n16-bit size {first['memory']['model_16bit_bytes'] / 1e9:.2f} GB; process baseline after "
+                     f"imports {rows[0][1]['baseline'] / 1e9:.2f} GB; check budget: {first['check']['budget']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
