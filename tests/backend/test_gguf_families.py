@@ -239,33 +239,34 @@ def test_transformers_gguf_loader_reproduces_the_model(family, fmt, built, token
     ("gemma2", "query_pre_attn_scalar=256 (the model has 16)"), ("qwen3", "failed on this file"),
 ])
 def test_check_says_not_verified_and_why_where_transformers_cannot_read(family, reason, built, tokenizer, tmp_path):
-    from backend.export import verify
-    from backend.export.gguf_check import check_gguf
+    from backend.export.gguf_check import not_verified, read_back
     from backend.export.tensor_source import StateDictSource
 
     model = load(built(family))
-    write(StateDictSource(model), tokenizer, "gguf-q8_0", tmp_path / "model.gguf")
-    probe = verify.Probe([tokenizer("one two three")["input_ids"]], [], "no rows")
-    expected = verify.measure(model, probe, tokenizer.pad_token_id)
-    checks, loaded = check_gguf(tmp_path / "model.gguf", model.config, tokenizer, probe, expected, "gguf-q8_0")
-    first = checks[0]
-    assert first["name"] == "perplexity" and first["verified"] is False and reason in first["reason"]
-    assert first["measured"].startswith("not verified: ") and "llama_cpp_check.py" in first["how_to_verify"]
-    assert loaded.startswith("not verified by transformers")
+    path = tmp_path / "model.gguf"
+    write(StateDictSource(model), tokenizer, "gguf-q8_0", path)
+    read, loaded, why = read_back(path, model.config, torch.float16, "cpu")
+    assert read is None and loaded == "" and reason in why
+    check = not_verified("perplexity", 0.05, why, path)
+    assert check["verified"] is False and check["passed"] and check["measured"].startswith("not verified: ")
+    assert "llama_cpp_check.py" in check["how_to_verify"]
 
 
-def test_check_verifies_a_readable_family_in_16_bit(built, tokenizer, tmp_path):
-    from backend.export import verify
-    from backend.export.gguf_check import check_gguf
+def test_check_reads_a_readable_family_back_in_16_bit(built, tokenizer, tmp_path):
+    from backend.export.gguf_check import read_back, tokenizer_check
     from backend.export.tensor_source import StateDictSource
 
     model = load(built("qwen2_moe", readable=True))
-    write(StateDictSource(model), tokenizer, "gguf-f16", tmp_path / "model.gguf")
-    probe = verify.Probe([verify.tokenize_prompt(tokenizer, t) for t in verify.PROMPTS], [], "no rows")
-    expected = verify.measure(model, probe, tokenizer.pad_token_id)
-    checks, loaded = check_gguf(tmp_path / "model.gguf", model.config, tokenizer, probe, expected, "gguf-f16")
-    assert [c["name"] for c in checks] == ["logits", "tokenizer"] and all(c["passed"] and c["verified"] for c in checks)
-    assert checks[0]["measured"] <= 3e-2 and "Qwen2MoeForCausalLM, float16" in loaded
+    path = tmp_path / "model.gguf"
+    write(StateDictSource(model), tokenizer, "gguf-f16", path)
+    read, loaded, why = read_back(path, model.config, torch.float16, "cpu")
+    assert why is None and "Qwen2MoeForCausalLM, float16 on cpu" in loaded
+    assert next(read.parameters()).dtype == torch.float16
+    with torch.no_grad():
+        want, got = model(IDS).logits[0], read(IDS).logits[0].float()
+    assert (want - got).abs().max().item() <= 3e-2 * want.abs().max().item()
+    check = tokenizer_check(path, tokenizer)
+    assert check["passed"] and check["verified"]
 
 
 # --- the text part of a multimodal Gemma 3, generated rotary tensors, refusals -------------------
