@@ -220,6 +220,9 @@ MATRIX: list[Case] = [
 ]
 """The first forty-one configurations (Llama, GPT-NeoX, Qwen2, Phi-3)."""
 
+EXPERTS_TOO = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
 def _family(arch: str, *specs: tuple) -> list[Case]:
     """Cases of one family: (method, checkpointing, attention, seq_len, batch, precision, autocast)."""
     return [Case(arch, m, gc, attn, seq, b, precision=p, autocast=amp) for m, gc, attn, seq, b, p, amp in specs]
@@ -275,6 +278,10 @@ FAMILY_MATRIX: list[Case] = [
              ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", False, "sdpa", 128, 1, "fp32", False),
              ("lora", True, "sdpa", 128, 1, "bf16", True), ("qlora", False, "sdpa", 128, 1, "bf16", True),
              ("lora8", False, "eager", 128, 1, "bf16", True), ("full", True, "sdpa", 128, 2, "fp32", False)),
+    # LoRA on the fused experts, when lora_targets names them (all-linear leaves them out):
+    Case("qwen3_moe", "lora", False, "sdpa", 128, 2, lora_targets=EXPERTS_TOO),
+    Case("qwen3_moe", "lora", True, "sdpa", 128, 1, precision="bf16", autocast=True, lora_targets=EXPERTS_TOO),
+    Case("mixtral", "lora", False, "sdpa", 128, 2, lora_targets="q_proj,k_proj,v_proj,o_proj,w1,w2,w3"),
 ]
 """Every other family, each over the methods that apply (peft refuses DoRA on the fused experts of
 qwen3_moe and mixtral), checkpointing on and off, eager and SDPA (Gemma 2: eager only, it refuses
@@ -290,9 +297,9 @@ CI_SLICE = QUICK + [
     Case("gemma2", "full", True, "eager", 128, 1),
     Case("gemma3_text", "lora", False, "sdpa", 128, 2, precision="bf16", autocast=True),
     Case("gpt2", "lora", False, "sdpa", 128, 2),
-    Case("qwen3_moe", "lora", False, "sdpa", 128, 2),
+    Case("qwen3_moe", "lora", False, "sdpa", 128, 2, lora_targets=EXPERTS_TOO),
     Case("qwen2_moe", "qlora", False, "sdpa", 128, 1, precision="bf16", autocast=True),
 ]
 """What the test suite checks: the quick four plus one configuration each of Gemma 2 (soft-capping,
 checkpointed), Gemma 3 (q/k norms, a sliding-window mask, autocast), GPT-2 (dropout everywhere),
-Qwen3-MoE (LoRA on the fused experts) and Qwen2-MoE (QLoRA with a shared expert)."""
+Qwen3-MoE (LoRA on the fused experts, named in lora_targets) and Qwen2-MoE (QLoRA with a shared expert)."""

@@ -84,9 +84,9 @@ def build_model(case: Case, device: str = "cpu"):
     if case.method != "full":
         from peft import LoraConfig, get_peft_model
 
-        targets: Any = case.lora_targets
-        if targets != "all-linear":
-            targets = [t.strip() for t in targets.split(",") if t.strip()]
+        from backend.training.moe import peft_targets
+
+        targets: Any = peft_targets(case.lora_targets, config.model_type)  # as the worker asks peft
         lcfg = LoraConfig(
             r=case.lora_rank,
             lora_alpha=2.0 * case.lora_rank,

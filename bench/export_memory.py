@@ -2,7 +2,7 @@
 
 Builds a random-weight Llama with TinyLlama-1.1B's dimensions (hidden 2048, intermediate 5632, 22
 layers, 32 heads, 4 KV heads, vocabulary 32000, untied; the config is read from
-tests/fixtures/model_configs/TinyLlama--TinyLlama-1.1B-Chat-v1.0/config.json where present),
+tests/fixtures/model_configs/TinyLlama--TinyLlama-1.1B-Chat-v1.0/config.json),
 saved in bf16 with the bundled tokenizer, runs a 2-step LoRA fine-tune through the real `train`
 command, then exports it in every format, each in its own process (so peaks do not mix), through
 the export job itself. Prints one table: wall time, the write's and the check's time (the check is
@@ -32,20 +32,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIG_NAME = "TinyLlama--TinyLlama-1.1B-Chat-v1.0"
-CONFIG_PLACES = [ROOT / "tests" / "fixtures" / "model_configs" / CONFIG_NAME / "config.json",
-                 Path("/work/wt/configs/tests/fixtures/model_configs") / CONFIG_NAME / "config.json"]
-FALLBACK = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+CONFIG = ROOT / "tests" / "fixtures" / "model_configs" / CONFIG_NAME / "config.json"
+KEYS = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                 num_key_value_heads=4, vocab_size=32000, rms_norm_eps=1e-5, rope_theta=10000.0,
                 max_position_embeddings=2048, tie_word_embeddings=False)
 FORMATS = ["adapter", "merged", "gguf-f16", "gguf-q8_0", "gguf-q4_0", "bnb-8bit", "bnb-4bit"]
 
 
 def model_overrides() -> tuple[dict, str]:
-    for place in CONFIG_PLACES:
-        if place.is_file():
-            raw = json.loads(place.read_text())
-            return {k: raw[k] for k in FALLBACK}, str(place)
-    return dict(FALLBACK), "the built-in copy of its values"
+    """The dimensions of TinyLlama's published config.json (KEYS names them, with its values)."""
+    raw = json.loads(CONFIG.read_text())
+    return {k: raw[k] for k in KEYS}, str(CONFIG.relative_to(ROOT))
 
 
 def build(folder: Path, layers: int | None) -> None:

@@ -53,16 +53,16 @@ EXPERT_ROLES = frozenset({"router", "experts_gate_up", "experts_down"})
 
 
 def lora_roles(arch: Arch, d: Dims, lora_targets: str) -> tuple[set[str], list[str]]:
-    """The roles `technique.lora_targets` adapts, as peft 0.21 resolves them, and warnings. For
-    mixtral and qwen3_moe peft maps the experts' and router's v4 module names (and all-linear) onto
-    target_parameters of the fused experts (gate and up together: naming one alone is refused)."""
+    """The roles `technique.lora_targets` adapts, as the worker asks peft 0.21, and warnings. For
+    mixtral and qwen3_moe peft maps the experts' and router's v4 module names onto target_parameters
+    of the fused experts (gate and up together: naming one alone is refused); the worker's all-linear
+    there is the attention only (backend/training/moe.py peft_targets)."""
     names: dict[str, set[str]] = {}
     for lin, _ in all_linears(arch, d):
         names.setdefault(lin.name, set()).add(lin.role)
     experts = arch.lora_expert_params and d.moe_layers > 0
     if lora_targets.strip() == "all-linear":
-        roles = {role for group in names.values() for role in group}
-        return (roles | EXPERT_ROLES if experts else roles), []
+        return {role for group in names.values() for role in group}, []
     roles: set[str] = set()
     warnings: list[str] = []
     asked = {item.strip().rsplit(".", 1)[-1] for item in lora_targets.split(",") if item.strip()}

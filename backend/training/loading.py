@@ -15,7 +15,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
-from backend.training.moe import enable_aux_loss, keep_experts_dtype
+from backend.training.moe import enable_aux_loss, keep_experts_dtype, peft_targets
 from backend.training.techniques import TechniquePlan
 
 log = logging.getLogger(__name__)
@@ -136,9 +136,7 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
         # Casts norms to fp32 and freezes the quantized base; checkpointing is set by the Trainer.
         # A MoE's unquantized fused experts keep their dtype (moe.py).
         model = keep_experts_dtype(model, lambda m: prepare_model_for_kbit_training(m, use_gradient_checkpointing=False))
-    targets: Any = technique.lora_targets
-    if targets != "all-linear":
-        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    targets = peft_targets(technique.lora_targets, model.config.model_type)
     lora = LoraConfig(
         r=technique.lora_rank,
         lora_alpha=technique.lora_alpha,

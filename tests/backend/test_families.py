@@ -112,8 +112,10 @@ def test_family_trains_with_technique(models, tmp_path, caplog, family, method):
 
 @pytest.mark.parametrize("family, overrides, message", [
     ("gemma2", ["technique.attention=sdpa"], "technique.attention: Gemma2ForCausalLM does not support sdpa"),
-    ("mixtral", ["technique.method=dora"], "technique.method: dora cannot adapt MixtralForCausalLM's fused experts"),
-    ("qwen3_moe", ["technique.lora_dropout=0.1"], "technique.lora_dropout: peft adapts Qwen3MoeForCausalLM's fused"),
+    ("mixtral", ["technique.method=dora", "technique.lora_targets=q_proj,v_proj,w1,w2,w3"],
+     "technique.method: dora cannot adapt MixtralForCausalLM's fused experts"),
+    ("qwen3_moe", ["technique.lora_dropout=0.1", "technique.lora_targets=q_proj,gate_proj,up_proj,down_proj"],
+     "technique.lora_dropout: peft adapts Qwen3MoeForCausalLM's fused"),
 ])
 def test_what_a_family_cannot_do_is_refused_before_loading(models, tmp_path, caplog, family, overrides, message):
     with pytest.raises(JobError) as caught:
@@ -145,3 +147,21 @@ def test_qlora_keeps_moe_experts_in_their_dtype(models):
     kept = keep_experts_dtype(load(), lambda m: prepare_model_for_kbit_training(m, use_gradient_checkpointing=False))
     assert experts(kept) == {torch.bfloat16}
     assert {p.dtype for n, p in kept.named_parameters() if "norm" in n} == {torch.float32}  # the rest as peft does
+
+
+def test_a_moe_run_on_all_linear_exports_merged(models, tmp_path, caplog):
+    """all-linear on Mixtral leaves the fused experts out (peft would wrap them, and a merged export of
+    such adapters is refused): the default run trains, and its adapter merges and passes its check."""
+    from backend.runs import RunFolder
+    from tests.backend.test_export import export
+
+    events, _ = run_family(tmp_path, models["mixtral"], [], caplog)
+    plan = next(e.detail for e in events if e.type == "PhaseChanged" and e.phase == "plan")
+    assert "not the 4 fused experts" in plan
+    keys = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())["target_modules"]
+    assert set(keys) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    RunConfig.load(PRESET, [f"model.path={models['mixtral']}", "data.max_examples=4", "train.seq_len=64",
+                            "data.validation_split=0"]).save(tmp_path / "run" / "config.yaml")
+    done, report = export(RunFolder(tmp_path / "run"), "merged")
+    assert done[-1]["type"] == "JobFinished", done[-1]
+    assert report["passed"] and report["method"] == "lora"

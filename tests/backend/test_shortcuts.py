@@ -144,7 +144,8 @@ def test_moe_plan_says_what_all_linear_adapts_and_that_qlora_leaves_experts(fami
     p = plan(family, ["technique.method=qlora"])
     text = "; ".join(p.notes)
     experts = family != "qwen2_moe"  # peft 0.21 maps Mixtral's and Qwen3-MoE's fused experts, not Qwen2-MoE's
-    assert ("adapts the attention, the router and the 4 fused experts" in text) is experts
+    # all-linear leaves them out where peft would take them (a fresh copy of every layer's experts per step)
+    assert ("adapts the attention (q_proj,k_proj,v_proj,o_proj), not the 4 fused experts" in text) is experts
     assert ("not the 4 routed experts" in text) is not experts
     assert "the fused experts stay unquantized in the load dtype (bitsandbytes #1849)" in text
     assert "router aux loss on (x0.001)" in text and p.aux_loss
@@ -153,12 +154,15 @@ def test_moe_plan_says_what_all_linear_adapts_and_that_qlora_leaves_experts(fami
 @pytest.mark.parametrize("override, field", [("technique.method=dora", "technique.method: dora"),
                                              ("technique.lora_dropout=0.1", "technique.lora_dropout")])
 def test_what_peft_cannot_do_with_fused_experts_is_refused_before_loading(override, field):
+    named = "technique.lora_targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     with pytest.raises(JobError) as caught:
-        plan("qwen3_moe", [override])
+        plan("qwen3_moe", [override, named])
     assert caught.value.message.startswith(field) and "fused experts" in caught.value.message
-    assert "q_proj,k_proj,v_proj,o_proj" in caught.value.hint
-    plan("qwen3_moe", [override, "technique.lora_targets=q_proj,k_proj,v_proj,o_proj"])  # then it can
-    plan("qwen2_moe", [override])  # its experts are not targeted at all
+    assert "all-linear" in caught.value.hint
+    notes = "; ".join(plan("qwen3_moe", [named]).notes)
+    assert "adapts Qwen3MoeForCausalLM's 4 fused experts" in notes and "exports as adapter only" in notes
+    plan("qwen3_moe", [override])  # all-linear leaves the experts out: then it can
+    plan("qwen2_moe", [override, named])  # peft does not map this family's experts at all
 
 
 def test_counts_are_reduced_on_the_process_groups_device(monkeypatch):
