@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,9 @@ def load_model(path: Path, config: RunConfig, plan: TechniquePlan) -> Any:
         )
     elif plan.quantization == "int8":
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    device = rank_device(plan.device)
     if plan.quantization:
-        kwargs["device_map"] = {"": plan.device}
+        kwargs["device_map"] = {"": device}
     model = AutoModelForCausalLM.from_pretrained(
         path,
         dtype=plan.load_dtype,
@@ -93,7 +95,14 @@ def load_model(path: Path, config: RunConfig, plan: TechniquePlan) -> Any:
     )
     model.config.use_cache = False
     enable_aux_loss(model, plan.facts)
-    return model if plan.quantization else model.to(plan.device)
+    return model if plan.quantization else model.to(device)
+
+
+def rank_device(device: str) -> str:
+    """This process's GPU under `accelerate launch` (LOCAL_RANK), else the plan's device: every rank
+    loading onto cuda:0 would put all copies on one card, and the Trainer never moves a quantized model."""
+    local = os.environ.get("LOCAL_RANK")
+    return f"cuda:{int(local)}" if device == "cuda" and local and local.isdigit() else device
 
 
 def attention_implementation(plan: TechniquePlan) -> str | None:

@@ -114,7 +114,11 @@ def test_shortcuts_chosen_per_family(family, expected):
 ])
 def test_conditions_turn_a_shortcut_off_and_say_why(monkeypatch, overrides, caps, gone, why):
     monkeypatch.setattr("backend.training.techniques.bnb_can", lambda feature, device: None)
-    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())  # liger "installed"
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec",  # liger "installed"; everything else as it is
+                        lambda name, *a: object() if name == "liger_kernel" else real(name, *a))
     p = plan("llama", overrides, caps=caps, threads=4)
     assert gone not in p.shortcuts.applied
     assert why in dict(p.shortcuts.skipped)[gone]
@@ -192,3 +196,13 @@ def test_rank_first_lora_only_where_it_was_measured_to_pay():
     wide = plan("llama", hidden_size=2048)
     assert "rank_first_lora" not in wide.shortcuts.applied
     assert dict(wide.shortcuts.skipped)["rank_first_lora"] == "hidden 2048 > 1024, where it does not pay"
+
+
+def test_each_rank_loads_onto_its_own_gpu(monkeypatch):
+    """Under accelerate launch a quantized base stays where it was loaded: rank N must load onto cuda:N."""
+    from backend.training.loading import rank_device
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert rank_device("cuda") == "cuda" and rank_device("cpu") == "cpu"
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert rank_device("cuda") == "cuda:1" and rank_device("cpu") == "cpu"
