@@ -128,7 +128,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.cpu_features import native_bf16
 
     try:
-        breakdown = estimate(config.resolved_model_path(), config, num_gpus=args.gpus, zero_stage=args.zero_stage,
+        breakdown = estimate(config.model.path, config, num_gpus=args.gpus, zero_stage=args.zero_stage,
                              device=args.device, target_tokens=answer, cpu_bf16=native_bf16())
     except ValueError as exc:  # an unusable config.json: one line naming the file, the key and the fix
         raise ConfigError(str(exc).splitlines()[0]) from None

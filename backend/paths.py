@@ -43,6 +43,15 @@ def resolve_resource(path: str) -> Path:
     return Path(path).expanduser()
 
 
+def not_downloaded(path: str) -> str | None:
+    """The one-line error for a `hub:` model path whose download folder is not there yet, else None."""
+    if not path.startswith(HUB_PREFIX) or resolve_resource(path).exists():
+        return None
+    repo, folder = path[len(HUB_PREFIX):], resolve_resource(path)
+    return (f"model.path {path} is not downloaded yet ({folder}): download it on the Model page, "
+            f"or run `hf download {repo} --local-dir {folder}`")
+
+
 def studio_home() -> Path:
     """Root of runs and the run index (override: FINETUNE_STUDIO_HOME)."""
     override = os.environ.get("FINETUNE_STUDIO_HOME")

@@ -15,7 +15,7 @@ from typing import Any
 from backend.estimate.architectures import (
     GEMMA2, GEMMA3, GPT2, GPT_NEOX, LLAMA, MIXTRAL, PHI3, QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE, Arch, Dims,
 )
-from backend.paths import BUNDLED_PREFIX, resolve_resource
+from backend.paths import not_downloaded, resolve_resource
 
 _COMMON = {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
            "attention_dropout": 0.0}
@@ -72,7 +72,10 @@ def load_model_config(model_config: dict[str, Any] | str | Path) -> dict[str, An
     if isinstance(model_config, dict):
         return model_config
     text = str(model_config)
-    path = resolve_resource(text) if text.startswith(BUNDLED_PREFIX) else Path(text).expanduser()
+    missing = not_downloaded(text)
+    if missing:
+        raise ValueError(missing)
+    path = resolve_resource(text)
     if path.is_dir():
         path = path / "config.json"
     try:

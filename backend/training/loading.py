@@ -16,6 +16,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.paths import not_downloaded
 from backend.training.moe import enable_aux_loss, keep_experts_dtype, peft_targets
 from backend.training.techniques import TechniquePlan
 
@@ -27,6 +28,9 @@ def check_model_folder(config: RunConfig) -> Path:
     """Refuse a model folder that cannot be loaded safely, before torch touches it."""
     path = config.resolved_model_path()
     field = "model.path"
+    missing = not_downloaded(config.model.path)
+    if missing:
+        raise bad_input(missing)
     if not path.exists():
         raise bad_input(f"{field}: {path} does not exist", "pick a Hugging Face model folder or bundled:tiny")
     if not path.is_dir():

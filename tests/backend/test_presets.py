@@ -50,3 +50,23 @@ def test_header_parsing(tmp_path):
     assert (preset.title, preset.card_gb, preset.cards, preset.hub_id) == ("A", 80, 2, "org/name")
     assert preset.when == "first line, and more." and preset.card_label == "2x80 GB"
     assert parse_card("CPU") == (0, 1) and parse_card("24 GB") == (24, 1)
+
+
+def test_a_preset_before_its_download_is_one_line_and_after_it_estimates(studio_home):
+    import shutil
+
+    from backend.errors import JobError
+    from backend.paths import hub_folder
+    from backend.training.loading import check_model_folder
+
+    preset = next(p for p in PRESETS if p.hub_id == "Qwen/Qwen2.5-0.5B-Instruct")
+    config = RunConfig.load(preset.path)
+    with pytest.raises(ValueError, match="is not downloaded yet") as caught:
+        estimate(config.model.path, config, device="cuda")
+    assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(JobError, match="is not downloaded yet"):
+        check_model_folder(config)
+    folder = hub_folder(preset.hub_id)  # what the Model page's download leaves (config.json is enough here)
+    folder.mkdir(parents=True)
+    shutil.copy(model_configs.CONFIGS_DIR / "Qwen--Qwen2.5-0.5B-Instruct" / "config.json", folder / "config.json")
+    assert f"{estimate(config.model.path, config, device='cuda').total_bytes / GIB:.1f} GiB" in preset.cost
