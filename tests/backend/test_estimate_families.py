@@ -5,7 +5,6 @@ config.json files, the seed article's GPT-2 XL figures, and the step's peak unde
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from backend.config import RunConfig
 from backend.estimate import FAMILIES, count_params, estimate, read_dims
+from tests.backend.test_estimate import _bench
 from tests.conftest import PRESET, ROOT
 from tests.families import FAMILIES as TINY
 
@@ -241,16 +241,6 @@ def test_total_is_the_largest_phase_and_checkpointing_frees_the_loss_first():
 
 
 # --- a slice of the accuracy matrix across families --------------------------------------------------
-
-
-def _bench():
-    pytest.importorskip("peft")
-    path = ROOT / "bench" / "estimate_accuracy.py"
-    spec = importlib.util.spec_from_file_location("estimate_accuracy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["estimate_accuracy"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _ci_cases():
