@@ -73,7 +73,9 @@ def _format_measured(check: dict[str, Any]) -> tuple[str, str]:
 
 
 def print_report(report: dict[str, Any], out: TextIO) -> None:
-    lines = [f"{'PASSED' if report.get('passed') else 'FAILED'}: {report.get('format')} export in {report.get('path')}",
+    unverified = any(c.get("verified") is False for c in report.get("checks", []))
+    verdict = "FAILED" if not report.get("passed") else "WRITTEN, NOT VERIFIED" if unverified else "PASSED"
+    lines = [f"{verdict}: {report.get('format')} export in {report.get('path')}",
              f"  size:      {report.get('total_bytes', 0) / 1e6:.1f} MB in {len(report.get('files', []))} files",
              f"  loaded as: {report.get('loaded_as', '')}"]
     timings = report.get("timings") or {}
@@ -82,8 +84,11 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
                      f"(trained model) + {timings.get('check', 0):.1f} s (export)")
     for check in report.get("checks", []):
         measured, tolerance = _format_measured(check)
-        mark = "ok  " if check.get("passed") else "FAIL"
+        open_ = check.get("verified") is False
+        mark = "FAIL" if not check.get("passed") else "----" if open_ else "ok  "
         lines.append(f"  {mark} {check.get('name', ''):11} {measured}  (tolerance {tolerance})")
+        if open_ and check.get("how_to_verify"):
+            lines.append(f"       to check it elsewhere: {check['how_to_verify']}")
     for note in report.get("notes", []):
         lines.append(f"  note: {note}")
     out.write("\n".join(lines) + "\n")

@@ -190,10 +190,7 @@ def run_export(
     clock = time.monotonic()
     reference = load_trained(run, dtype, device)
     stage("measure", f"the trained model on {probe.describe()}")
-    try:
-        expected = verify.measure(reference, probe, lambda: stop.requested)
-    except InterruptedError:
-        raise JobError("cancelled", "export cancelled while measuring the trained model; nothing was written") from None
+    expected = _measure(reference, probe, stop, "measuring the trained model; nothing was written")
     del reference
     release()
     timings["reference"] = time.monotonic() - clock
@@ -330,6 +327,16 @@ def _write(job: Export, run: TrainedRun, source: Any, tokenizer: Any, gguf_expor
     return notes
 
 
+def _measure(model: Any, probe: Any, stop: StopListener, when: str) -> Any:
+    """The probe's figures for one model; a Stop during it cancels the export."""
+    from backend.export import verify
+
+    try:
+        return verify.measure(model, probe, lambda: stop.requested)
+    except InterruptedError:
+        raise JobError("cancelled", f"export cancelled while {when}") from None
+
+
 def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: Any,
             device: str, stop: StopListener) -> tuple[list[dict], dict, str]:
     """Load what was written with the loader that owns the format, measure it, free it, compare."""
@@ -361,10 +368,7 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
     else:
         model, loaded_as = hf_writer.load_bnb_export(job.tmp, 4 if job.fmt == "bnb-4bit" else 8, job.dtype, device,
                                                      trust)
-    try:
-        got = verify.measure(model, probe, lambda: stop.requested)
-    except InterruptedError:
-        raise JobError("cancelled", "export cancelled while checking it; nothing was left behind") from None
+    got = _measure(model, probe, stop, "checking it; nothing was left behind")
     del model
     release()
     figures = verify.compare(expected, got)

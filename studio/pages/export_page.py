@@ -72,8 +72,11 @@ class ExportPage(QWidget):
         self.format_help.setWordWrap(True)
         self.format_help.setStyleSheet("color: palette(placeholder-text);")
         self.dtype_combo = QComboBox()
-        self.dtype_combo.addItems(list(DTYPES))
-        self.dtype_combo.setToolTip("16-bit type of the merged weights: bf16 keeps the range, fp16 the precision")
+        self.dtype_combo.addItem("the base's own", None)  # as the CLI without --dtype: bf16 for an fp32 base
+        for name in DTYPES:
+            self.dtype_combo.addItem(name, name)
+        self.dtype_combo.setToolTip("16-bit type of the merged weights: the base's own 16-bit type (bf16 for an fp32 "
+                                    "base), or bf16 (keeps the range) or fp16 (keeps the precision)")
         self.out_edit = QLineEdit()
         self.out_edit.textEdited.connect(self._on_out_edit_text_edited)
         self.browse_button = QPushButton("Browse…")
@@ -199,8 +202,8 @@ class ExportPage(QWidget):
             return
         params: dict[str, Any] = {"format": self.fmt(), "out": str(out),
                                   "overwrite": self.overwrite_check.isChecked()}
-        if self.fmt() in DTYPE_FORMATS:
-            params["dtype"] = self.dtype_combo.currentText()
+        if self.fmt() in DTYPE_FORMATS and self.dtype_combo.currentData():
+            params["dtype"] = self.dtype_combo.currentData()
         self._out = out
         self.report.clear("Exporting…")
         self.progress.setRange(0, 0)
@@ -219,8 +222,14 @@ class ExportPage(QWidget):
     def _on_client_job_finished(self, event: JobFinished) -> None:
         self.progress.setRange(0, 1)
         self.progress.setValue(1)
-        self._say("Stopped." if event.stopped else f"Exported and verified: {self._out}")
         self._show_report()
+        if event.stopped:
+            self._say("Stopped.")
+        elif self.report.unverified:
+            self._say(f"Exported, not verified here ({', '.join(self.report.unverified)}: no independent reader "
+                      f"for this file; hover the report for how to check it): {self._out}")
+        else:
+            self._say(f"Exported and verified: {self._out}")
 
     def _on_client_job_failed(self, event: JobFailed) -> None:
         self.progress.setRange(0, 1)

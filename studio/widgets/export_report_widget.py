@@ -2,7 +2,8 @@
 
 Reads export_report.json (backend/jobs/export.py): each check has a name, what it measures, the
 measured figure, the tolerance and whether it passed. Nothing is hidden: a failed check is shown
-with its figure, in red, above the verdict.
+with its figure, in red, above the verdict; a check no independent reader could run is "not
+verified", in amber, with how to run it elsewhere, never "pass".
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetIte
 from studio.widgets.units import human_bytes
 
 COLUMNS = ("Check", "Measured", "Tolerance", "Result", "What it measures")
-RED, GREEN = "#dc2626", "#16a34a"
+RED, GREEN, AMBER = "#dc2626", "#16a34a", "#d97706"
 
 
 def figure(name: str, value: Any) -> str:
@@ -34,6 +35,7 @@ class ExportReportWidget(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.unverified: list[str] = []
         self.verdict = QLabel("No export yet.")
         self.verdict.setWordWrap(True)
         self.table = QTableWidget(0, len(COLUMNS))
@@ -58,6 +60,7 @@ class ExportReportWidget(QWidget):
         return True
 
     def clear(self, text: str = "No export yet.") -> None:
+        self.unverified = []
         self.verdict.setText(text)
         self.verdict.setStyleSheet("")
         self.table.setRowCount(0)
@@ -66,21 +69,35 @@ class ExportReportWidget(QWidget):
         checks = report.get("checks") or []
         passed = bool(report.get("passed"))
         size = f", {human_bytes(report['total_bytes'])}" if report.get("total_bytes") else ""
-        word = "passed every check" if passed else "FAILED " + ", ".join(c["name"] for c in checks if not c.get("passed"))
+        unverified = [c["name"] for c in checks if c.get("verified") is False]
+        self.unverified = unverified
+        if not passed:
+            word = "FAILED " + ", ".join(c["name"] for c in checks if not c.get("passed"))
+        elif unverified:
+            word = "written, not verified (" + ", ".join(unverified) + ": no independent reader here)"
+        else:
+            word = "passed every check"
         self.verdict.setText(f"{report.get('format', '?')} export {word}{size}: {report.get('path', '')}")
-        self.verdict.setStyleSheet(f"color: {GREEN if passed else RED}; font-weight: bold;")
+        colour = RED if not passed else AMBER if unverified else GREEN
+        self.verdict.setStyleSheet(f"color: {colour}; font-weight: bold;")
+        how = next((c.get("how_to_verify") for c in checks if c.get("how_to_verify")), None)
+        self.verdict.setToolTip(f"To check it elsewhere: {how}" if how else "")
         self.table.setRowCount(len(checks))
         for row, check in enumerate(checks):
             name = str(check.get("name", ""))
             ok = bool(check.get("passed"))
+            open_ = check.get("verified") is False
+            result = "FAIL" if not ok else "not verified" if open_ else "pass"
             cells = (name, figure(name, check.get("measured")), figure(name, check.get("tolerance")),
-                     "pass" if ok else "FAIL", str(check.get("what", "")))
+                     result, str(check.get("what", "")))
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if not ok:
                     item.setForeground(QColor(RED))
                 elif column == 3:
-                    item.setForeground(QColor(GREEN))
+                    item.setForeground(QColor(AMBER if open_ else GREEN))
+                if open_ and check.get("how_to_verify"):
+                    item.setToolTip(f"To check it elsewhere: {check['how_to_verify']}")
                 self.table.setItem(row, column, item)
 
     def rows(self) -> list[tuple[str, ...]]:

@@ -90,3 +90,65 @@ def test_evaluate_shows_base_and_tuned_side_by_side(qtbot, make_studio):
     assert "What is 2 + 2?" in evaluation.examples.toPlainText()
     assert (folder.path / "eval_report.json").is_file()
     assert RunFolder(folder.path).status() == "finished"
+
+
+UNVERIFIED = {
+    "format": "gguf-q8_0", "passed": True, "path": "/x/gguf-q8_0", "total_bytes": 2048,
+    "checks": [{"name": "perplexity", "what": "an independent reader reproducing the trained model",
+                "measured": "not verified: transformers reads gpt_neox GGUF files as nothing it can run",
+                "tolerance": 0.03, "passed": True, "verified": False,
+                "how_to_verify": "python bench/llama_cpp_check.py /x/gguf-q8_0/model.gguf --hf MERGED"},
+               {"name": "tokenizer", "what": "the file's vocabulary", "measured": "identical",
+                "tolerance": "identical", "passed": True}],
+}
+
+
+def test_a_check_no_reader_could_run_is_not_verified_never_pass(qtbot):
+    """A GGUF file transformers cannot read back is "not verified" in amber with how to check it, not a pass."""
+    from studio.widgets.export_report_widget import AMBER, ExportReportWidget
+
+    widget = ExportReportWidget()
+    qtbot.addWidget(widget)
+    widget.show_report(UNVERIFIED)
+    rows = widget.rows()
+    assert rows[0][3] == "not verified" and rows[1][3] == "pass"
+    assert widget.table.item(0, 3).foreground().color().name() == AMBER
+    assert "llama_cpp_check.py" in widget.table.item(0, 3).toolTip()
+    assert "not verified (perplexity" in widget.verdict.text() and "passed every check" not in widget.verdict.text()
+    assert widget.unverified == ["perplexity"]
+    widget.clear()
+    assert widget.unverified == []
+
+
+def test_the_cli_prints_an_unverified_check_apart_from_a_pass():
+    import io
+
+    from backend.cli_export import print_report
+
+    out = io.StringIO()
+    print_report(UNVERIFIED, out)
+    text = out.getvalue()
+    assert text.startswith("WRITTEN, NOT VERIFIED: gguf-q8_0")
+    assert "---- perplexity" in text and "ok   tokenizer" in text and "ok   perplexity" not in text
+    assert "to check it elsewhere: python bench/llama_cpp_check.py" in text
+
+
+def test_the_dtype_defaults_to_the_bases_own_as_the_cli_does(qtbot, make_studio):
+    import json
+
+    studio = make_studio(fake_command("normal"))
+    folder = finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    page.set_format("merged")
+    assert page.dtype_combo.currentText() == "the base's own"
+    page.export_button.click()
+    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    report = folder.path / "exports" / "merged" / "export_report.json"
+    assert json.loads(report.read_text())["dtype"] is None  # no dtype sent: the job picks the base's own
+    page.dtype_combo.setCurrentIndex(page.dtype_combo.findData("fp16"))
+    page.overwrite_check.setChecked(True)
+    page.confirm_overwrite = lambda path: True
+    page.export_button.click()
+    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    assert json.loads(report.read_text())["dtype"] == "fp16"
