@@ -122,17 +122,42 @@ def flops_per_token(model: Any, context: float) -> float:
     return token_flops(model, context).per_token
 
 
+CPU_SIZE = 1536
+"""The CPU's largest measuring matmul; a dtype it only emulates starts far smaller (see _cpu_operands)."""
+CPU_BUDGET_S = 1.0
+"""The CPU's trials stop after this long (two at least): a CPU without native bf16 took 59 s for six."""
+
+
+def _cpu_operands(dtype: torch.dtype, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The largest square operands up to CPU_SIZE whose product takes under 0.25 s here."""
+    size = 256
+    while True:
+        a = torch.randn(size, size, dtype=dtype, generator=generator)
+        b = torch.randn(size, size, dtype=dtype, generator=generator)
+        began = time.perf_counter()
+        a @ b
+        bigger = min(2 * size, CPU_SIZE)
+        if size >= CPU_SIZE or (time.perf_counter() - began) * (bigger / size) ** 3 > 0.25:
+            return a, b
+        size = bigger
+
+
 def _measure(device: str, dtype: torch.dtype) -> float:
     """Best of several timed matmuls: a busy moment can only make one trial slower, never faster."""
-    size = 8192 if device == "cuda" else 1536
     # Its own generator: the global random state is the run's (dropout, data order), and a peak
     # measured mid-run (a new thread count) must not move it.
     generator = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    a @ b
-    best = 0.0
-    for _ in range(8 if device == "cuda" else 6):
+    if device == "cuda":
+        a = torch.randn(8192, 8192, device=device, dtype=dtype, generator=generator)
+        b = torch.randn(8192, 8192, device=device, dtype=dtype, generator=generator)
+        a @ b
+    else:
+        a, b = _cpu_operands(dtype, generator)
+    size = a.shape[0]
+    best, started = 0.0, time.perf_counter()
+    for trial in range(8 if device == "cuda" else 6):
+        if device != "cuda" and trial >= 2 and time.perf_counter() - started > CPU_BUDGET_S:
+            break
         if device == "cuda":
             torch.cuda.synchronize()
         began = time.perf_counter()

@@ -35,6 +35,19 @@ def test_measuring_the_peak_leaves_the_runs_random_state_alone():
     assert torch.equal(torch.get_rng_state(), before)
 
 
+def test_a_slow_dtype_is_measured_small_and_briefly(monkeypatch):
+    """A CPU that only emulates bf16 (1.2 GFLOP/s here) took 59 s to measure its peak at the start of
+    every run: a slow first product keeps the operands small and the trials stop after the budget."""
+    from backend.training import mfu
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(mfu.time, "perf_counter", lambda: float(next(clock)))  # every product "takes" 1 s
+    assert mfu._cpu_operands(torch.float32, torch.Generator().manual_seed(0))[0].shape == (256, 256)
+    clock = iter(range(1000))
+    assert mfu._measure("cpu", torch.float32) == 2.0 * 256**3  # two trials, then the budget is spent
+    assert next(clock) == 2 + 1 + 2 * 2 + 1  # sizing, the start, two trials of two reads, the budget check
+
+
 def test_the_flops_of_skipped_work_are_not_counted(bundled_model):
     """loss_positions computes the output projection at target positions only, last_layer_rows the last
     layer's MLP and o_proj at those rows only: their FLOPs are counted per such position."""
