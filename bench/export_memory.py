@@ -8,7 +8,8 @@ command, then exports it in every format, each in its own process (so peaks do n
 the export job itself. Prints one table: wall time, the write's and the check's time (the check is
 the trained model's measurement plus the export's), peak resident memory as a multiple of the
 model's 16-bit size, and which stage peaked. The peaks come from VmHWM (Linux), reset by the job
-at each stage.
+at each stage, and beside them the peak anonymous memory (RssAnon sampled every 20 ms): VmHWM also
+counts the pages of the GGUF file transformers maps while its check reads it back.
 
     python bench/export_memory.py                        # everything, in a temporary folder
     python bench/export_memory.py --work /tmp/em --keep  # keep the model, run and exports
@@ -34,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 CONFIG_NAME = "TinyLlama--TinyLlama-1.1B-Chat-v1.0"
 CONFIG = ROOT / "tests" / "fixtures" / "model_configs" / CONFIG_NAME / "config.json"
 KEYS = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                num_key_value_heads=4, vocab_size=32000, rms_norm_eps=1e-5, rope_theta=10000.0,
-                max_position_embeddings=2048, tie_word_embeddings=False)
+            num_key_value_heads=4, vocab_size=32000, rms_norm_eps=1e-5, rope_theta=10000.0,
+            max_position_embeddings=2048, tie_word_embeddings=False)
 FORMATS = ["adapter", "merged", "gguf-f16", "gguf-q8_0", "gguf-q4_0", "bnb-8bit", "bnb-4bit"]
 
 
@@ -152,8 +153,8 @@ def main() -> int:
 
 def table(rows: list) -> str:
     lines = ["| format | wall s | write s | check s (trained + export) | peak RSS GB | peak / 16-bit size | "
-             "peak stage | check |",
-             "|---|---|---|---|---|---|---|---|"]
+             "peak stage | peak anonymous / 16-bit size | check |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for fmt, result, report in rows:
         if report is None:
             lines.append(f"| {fmt} | {result['wall']:.0f} | | | | | | refused: {result['error']} |")
@@ -162,13 +163,15 @@ def table(rows: list) -> str:
         size = report["memory"]["model_16bit_bytes"]
         peak = max([*peaks.values(), result["end_peak"] or 0])
         stage = max(peaks, key=peaks.get) if peaks else "?"
+        own = {k: v for k, v in (report["memory"].get("peak_anonymous_bytes") or {}).items() if v}
+        anonymous = f"{max(own.values()) / size:.2f}x ({max(own, key=own.get)})" if own else "?"
         t = report["timings"]
         check = t.get("reference", 0) + t.get("check", 0)
         verdict = "passed" if report["passed"] else "FAILED " + ", ".join(c["name"] for c in report["checks"]
                                                                          if not c["passed"])
         lines.append(f"| {fmt} | {result['wall']:.0f} | {t.get('write', 0):.0f} | {check:.0f} "
                      f"({t.get('reference', 0):.0f} + {t.get('check', 0):.0f}) | {peak / 1e9:.2f} | "
-                     f"{peak / size:.2f}x | {stage} | {verdict} |")
+                     f"{peak / size:.2f}x | {stage} | {anonymous} | {verdict} |")
     first = next((r for _, _, r in rows if r), None)
     if first:
         lines.append(f"\n16-bit size {first['memory']['model_16bit_bytes'] / 1e9:.2f} GB; process baseline after "

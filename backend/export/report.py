@@ -30,11 +30,13 @@ def figure(check: dict[str, Any]) -> str:
 
 def build_report(*, fmt: str, dtype: str, out: Path, tmp: Path, run: Any, checks: list[dict], figures: dict,
                  reference: Any, probe: Any, device: str, notes: list[str], loaded_as: str, seconds: float,
-                 timings: dict[str, float], peaks: dict[str, int | None], model_bytes: int,
+                 timings: dict[str, float], peaks: dict[str, int | None], anonymous: dict[str, int | None],
+                 model_bytes: int,
                  rounding: dict[str, Any] | None) -> dict[str, Any]:
     files = sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: str(p))
     listing = [{"name": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files]
     known = [v for v in peaks.values() if v]
+    own = [v for v in anonymous.values() if v]
     return {
         "format": fmt,
         "passed": all(c["passed"] for c in checks),
@@ -53,6 +55,11 @@ def build_report(*, fmt: str, dtype: str, out: Path, tmp: Path, run: Any, checks
             "model_16bit_bytes": model_bytes,
             "peak_rss_bytes": peaks,
             "peak_over_16bit": round(max(known) / model_bytes, 3) if known and model_bytes else None,
+            "peak_anonymous_bytes": anonymous,
+            "anonymous_over_16bit": round(max(own) / model_bytes, 3) if own and model_bytes else None,
+            "what": "per stage: peak RSS (VmHWM, which counts the pages of a file transformers maps while it "
+                    "reads it) and peak anonymous memory (RssAnon sampled every 20 ms: what the process "
+                    "itself holds; mapped file pages are page cache the kernel takes back)",
         },
         "reference": {
             "what": f"the trained model: base as trained (quantized again for qlora/lora8) + adapter, unmerged, "

@@ -154,7 +154,12 @@ def run_export(
     job = Export(Path(run_dir), params or {})
     peaks, timings = StagePeaks(), {}
     reporter.emit(JobStarted(job="export", run_dir=str(run_dir), max_steps=len(STAGES)))
+    with peaks:  # its memory sampler stops however the job ends
+        _export(config, Path(run_dir), reporter, stop, job, peaks, timings, began)
 
+
+def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopListener, job: Export,
+            peaks: StagePeaks, timings: dict[str, float], began: float) -> None:
     def stage(name: str, detail: str) -> None:
         if stop.requested:
             raise JobError("cancelled", f"export cancelled before {name}; nothing was written")
@@ -215,7 +220,8 @@ def run_export(
         report = build_report(fmt=job.fmt, dtype=job.dtype, out=job.out, tmp=job.tmp, run=run, checks=checks,
                               figures=figures, reference=expected, probe=probe, device=device, notes=notes,
                               loaded_as=loaded_as, seconds=time.monotonic() - began, timings=timings,
-                              peaks=peaks.peaks, model_bytes=_model_bytes(source, run), rounding=rounding)
+                              peaks=peaks.peaks, anonymous=peaks.anonymous,
+                              model_bytes=_model_bytes(source, run), rounding=rounding)
         stage("report", f"{REPORT}: {'passed' if report['passed'] else 'FAILED'}")
         (job.tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         job.place()

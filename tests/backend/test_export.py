@@ -117,7 +117,10 @@ def test_adapter_export_loads_with_plain_peft(lora_run):
     assert report["figures"]["max_abs_logit_diff"] == 0.0
     assert set(report["timings"]) == {"reference", "write", "check"}  # the check's time apart from the write's
     assert "tokens fed (budget 512)" in report["check"]["budget"] and report["check"]["dtype"] == "bf16"
-    assert set(report["memory"]["peak_rss_bytes"]) >= {"reference", "write", "check"}
+    memory = report["memory"]
+    assert set(memory["peak_rss_bytes"]) >= {"reference", "write", "check"}
+    for stage, own in memory["peak_anonymous_bytes"].items():  # a part of what is resident, never more
+        assert 0 < own <= memory["peak_rss_bytes"][stage], stage
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= {f["name"] for f in report["files"]}
     base = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32)
     with torch.no_grad():
