@@ -125,7 +125,7 @@ def flops_per_token(model: Any, context: float) -> float:
 CPU_SIZE = 1536
 """The CPU's largest measuring matmul; a dtype it only emulates starts far smaller (see _cpu_operands)."""
 CPU_BUDGET_S = 1.0
-"""The CPU's trials stop after this long (two at least): a CPU without native bf16 took 59 s for six."""
+"""The CPU's trials stop after this long (two at least): a dtype the CPU emulates is slow to time."""
 
 
 def _cpu_operands(dtype: torch.dtype, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,8 +36,8 @@ def test_measuring_the_peak_leaves_the_runs_random_state_alone():
 
 
 def test_a_slow_dtype_is_measured_small_and_briefly(monkeypatch):
-    """A CPU that only emulates bf16 (1.2 GFLOP/s here) took 59 s to measure its peak at the start of
-    every run: a slow first product keeps the operands small and the trials stop after the budget."""
+    """On a CPU that only emulates bf16 the measurement held up the start of every bf16 run: a slow
+    first product keeps the operands small, and the trials stop after the budget."""
     from backend.training import mfu
 
     clock = iter(range(1000))
