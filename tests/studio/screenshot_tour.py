@@ -9,7 +9,9 @@ screenshot and exits 0.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +46,8 @@ def settle(app: QApplication, seconds: float = 0.4) -> None:
 def main() -> int:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
+    # The fake runs go to a folder of the tour's own, never the person's studio data.
+    os.environ.setdefault("FINETUNE_STUDIO_HOME", tempfile.mkdtemp(prefix="studio-tour-"))
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Finetune Studio")
     from studio.app import build_studio
