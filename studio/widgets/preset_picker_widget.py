@@ -53,11 +53,13 @@ class PresetPickerWidget(QWidget):
         self._refill()
 
     def set_card_memory(self, total_bytes: int) -> None:
-        """Filter to the largest common card size this GPU's memory reaches (a 24 GiB card: 24 GB)."""
+        """Filter to the largest common card size this GPU's memory reaches (a 24 GiB card: 24 GB), and
+        suggest the largest preset sized for it (the list runs from the smallest card up)."""
         gib = total_bytes / GIB
         fitting = [size for size in CARD_SIZES[:-1] if size <= gib + 0.5]
         if fitting:
             self.card.setCurrentIndex(self.card.findData(fitting[-1]))
+            self.list.setCurrentIndex(self.list.count() - 1)
 
     def shown(self) -> list[Preset]:
         limit = self.card.currentData() or 0
@@ -85,7 +87,8 @@ class PresetPickerWidget(QWidget):
             self.about.setText("No preset is sized for a card this small; pick a larger card or Any card.")
             return
         model = f"Model: {preset.hub_id}. " if preset.hub_id else ""
-        self.about.setText(f"{model}{preset.when} {preset.cost}".strip())
+        sentences = (text[:1].upper() + text[1:] for text in (preset.when, preset.cost) if text)
+        self.about.setText(f"{model}{' '.join(sentences)}".strip())
         self.about.setToolTip(str(preset.path))
 
     def _on_use_clicked(self) -> None:

@@ -23,6 +23,7 @@ def test_the_card_filter_shows_what_fits(qtbot):
     shown = widget.shown()
     assert shown and all(p.card_gb * p.cards <= 24 for p in shown)
     assert any(p.card_gb == 24 for p in shown) and not any(p.card_gb >= 48 for p in shown)
+    assert widget.selected().card_gb == 24  # the suggestion is one sized for this card, not the CPU demo
     widget.card.setCurrentIndex(widget.card.findData(160))
     assert titles(widget) == everything  # the two-GPU filter reaches every preset
     widget.set_card_memory(4 * GIB)  # smaller than any card size: the filter stays where it was
