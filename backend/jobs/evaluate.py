@@ -126,6 +126,8 @@ def run_evaluate(
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     tokenizer = models.tokenizer()
     _, eval_set, stats = build_datasets(config, tokenizer)
+    for note in stats.notes:  # skipped examples (data.skip_invalid), as the fine-tune says them
+        reporter.emit(PhaseChanged(phase="data_warning", detail=note))
     prompts: list[HeldOutPrompt] = read_prompts(request.prompts_file, request.limit) if request.prompts_file else []
     ppl_skipped = None if eval_set is not None else (
         "perplexity skipped: the run has no validation split (data.validation_split is 0)")
@@ -158,6 +160,7 @@ def run_evaluate(
         "perplexity": None,
         "exact_match": None,
         "skipped": [s for s in (ppl_skipped, request.skipped) if s],
+        "data_notes": list(stats.notes),
         "examples": [],
     }
     if ppl:

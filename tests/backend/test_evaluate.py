@@ -65,6 +65,22 @@ def test_evaluate_compares_base_and_tuned(trained):
     assert folder.status() == "finished"  # an evaluation does not change what the fine-tune was
 
 
+def test_evaluate_says_which_examples_it_left_out(trained, tmp_path):
+    """With data.skip_invalid the evaluation's data loader leaves out what the fine-tune's would, and says so."""
+    folder, config, _ = trained
+    data = tmp_path / "with_nulls.jsonl"
+    rows = (ROOT / "resources" / "datasets" / "demo_train.jsonl").read_text(encoding="utf-8")
+    data.write_text(rows + '{"instruction": "Is this a question?", "input": null, "output": null}\n', encoding="utf-8")
+    changed = config.model_copy(update={"data": config.data.model_copy(update={"path": str(data), "skip_invalid": True})})
+    events: list[dict] = []
+    terminal = WorkerProcess(job="evaluate", params={"limit": 2, "max_new_tokens": 4}).run(
+        folder, changed, on_event=events.append)
+    assert terminal["type"] == "JobFinished", terminal
+    warnings = [e["detail"] for e in events if e["type"] == "PhaseChanged" and e["phase"] == "data_warning"]
+    assert len(warnings) == 1 and "1 " in warnings[0] and "line" in warnings[0], warnings
+    assert json.loads((folder.path / "eval_report.json").read_text())["data_notes"] == warnings
+
+
 def test_cli_prints_the_side_by_side_table(trained, tmp_path):
     folder, _, _ = trained
     prompts = tmp_path / "prompts.jsonl"
