@@ -88,16 +88,17 @@ class ExportReportWidget(QWidget):
             ok = bool(check.get("passed"))
             open_ = check.get("verified") is False
             result = "FAIL" if not ok else "not verified" if open_ else "pass"
-            cells = (name, figure(name, check.get("measured")), figure(name, check.get("tolerance")),
-                     result, str(check.get("what", "")))
+            measured = "not verified" if open_ else figure(name, check.get("measured"))  # the reason: its tooltip
+            cells = (name, measured, figure(name, check.get("tolerance")), result, str(check.get("what", "")))
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if not ok:
                     item.setForeground(QColor(RED))
                 elif column == 3:
                     item.setForeground(QColor(AMBER if open_ else GREEN))
-                if open_ and check.get("how_to_verify"):
-                    item.setToolTip(f"To check it elsewhere: {check['how_to_verify']}")
+                if open_:
+                    item.setToolTip(f"{check.get('reason') or check.get('measured')}. To check it elsewhere: "
+                                    f"{check.get('how_to_verify') or 'llama.cpp'}")
                 self.table.setItem(row, column, item)
 
     def rows(self) -> list[tuple[str, ...]]:

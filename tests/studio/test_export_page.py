@@ -97,6 +97,7 @@ UNVERIFIED = {
     "checks": [{"name": "perplexity", "what": "an independent reader reproducing the trained model",
                 "measured": "not verified: transformers reads gpt_neox GGUF files as nothing it can run",
                 "tolerance": 0.03, "passed": True, "verified": False,
+                "reason": "transformers reads gpt_neox GGUF files as nothing it can run",
                 "how_to_verify": "python bench/llama_cpp_check.py /x/gguf-q8_0/model.gguf --hf MERGED"},
                {"name": "tokenizer", "what": "the file's vocabulary", "measured": "identical",
                 "tolerance": "identical", "passed": True}],
