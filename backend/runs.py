@@ -36,6 +36,12 @@ class RunSummary:
     tokens_per_s: float | None
     model: str
     method: str
+    reason: str = ""
+    """Why a failed or cancelled run ended (its JobFailed message), "" otherwise."""
+
+
+COLUMNS = ("run_id", "path", "name", "created", "status", "steps", "final_loss", "tokens_per_s", "model", "method",
+           "reason")
 
 
 class RunFolder:
@@ -191,8 +197,10 @@ class RunFolder:
             created = self.config_path.stat().st_mtime
         except OSError:
             pass
+        terminal = self.terminal_event() or {}
+        reason = str(terminal.get("message", "")) if terminal.get("type") == "JobFailed" else ""
         return RunSummary(self.run_id, str(self.path), name, created, self.status(), steps,
-                          final_loss, tps, model, method)
+                          final_loss, tps, model, method, reason)
 
 
 def fsync_tree(path: Path) -> None:
@@ -237,10 +245,14 @@ class RunIndex:
         self.db_path = self.home / "runs.sqlite"
         self._seen: dict[str, tuple[float, int]] = {}
         self._db = sqlite3.connect(self.db_path)
+        existing = tuple(row[1] for row in self._db.execute("PRAGMA table_info(runs)"))
+        if existing and existing != COLUMNS:  # an older studio's cache: rebuilt from the folders
+            with self._db:
+                self._db.execute("DROP TABLE runs")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, path TEXT, name TEXT,"
             " created REAL, status TEXT, steps INTEGER, final_loss REAL, tokens_per_s REAL,"
-            " model TEXT, method TEXT)"
+            " model TEXT, method TEXT, reason TEXT)"
         )
 
     def close(self) -> None:
@@ -250,9 +262,9 @@ class RunIndex:
         s = folder.summary()
         with self._db:
             self._db.execute(
-                "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (s.run_id, s.path, s.name, s.created, s.status, s.steps, s.final_loss,
-                 s.tokens_per_s, s.model, s.method),
+                 s.tokens_per_s, s.model, s.method, s.reason),
             )
         return s
 

@@ -15,13 +15,25 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
 from studio.main_window import MainWindow
 from studio.services.settings import Settings
+
+if TYPE_CHECKING:  # the heavier modules load after the first paint (see run_app)
+    from studio.job_controller import JobController
+    from studio.run_controller import RunController
+    from studio.services.gpu_monitor import GpuMonitor
+    from studio.services.worker_client import WorkerClient
+    from studio.state.config_state import ConfigState
+    from studio.state.estimate_state import EstimateState
+    from studio.state.metric_store import MetricStore
+    from studio.state.run_state import RunState
+    from studio.state.telemetry_store import TelemetryStore
+    from studio.widgets.field_editors import FieldEditors
 
 PRESET = "presets/tiny_lora.yaml"
 """The starting point of the form, relative to resources/; RunConfig defaults if it is missing."""
@@ -37,18 +49,21 @@ class Studio:
     """The built application, handed to run_app and to tests."""
 
     window: MainWindow
-    controller: Any
-    client: Any
-    store: Any
-    state: Any
-    config: Any
-    """ConfigState: the draft config the pages edit."""
-    estimate: Any
-    telemetry: Any
-    monitor: Any
+    controller: RunController
+    client: WorkerClient
+    """The training job's worker client (the other pages' jobs are in `jobs`)."""
+    store: MetricStore
+    state: RunState
+    config: ConfigState
+    """The draft config the pages edit."""
+    estimate: EstimateState
+    telemetry: TelemetryStore
+    monitor: GpuMonitor
     settings: Settings
-    editors: Any
+    editors: FieldEditors
     pages: dict[str, QWidget] = field(default_factory=dict)
+    jobs: dict[str, JobController] = field(default_factory=dict)
+    """One JobController per page that runs jobs: train, export, evaluate, chat."""
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -122,6 +137,7 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     from studio.pages.runs_page import RunsPage
     from studio.pages.techniques_page import TechniquesPage
     from studio.pages.train_page import TrainPage
+    from studio.job_controller import JobController
     from studio.recovery_controller import RecoveryController
     from studio.run_controller import RunController
     from studio.services.gpu_monitor import GpuMonitor
@@ -134,7 +150,12 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
 
     window, config, editors, estimate = core.window, core.config, core.editors, core.estimate
     store, telemetry, state = MetricStore(), TelemetryStore(), RunState()
-    client = WorkerClient()
+
+    def jobs() -> JobController:
+        return JobController(WorkerClient(), worker_command, worker_env, parent=window)
+
+    training, exporting, evaluating, chatting = jobs(), jobs(), jobs(), jobs()
+    client = training.client
     monitor = GpuMonitor(sampler)
     pages = core.pages
     pages["data"] = DataPage(config, editors, synchronous=synchronous_data)
@@ -148,28 +169,27 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     pages["train"] = TrainPage(store, telemetry, editors, window.start_action, window.stop_action,
                                window.cancel_action, window.resume_action)
     pages["runs"] = RunsPage()
-    clients = {"export": WorkerClient(), "evaluate": WorkerClient(), "chat": WorkerClient()}
-    pages["export"] = ExportPage(clients["export"], clients["evaluate"], worker_command, worker_env)
-    pages["export"].picker.preferred = lambda: next((s.path for s in pages["runs"].selected()), "")
-    pages["chat"] = ChatPage(clients["chat"], worker_command, worker_env)
-    pages["chat"].picker.preferred = pages["export"].picker.preferred
-    for key in ("data", "techniques", "train", "runs", "export", "chat"):
-        window.install_page(key, pages[key])
-    controller = RunController(window, pages["train"], pages["runs"], client, store, telemetry, state, estimate,
-                               config_factory=config.config, worker_command=worker_command,
-                               worker_env=worker_env, parent=window)
-    recovery = RecoveryController(controller, config, parent=window)
+    runs_page = pages["runs"]
+
+    def selected_run() -> str:
+        return next((s.path for s in runs_page.selected()), "")
 
     def training_warning() -> str:
-        if not client.is_running() or controller.folder is None:
+        if not training.is_running() or training.folder is None:
             return ""
         try:
-            running = controller.folder.load_config()
+            running = training.folder.load_config()
         except ValueError:
             running = None
         return memory_warning(running, estimate.device, estimate.limit_bytes, estimate.limit_label)
 
-    pages["chat"].training_warning = training_warning
+    pages["export"] = ExportPage(exporting, evaluating, preferred_run=selected_run)
+    pages["chat"] = ChatPage(chatting, training_warning=training_warning, preferred_run=selected_run)
+    for key in ("data", "techniques", "train", "runs", "export", "chat"):
+        window.install_page(key, pages[key])
+    controller = RunController(window, pages["train"], runs_page, training, store, telemetry, state, estimate,
+                               config_factory=config.config, parent=window)
+    recovery = RecoveryController(controller, config, parent=window)
     monitor.sampled.connect(lambda sample: pages["techniques"].hardware.set_gpu_count(len(sample.devices)))
 
     def size_presets(sample: Any) -> None:  # the first GPU seen sets the preset list's card filter, once
@@ -180,8 +200,9 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     monitor.sampled.connect(size_presets)
     router = TelemetryController(window, monitor, client, telemetry, estimate, pages["train"].gpu_panel,
                                  parent=window)
-    for child in (store, telemetry, state, client, monitor, *clients.values()):
+    for child in (store, telemetry, state, monitor):
         child.setParent(controller)
+    job_controllers = {"train": training, "export": exporting, "evaluate": evaluating, "chat": chatting}
     window.save_config_requested.connect(pages["techniques"].command_line.save_button.click)
     if core.problem:
         state.note(f"The preset could not be read, using defaults: {core.problem}")
@@ -189,8 +210,8 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     theme = theme or Theme(QApplication.instance())
     _wire_settings(window, config, core.settings, theme, controller)
     studio = Studio(window, controller, client, store, state, config, estimate, telemetry, monitor, core.settings,
-                    editors, pages, {"telemetry_controller": router, "theme": theme, "recovery": recovery,
-                                      "clients": clients})
+                    editors, pages, job_controllers,
+                    {"telemetry_controller": router, "theme": theme, "recovery": recovery})
     estimate.recompute()
     monitor.start()
     controller.show_peaks()
@@ -287,9 +308,8 @@ def run_app(argv: list[str] | None = None) -> int:
         def build_the_rest() -> None:
             studio = build_rest(core, theme=theme)
             built.append(studio)
-            app.aboutToQuit.connect(studio.client.shutdown)
-            for other in studio.extras["clients"].values():
-                app.aboutToQuit.connect(other.shutdown)
+            for jobs in studio.jobs.values():
+                app.aboutToQuit.connect(jobs.shutdown)
             app.aboutToQuit.connect(studio.monitor.stop)
             if probing and page != 0:
                 _AfterFirstPaint(window.stack.currentWidget(), lambda: _probe("STARTUP_READY", then_quit=True))

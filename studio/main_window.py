@@ -189,10 +189,11 @@ class MainWindow(QMainWindow):
         self.cancel_action.setEnabled(running)
         self.save_config_action.setEnabled(not running)
 
-    def set_resume_target(self, label: str) -> None:
-        """What Resume would continue ("" disables it)."""
+    def set_resume_target(self, label: str, tip: str = "") -> None:
+        """The Resume button's text, naming the run it acts on ("" disables it: nothing to resume)."""
         self.resume_action.setEnabled(bool(label) and not self._running)
-        self.resume_action.setToolTip(f"Resume {label}" if label else "No run with a complete checkpoint to resume")
+        self.resume_action.setText(label or "Resume")
+        self.resume_action.setToolTip(tip or label or "No run with a complete checkpoint to resume")
 
     def set_theme_checked(self, name: str) -> None:
         if name in self.theme_actions:

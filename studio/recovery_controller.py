@@ -13,6 +13,7 @@ from typing import Any
 from PySide6.QtCore import QObject
 
 from backend.protocol import JobFailed
+from studio.job_controller import JobOutcome
 from studio.run_controller import RunController
 from studio.state.config_state import ConfigState
 from studio.widgets.failure_panel_widget import FailurePanelWidget
@@ -27,30 +28,25 @@ class RecoveryController(QObject):
         super().__init__(parent)
         self.controller, self.config = controller, config
         self.panel: FailurePanelWidget = controller.page.failure_panel
-        client = controller.client
-        client.job_failed.connect(self._on_client_job_failed)
-        client.worker_crashed.connect(self._on_client_worker_crashed)
-        client.running_changed.connect(self._on_client_running_changed)
-        client.event_received.connect(controller.page.samples.apply)
+        jobs = controller.jobs
+        jobs.ended.connect(self._on_jobs_ended)
+        jobs.started.connect(lambda _folder: self.panel.clear())
+        jobs.event_received.connect(controller.page.samples.apply)
         self.panel.fix_requested.connect(self._on_panel_fix_requested)
         self.panel.restart_requested.connect(self._on_panel_restart_requested)
         self.panel.resume_requested.connect(self._on_panel_resume_requested)
 
     def _checkpoint(self) -> str:
-        folder = self.controller.client.folder
+        folder = self.controller.jobs.folder
         checkpoint = folder.latest_checkpoint() if folder is not None else None
         return checkpoint.name if checkpoint is not None else ""
 
-    def _on_client_job_failed(self, event: JobFailed) -> None:
-        if event.kind in ("out_of_memory", *RESUMABLE):
+    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        event = outcome.event
+        if isinstance(event, JobFailed) and event.kind in ("out_of_memory", *RESUMABLE):
             self.panel.show_failure(event, self._checkpoint())
-
-    def _on_client_worker_crashed(self, report: str) -> None:
-        self.panel.show_crash(report, self._checkpoint())
-
-    def _on_client_running_changed(self, running: bool) -> None:
-        if running:
-            self.panel.clear()
+        elif outcome.status == "crashed":
+            self.panel.show_crash(outcome.report or outcome.message, self._checkpoint())
 
     def _on_panel_fix_requested(self, overrides: dict[str, Any]) -> None:
         for key, value in overrides.items():
@@ -61,4 +57,4 @@ class RecoveryController(QObject):
         self.controller.window.start_action.trigger()
 
     def _on_panel_resume_requested(self) -> None:
-        self.controller.resume(self.controller.client.folder)
+        self.controller.resume(self.controller.jobs.folder)

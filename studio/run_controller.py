@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal
 
 from PySide6.QtCore import QObject, QTimer
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QApplication, QInputDialog, QLineEdit, QMessageBox
 
 from backend.config import RunConfig
 from backend.paths import runs_dir
 from backend.protocol import WorkerReady
+from backend.run_continuation import checkpoint_step, continue_run
 from backend.runs import RunFolder
+from studio.job_controller import JobController, JobOutcome
 from studio.main_window import MainWindow
 from studio.pages.runs_page import RunsPage
 from studio.pages.train_page import TrainPage
-from studio.services.worker_client import WorkerClient
 from studio.state.estimate_state import EstimateState
 from studio.state.metric_store import MetricStore
 from studio.state.run_state import RunState
@@ -46,26 +47,28 @@ def newest_resumable(root: Path) -> RunFolder | None:
 class RunController(QObject):
     """Starts, stops and resumes runs on the window's request and routes worker events to state and views."""
 
-    def __init__(self, window: MainWindow, train_page: TrainPage, runs_page: RunsPage, client: WorkerClient,
+    def __init__(self, window: MainWindow, train_page: TrainPage, runs_page: RunsPage, jobs: JobController,
                  store: MetricStore, telemetry: TelemetryStore, state: RunState, estimate: EstimateState,
-                 config_factory: Callable[[], RunConfig], worker_command: Sequence[str] | None = None,
-                 worker_env: dict[str, str] | None = None, parent: QObject | None = None) -> None:
+                 config_factory: Callable[[], RunConfig], parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.window, self.page, self.runs_page, self.client = window, train_page, runs_page, client
+        self.window, self.page, self.runs_page, self.jobs = window, train_page, runs_page, jobs
+        self.client = jobs.client
         self.store, self.telemetry, self.state, self.estimate = store, telemetry, state, estimate
         self.config_factory = config_factory
         """Builds the validated RunConfig of the window's setup; raises ConfigError naming the field."""
-        self.worker_command = list(worker_command) if worker_command else None
-        self.worker_env = worker_env
         self.ask_stop_on_close: Callable[[], CloseChoice] = self._ask_stop_on_close
         """Asked when the window is closed during a run; tests replace it to skip the dialog."""
+        self.ask_more_steps: Callable[[RunFolder, int], int | None] = self._ask_more_steps
+        """Asked how many more steps to train a finished run (None: not now); tests replace it."""
         self.folder: RunFolder | None = None
-        """The run folder of the current (or last) run."""
+        """The run the Train page shows: the one started, resumed or continued last in this window."""
         self.capabilities: Any = None
         """The last WorkerReady's capabilities (None until a worker has run)."""
         self._close_when_idle = False
         self._shown_at, self._shown_status = 0.0, ""
         self._details = ""
+        self._history: tuple[RunFolder, int | None] | None = None
+        """(folder, step) whose past metrics a resumed run's charts start with."""
         self._readout_timer = QTimer(self)
         self._readout_timer.setSingleShot(True)
         self._readout_timer.timeout.connect(self._show_state)
@@ -75,13 +78,14 @@ class RunController(QObject):
         window.cancel_requested.connect(self._on_window_cancel_requested)
         window.resume_requested.connect(self._on_window_resume_requested)
         runs_page.resume_requested.connect(self._on_runs_page_resume_requested)
-        runs_page.running_dir = lambda: str(self.folder.path) if self.folder and self.client.is_running() else ""
+        runs_page.running_dir = lambda: str(self.folder.path) if self.folder and self.jobs.is_running() else ""
         window.close_guard = self._allow_close
-        client.event_received.connect(self._on_client_event_received)
-        client.worker_crashed.connect(self._on_client_worker_crashed)
-        client.protocol_error.connect(self._on_client_protocol_error)
-        client.log_line.connect(window.append_log)
-        client.running_changed.connect(self._on_client_running_changed)
+        jobs.started.connect(self._on_jobs_started)
+        jobs.event_received.connect(self._on_jobs_event_received)
+        jobs.ended.connect(self._on_jobs_ended)
+        jobs.protocol_error.connect(self._on_jobs_protocol_error)
+        jobs.log_line.connect(window.append_log)
+        jobs.running_changed.connect(self._on_jobs_running_changed)
         state.changed.connect(self._on_state_changed)
         state.log_added.connect(window.append_log)
         self._on_state_changed()
@@ -89,8 +93,11 @@ class RunController(QObject):
 
     # --- requests from the window -----------------------------------------------------------------
     def _on_window_start_requested(self) -> None:
-        if self.client.is_running():
+        if self.jobs.is_running():
             return
+        focused = QApplication.focusWidget()
+        if isinstance(focused, QLineEdit):
+            focused.editingFinished.emit()  # a name typed, then Ctrl+Return: the run gets that name
         try:
             config = self.config_factory()
         except ValueError as exc:  # ConfigError and pydantic's ValidationError are ValueErrors
@@ -104,60 +111,100 @@ class RunController(QObject):
         self._launch(folder, config, resume=False)
 
     def _on_window_stop_requested(self) -> None:
-        if self.client.is_running():
+        if self.jobs.is_running():
             self.state.mark_stopping(save=True)
-            self.client.stop(save=True)
+            self.jobs.stop(save=True)
 
     def _on_window_cancel_requested(self) -> None:
-        if self.client.is_running():
+        if self.jobs.is_running():
             self.state.mark_stopping(save=False)
-            self.client.stop(save=False)
+            self.jobs.cancel()
 
     def _on_window_resume_requested(self) -> None:
-        self.resume(self.resume_candidate())
+        folder = self.resume_candidate()
+        if folder is not None and folder.status() == "finished":
+            self.train_more(folder)
+        else:
+            self.resume(folder)
 
     def _on_runs_page_resume_requested(self, path: str) -> None:
-        self.resume(RunFolder(path))
+        folder = RunFolder(path)
+        if folder.status() == "finished":
+            self.train_more(folder)
+        else:
+            self.resume(folder)
         self.window.show_page("train")
 
     def resume_candidate(self) -> RunFolder | None:
-        """The run Resume continues: the one selected on the Runs page, else the last run here,
-        else the newest run on disk, whichever first has a complete checkpoint."""
-        selected = [RunFolder(s.path) for s in self.runs_page.selected()]
-        for folder in [*selected[:1], *([self.folder] if self.folder else [])]:
-            if folder.latest_checkpoint() is not None:
-                return folder
+        """The run Resume continues: the one the Train page shows; before any run in this window, the
+        newest run on disk with a complete checkpoint. Named on the button, never a hidden selection."""
+        if self.folder is not None:
+            return self.folder if self.folder.latest_checkpoint() is not None else None
         return newest_resumable(runs_dir())
 
     def resume(self, folder: RunFolder | None) -> None:
-        if self.client.is_running():
+        """Continue an unfinished run in its own folder from its newest complete checkpoint."""
+        if self.jobs.is_running():
             return
         checkpoint = folder.latest_checkpoint() if folder is not None else None
         if folder is None or checkpoint is None:
             self.state.mark_error("no run with a complete checkpoint to resume")
+            return
+        if folder.status() == "finished":
+            self.state.mark_error(f"{folder.run_id} has finished: train it for more steps instead "
+                                  "(a new run; the finished one is kept as it is)")
             return
         try:
             config = folder.load_config()
         except ValueError as exc:
             self.state.mark_error(f"cannot resume {folder.run_id}: {exc}")
             return
-        step = int(checkpoint.name.rsplit("-", 1)[-1]) if checkpoint.name.rsplit("-", 1)[-1].isdigit() else None
-        self._launch(folder, config, resume=True, history_up_to=step)
+        self._launch(folder, config, resume=True, history_up_to=checkpoint_step(checkpoint))
+
+    def train_more(self, source: RunFolder, steps: int | None = None) -> None:
+        """Train a finished run for `steps` more (asked when None) as a new run; the finished one is untouched."""
+        if self.jobs.is_running():
+            return
+        try:
+            default = source.load_config().train.max_steps
+        except ValueError as exc:
+            self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
+            return
+        steps = steps if steps is not None else self.ask_more_steps(source, default)
+        if not steps:
+            return
+        try:
+            folder = continue_run(source, steps)
+            config = folder.load_config()
+        except (OSError, ValueError) as exc:
+            self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
+            return
+        checkpoint = folder.latest_checkpoint()
+        self.state.note(f"Training {source.run_id} for {steps} more steps as a new run, {folder.run_id} "
+                        f"(from its {checkpoint.name if checkpoint else 'checkpoint'}; the finished run is kept)")
+        self._launch(folder, config, resume=True, history_up_to=checkpoint_step(checkpoint) if checkpoint else None)
 
     def _launch(self, folder: RunFolder, config: RunConfig, resume: bool, history_up_to: int | None = None) -> None:
         self.folder = folder
-        self.store.clear()
-        self.telemetry.clear()
-        if resume:
-            self.store.load_history(folder.iter_events(), up_to_step=history_up_to)
-        self.page.gpu_panel.memory_chart.set_predicted_peak(self.estimate.peak_bytes)
+        self._history = (folder, history_up_to) if resume else None
         self._details = ""
         self.state.begin(str(folder.path), config.train.max_steps)
-        self.client.start(folder, config, resume=resume, command=self.worker_command, env=self.worker_env)
+        self.jobs.start(folder, config, job="finetune", resume=resume)
+
+    def _on_jobs_started(self, folder: RunFolder) -> None:
+        """A new run: nothing the previous one showed stays on the Train page."""
+        self.store.clear()
+        self.telemetry.clear()
+        self.page.clear_run()
+        if self._history is not None and self._history[0] is folder:
+            self.store.load_history(folder.iter_events(), up_to_step=self._history[1])
+        self.page.gpu_panel.memory_chart.set_predicted_peak(self.estimate.peak_bytes)
+        self.show_peaks()
+        self.update_resume_target()
 
     def _allow_close(self) -> bool:
         """Close at once when idle; during a run, stop first (asking how) and close once it exits."""
-        if not self.client.is_running():
+        if not self.jobs.is_running():
             return True
         choice = self.ask_stop_on_close()
         if choice == "cancel":
@@ -165,9 +212,9 @@ class RunController(QObject):
         self._close_when_idle = True
         if choice == "save":
             self.state.mark_stopping(save=True)
-            self.client.stop(save=True)
+            self.jobs.stop(save=True)
         else:
-            self.client.kill()
+            self.jobs.kill()
         return False
 
     def _ask_stop_on_close(self) -> CloseChoice:
@@ -175,43 +222,48 @@ class RunController(QObject):
                           "Stop the run before closing?", parent=self.window)
         box.setInformativeText("Stop and save writes a checkpoint you can resume from; the window "
                                "closes when the worker has finished.")
-        save = box.addButton("Stop and save", QMessageBox.ButtonRole.AcceptRole)
-        discard = box.addButton("Discard run", QMessageBox.ButtonRole.DestructiveRole)
-        box.addButton(QMessageBox.StandardButton.Cancel)
+        save = box.addButton("Stop and save, then close", QMessageBox.ButtonRole.AcceptRole)
+        discard = box.addButton("Stop without saving, then close", QMessageBox.ButtonRole.DestructiveRole)
+        keep = box.addButton("Keep the window open", QMessageBox.ButtonRole.RejectRole)
         box.setDefaultButton(save)
+        box.setEscapeButton(keep)
         box.exec()
         clicked = box.clickedButton()
         return "save" if clicked is save else "discard" if clicked is discard else "cancel"
 
+    def _ask_more_steps(self, source: RunFolder, default: int) -> int | None:
+        steps, ok = QInputDialog.getInt(self.window, "Train more steps",
+                                        f"{source.run_id} has finished. Train it for how many more steps? "
+                                        "(A new run starts from its last checkpoint; the finished run is kept.)",
+                                        default, 1, 10_000_000)
+        return steps if ok else None
+
     # --- news from the worker ---------------------------------------------------------------------
-    def _on_client_event_received(self, event: Any) -> None:
+    def _on_jobs_event_received(self, event: Any) -> None:
         self.store.apply(event)
         self.telemetry.apply(event)
         self.state.apply(event)
         if isinstance(event, WorkerReady):
             self.capabilities = event.capabilities
 
-    def _on_client_worker_crashed(self, report: str) -> None:
-        self._details = report  # the crash report (log tails) shows as the status line's tooltip
-        self.state.mark_crashed(report)
-        self._show_state()
-
-    def _on_client_protocol_error(self, message: str) -> None:
+    def _on_jobs_protocol_error(self, message: str) -> None:
         self.state.note(f"Protocol error: {message}")
 
-    def _on_client_running_changed(self, running: bool) -> None:
+    def _on_jobs_running_changed(self, running: bool) -> None:
         self.window.set_running(running)
-        if not running and self.state.running:
-            # The process is gone but no terminal event reached the state (should not happen:
-            # the client reports every ending); never leave the window saying "running".
-            self.state.mark_crashed("the worker exited without reporting how")
-        if not running:
-            self._show_state()
-            self.update_resume_target()
-            self.show_peaks()
-            if self.runs_page.isVisible():
-                self.runs_page.refresh()
-        if not running and self._close_when_idle:
+
+    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        if outcome.status == "crashed" or self.state.running:
+            # A crash (or an exit without a last word): the report's log tails go to the status tooltip.
+            self._details = outcome.report
+            self.state.mark_crashed(outcome.report or outcome.message)
+        self.window.set_running(False)
+        self._show_state()
+        self.update_resume_target()
+        self.show_peaks()
+        if self.runs_page.isVisible():
+            self.runs_page.refresh()
+        if self._close_when_idle:
             self._close_when_idle = False
             self.window.close()
 
@@ -243,6 +295,26 @@ class RunController(QObject):
                                       self.telemetry.measured_peak, self.telemetry.measured_kind)
 
     def update_resume_target(self) -> None:
+        """Name the run Resume acts on, on the button: "Resume NAME (step K)" or "Train NAME more"."""
         folder = self.resume_candidate()
         checkpoint = folder.latest_checkpoint() if folder is not None else None
-        self.window.set_resume_target(f"{folder.run_id} from {checkpoint.name}" if folder and checkpoint else "")
+        if folder is None or checkpoint is None:
+            self.window.set_resume_target("", "")
+            return
+        try:
+            name = folder.load_config().name
+        except ValueError:
+            name = folder.run_id
+        step = checkpoint_step(checkpoint)
+        if folder.status() == "finished":
+            self.window.set_resume_target(f"Train {_short(name)} more…",
+                                          f"{folder.run_id} has finished: train it for more steps as a new run "
+                                          f"from its {checkpoint.name} (the finished run is kept as it is)")
+        else:
+            self.window.set_resume_target(f"Resume {_short(name)} (step {step})",
+                                          f"Continue {folder.run_id} from {checkpoint.name}, its newest complete "
+                                          "checkpoint")
+
+
+def _short(name: str, width: int = 24) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"

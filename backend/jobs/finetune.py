@@ -187,7 +187,10 @@ def run_finetune(
         trainer.train(resume_from_checkpoint=resume_from)
 
     if callback.stopped and not stop.save:
-        reporter.emit(JobFailed(kind="cancelled", message=f"cancelled at step {trainer.state.global_step}; nothing saved"))
+        kept = folder.latest_checkpoint()
+        saved = (f"nothing saved since {kept.name}, which is kept and can be resumed" if kept is not None
+                 else "nothing saved")
+        reporter.emit(JobFailed(kind="cancelled", message=f"cancelled at step {trainer.state.global_step}; {saved}"))
         return
 
     if eval_set is not None and not callback.stopped:

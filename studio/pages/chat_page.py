@@ -8,7 +8,7 @@ predicted to take against the device's memory and asks to continue.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from PySide6.QtGui import QShowEvent, QTextCursor
 from PySide6.QtWidgets import (
@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.protocol import JobFailed, JobFinished, PhaseChanged, TokensGenerated
-from studio.services.worker_client import WorkerClient
+from backend.protocol import PhaseChanged, TokensGenerated
+from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
 from studio.widgets.units import human_bytes
@@ -53,12 +53,12 @@ def memory_warning(config: Any, device: str, limit_bytes: int | None, label: str
 class ChatPage(QWidget):
     """Run picker, model and sampling options, one or two answer panes, the message box."""
 
-    def __init__(self, client: WorkerClient, worker_command: Sequence[str] | None = None,
-                 worker_env: dict[str, str] | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, jobs: JobController, training_warning: Callable[[], str] | None = None,
+                 preferred_run: Callable[[], str] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.client, self.worker_command, self.worker_env = client, worker_command, worker_env
-        self.training_warning: Callable[[], str] = lambda: ""
-        """A memory sentence when a fine-tune is running ("" when none); the app sets it."""
+        self.jobs = jobs
+        self.training_warning: Callable[[], str] = training_warning or (lambda: "")
+        """A memory sentence when a fine-tune is running ("" when none)."""
         self.confirm_memory: Callable[[str], bool] = self._ask_memory
         """Asked with that sentence before loading a model during a run; tests replace it."""
         self.history: list[dict[str, str]] = []
@@ -67,7 +67,7 @@ class ChatPage(QWidget):
         self._answers: dict[str, str] = {}
         header = PageHeaderWidget("Chat", "Try the tuned model, or compare it with the base model on the same "
                                           "conversation. Each message loads the model afresh.")
-        self.picker = RunPickerWidget()
+        self.picker = RunPickerWidget(preferred_run)
         self.model_combo = QComboBox()
         for key, title in MODELS:
             self.model_combo.addItem(title, key)
@@ -103,7 +103,7 @@ class ChatPage(QWidget):
         self.send_button = QPushButton("Send")
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(lambda: self.client.stop(save=False))
+        self.stop_button.clicked.connect(self.jobs.cancel)
         self.clear_button = QPushButton("New conversation")
         self.clear_button.clicked.connect(self.clear_conversation)
         send_row = QHBoxLayout()
@@ -121,16 +121,14 @@ class ChatPage(QWidget):
         layout.addLayout(send_row)
         layout.addWidget(self.status_label)
         self.picker.run_changed.connect(lambda _path: self.clear_conversation())
-        client.event_received.connect(self._on_client_event_received)
-        client.job_finished.connect(self._on_client_job_finished)
-        client.job_failed.connect(self._on_client_job_failed)
-        client.worker_crashed.connect(lambda report: self._say(report.splitlines()[0] if report else "crashed", True))
-        client.running_changed.connect(lambda _running: self._update_buttons())
+        jobs.event_received.connect(self._on_jobs_event_received)
+        jobs.ended.connect(self._on_jobs_ended)
+        jobs.running_changed.connect(lambda _running: self._update_buttons())
         self._on_model_combo_current_index_changed(0)
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
-        if not self.client.is_running():
+        if not self.jobs.is_running():
             self.picker.refresh()
 
     def model(self) -> str:
@@ -140,7 +138,7 @@ class ChatPage(QWidget):
         self.model_combo.setCurrentIndex(self.model_combo.findData(key))
 
     def clear_conversation(self) -> None:
-        if self.client.is_running():
+        if self.jobs.is_running():
             return
         self.history = []
         for pane in self.panes.values():
@@ -152,7 +150,7 @@ class ChatPage(QWidget):
         """Start a chat worker with the conversation plus the typed message."""
         text = self.message_edit.text().strip()
         folder = self.picker.folder()
-        if not text or folder is None or self.client.is_running():
+        if not text or folder is None or self.jobs.is_running():
             return
         warning = self.training_warning()
         if warning and not self.confirm_memory(warning):
@@ -172,14 +170,14 @@ class ChatPage(QWidget):
         params = {"model": self.model(), "temperature": self.temperature.value(), "top_p": self.top_p.value(),
                   "max_new_tokens": self.max_tokens.value(), "messages": list(self.history)}
         self._say("Loading the model…")
-        self.client.start(folder, config, command=self.worker_command, env=self.worker_env, job="chat", params=params)
+        self.jobs.start(folder, config, job="chat", params=params)
 
     def _on_model_combo_current_index_changed(self, _index: int) -> None:
         model = self.model()
         self.boxes["base"].setVisible(model in ("base", "both"))
         self.boxes["tuned"].setVisible(model in ("tuned", "both"))
 
-    def _on_client_event_received(self, event: Any) -> None:
+    def _on_jobs_event_received(self, event: Any) -> None:
         if isinstance(event, PhaseChanged) and event.phase == "generate" and event.detail in self.panes:
             self._target = event.detail
             self._say(f"The {event.detail} model is answering…")
@@ -187,16 +185,15 @@ class ChatPage(QWidget):
             self._answers[self._target] += event.text
             self._append(self._target, event.text)
 
-    def _on_client_job_finished(self, event: JobFinished) -> None:
-        answer = self._answers.get("tuned", next(iter(self._answers.values()), ""))
-        self.history.append({"role": "assistant", "content": answer})
-        self._say("Stopped: the answer so far is kept." if event.stopped else "")
-
-    def _on_client_job_failed(self, event: JobFailed) -> None:
+    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        if outcome.ok:
+            answer = self._answers.get("tuned", next(iter(self._answers.values()), ""))
+            self.history.append({"role": "assistant", "content": answer})
+            self._say("Stopped: the answer so far is kept." if outcome.status == "stopped" else "")
+            return
         if self.history and self.history[-1]["role"] == "user":
             self.history.pop()  # the message was not answered: it is not part of the conversation
-        hint = f" Hint: {event.hint}" if event.hint else ""
-        self._say(f"Chat failed ({event.kind}): {event.message}.{hint}", True)
+        self._say(failure_text("Chat", outcome), True)
 
     def _append(self, key: str, text: str) -> None:
         pane = self.panes[key]
@@ -213,7 +210,7 @@ class ChatPage(QWidget):
         return box.exec() == QMessageBox.StandardButton.Ok
 
     def _update_buttons(self) -> None:
-        running = self.client.is_running()
+        running = self.jobs.is_running()
         self.send_button.setEnabled(not running and bool(self.picker.path()))
         self.stop_button.setEnabled(running)
         self.clear_button.setEnabled(not running)

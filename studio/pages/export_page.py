@@ -9,7 +9,7 @@ by check (a failed check in red). Beside it, Evaluate compares the base and the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices, QShowEvent
@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
 )
 
 from backend.export.formats import DTYPES, FORMATS
-from backend.protocol import JobFailed, JobFinished, MetricsLogged, PhaseChanged
-from studio.services.worker_client import WorkerClient
+from backend.protocol import MetricsLogged, PhaseChanged
+from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.widgets.evaluation_widget import EvaluationWidget
 from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
@@ -46,11 +46,10 @@ DTYPE_FORMATS = ("merged", "bnb-8bit", "bnb-4bit")
 class ExportPage(QWidget):
     """Run picker, export options, Export with progress, the verification report, and Evaluate."""
 
-    def __init__(self, client: WorkerClient, eval_client: WorkerClient, worker_command: Sequence[str] | None = None,
-                 worker_env: dict[str, str] | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, jobs: JobController, eval_jobs: JobController, preferred_run: Callable[[], str] | None = None,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.client = client
-        self.worker_command, self.worker_env = worker_command, worker_env
+        self.jobs = jobs
         self.confirm_overwrite: Callable[[Path], bool] = self._ask_overwrite
         """Asked before replacing an existing export folder; tests replace it."""
         self.open_url: Callable[[QUrl], object] = QDesktopServices.openUrl
@@ -60,7 +59,7 @@ class ExportPage(QWidget):
         header = PageHeaderWidget("Export and evaluate", "Write a finished run in the format the program you "
                                   "serve it with loads; every export is loaded back and checked against the "
                                   "trained model. Evaluate compares the base and the tuned model.")
-        self.picker = RunPickerWidget()
+        self.picker = RunPickerWidget(preferred_run)
         self.picker.run_changed.connect(self._on_picker_run_changed)
 
         self.format_combo = QComboBox()
@@ -95,7 +94,7 @@ class ExportPage(QWidget):
         self.export_button = QPushButton("Export")
         self.export_button.clicked.connect(self._on_export_button_clicked)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(lambda: self.client.stop(save=False))
+        self.stop_button.clicked.connect(self.jobs.cancel)
         self.open_button = QPushButton("Open folder")
         self.open_button.clicked.connect(self._on_open_button_clicked)
         buttons = QHBoxLayout()
@@ -116,7 +115,7 @@ class ExportPage(QWidget):
         export_layout.addWidget(self.progress)
         export_layout.addWidget(self.status_label)
         export_layout.addWidget(self.report, 1)
-        self.evaluation = EvaluationWidget(eval_client, worker_command, worker_env)
+        self.evaluation = EvaluationWidget(eval_jobs)
         eval_box = QGroupBox("Evaluate: base vs tuned")
         QVBoxLayout(eval_box).addWidget(self.evaluation)
         split = QSplitter()
@@ -129,18 +128,16 @@ class ExportPage(QWidget):
         layout.addWidget(self.picker)
         layout.addWidget(split, 1)
 
-        client.event_received.connect(self._on_client_event_received)
-        client.job_finished.connect(self._on_client_job_finished)
-        client.job_failed.connect(self._on_client_job_failed)
-        client.worker_crashed.connect(self._on_client_worker_crashed)
-        client.running_changed.connect(self._on_client_running_changed)
+        jobs.event_received.connect(self._on_jobs_event_received)
+        jobs.ended.connect(self._on_jobs_ended)
+        jobs.running_changed.connect(lambda _running: self._update_buttons())
         self._on_format_combo_current_index_changed(0)
-        self._on_client_running_changed(False)
+        self._update_buttons()
 
     # --- choices --------------------------------------------------------------------------------
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
-        if not self.client.is_running():
+        if not self.jobs.is_running():
             self.picker.refresh()
 
     def fmt(self) -> str:
@@ -158,6 +155,11 @@ class ExportPage(QWidget):
         return Path(text).expanduser() if text else None
 
     def _on_picker_run_changed(self, path: str) -> None:
+        self._out = None
+        self.report.clear("")
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self._say("")  # another run: the last export's result belongs to the run it was made from
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
         self.evaluation.set_run(path)
@@ -187,7 +189,7 @@ class ExportPage(QWidget):
     # --- export ---------------------------------------------------------------------------------
     def _on_export_button_clicked(self) -> None:
         folder, out = self.picker.folder(), self.out_path()
-        if folder is None or out is None or self.client.is_running():
+        if folder is None or out is None or self.jobs.is_running():
             return
         if out.exists():
             if not self.overwrite_check.isChecked():
@@ -208,10 +210,9 @@ class ExportPage(QWidget):
         self.report.clear("Exporting…")
         self.progress.setRange(0, 0)
         self._say(f"Exporting {folder.run_id} as {self.fmt()}…")
-        self.client.start(folder, config, command=self.worker_command, env=self.worker_env, job="export",
-                          params=params)
+        self.jobs.start(folder, config, job="export", params=params)
 
-    def _on_client_event_received(self, event: Any) -> None:
+    def _on_jobs_event_received(self, event: Any) -> None:
         if isinstance(event, MetricsLogged) and event.max_steps:
             self.progress.setRange(0, event.max_steps)
             self.progress.setValue(min(event.step, event.max_steps))
@@ -219,32 +220,20 @@ class ExportPage(QWidget):
             self._say(f"{event.phase.replace('_', ' ').capitalize()}: {event.detail}" if event.detail
                       else event.phase)
 
-    def _on_client_job_finished(self, event: JobFinished) -> None:
+    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
         self.progress.setRange(0, 1)
-        self.progress.setValue(1)
+        self.progress.setValue(1 if outcome.ok else 0)
         self._show_report()
-        if event.stopped:
-            self._say("Stopped.")
+        if outcome.status == "stopped" or outcome.status == "cancelled":
+            self._say("Stopped: nothing was exported." if outcome.status == "cancelled" else "Stopped.")
+        elif not outcome.ok:
+            self._say(failure_text("Export", outcome), error=True)
+            self.status_label.setToolTip(outcome.report)
         elif self.report.unverified:
             self._say(f"Exported, not verified here ({', '.join(self.report.unverified)}: no independent reader "
                       f"for this file; hover the report for how to check it): {self._out}")
         else:
             self._say(f"Exported and verified: {self._out}")
-
-    def _on_client_job_failed(self, event: JobFailed) -> None:
-        self.progress.setRange(0, 1)
-        self.progress.setValue(0)
-        hint = f" Hint: {event.hint}" if event.hint else ""
-        self._say(f"Export failed ({event.kind}): {event.message}.{hint}", error=True)
-        self._show_report()
-
-    def _on_client_worker_crashed(self, report: str) -> None:
-        self.progress.setRange(0, 1)
-        self._say(report.splitlines()[0] if report else "the export worker crashed", error=True)
-        self.status_label.setToolTip(report)
-
-    def _on_client_running_changed(self, running: bool) -> None:
-        self._update_buttons()
 
     def _show_report(self) -> None:
         if self._out is not None and (self._out / REPORT).is_file():
@@ -257,7 +246,7 @@ class ExportPage(QWidget):
             self.open_url(QUrl.fromLocalFile(str(target)))
 
     def _update_buttons(self) -> None:
-        running = self.client.is_running()
+        running = self.jobs.is_running()
         has_run = bool(self.picker.path())
         self.export_button.setEnabled(has_run and not running)
         self.stop_button.setEnabled(running)

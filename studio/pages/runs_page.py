@@ -36,6 +36,11 @@ COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", 
 MAX_OVERLAY = 8
 
 
+def _short(text: str, width: int = 60) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
 def _cell(text: str, data: object = None, right: bool = False) -> QTableWidgetItem:
     item = QTableWidgetItem(text)
     if data is not None:
@@ -79,13 +84,17 @@ class RunsPage(QWidget):
         self.refresh_button.clicked.connect(self.refresh)
         self.open_button = QPushButton("Open folder")
         self.open_button.clicked.connect(self.open_selected)
+        self.config_button = QPushButton("Open config")
+        self.config_button.setToolTip("Open the selected run's config.yaml (the CLI trains the same file)")
+        self.config_button.clicked.connect(self.open_config)
         self.resume_button = QPushButton("Resume")
         self.resume_button.setToolTip("Continue the selected run from its newest complete checkpoint")
         self.resume_button.clicked.connect(self._on_resume_button_clicked)
         self.delete_button = QPushButton("Delete…")
         self.delete_button.clicked.connect(self.delete_selected)
         buttons = QHBoxLayout()
-        for button in (self.refresh_button, self.open_button, self.resume_button, self.delete_button):
+        for button in (self.refresh_button, self.open_button, self.config_button, self.resume_button,
+                       self.delete_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
         self.count_label = QLabel()
@@ -143,12 +152,14 @@ class RunsPage(QWidget):
         self.table.setRowCount(len(self.summaries))
         for row, s in enumerate(self.summaries):
             cells = (
-                _cell(s.name, s.run_id), _cell(s.status), _cell(f"{s.steps:,}", right=True),
+                _cell(s.name, s.run_id), _cell(f"{s.status}: {_short(s.reason)}" if s.reason else s.status),
+                _cell(f"{s.steps:,}", right=True),
                 _cell(f"{s.final_loss:.4f}" if s.final_loss is not None else "—", right=True),
                 _cell(f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "—", right=True),
                 _cell(s.method), _cell(s.model), _cell(time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))),
             )
             cells[0].setToolTip(s.path)
+            cells[1].setToolTip(s.reason)
             for column, item in enumerate(cells):
                 self.table.setItem(row, column, item)
             if s.run_id in keep:
@@ -174,6 +185,10 @@ class RunsPage(QWidget):
     def open_selected(self) -> None:
         for s in self.selected()[:1]:
             self.open_url(QUrl.fromLocalFile(s.path))
+
+    def open_config(self) -> None:
+        for s in self.selected()[:1]:
+            self.open_url(QUrl.fromLocalFile(str(RunFolder(s.path).config_path)))
 
     def _on_resume_button_clicked(self) -> None:
         chosen = self.selected()
@@ -251,5 +266,10 @@ class RunsPage(QWidget):
         chosen = self.selected()
         self.open_button.setEnabled(len(chosen) == 1)
         self.delete_button.setEnabled(bool(chosen))
+        self.config_button.setEnabled(len(chosen) == 1)
         resumable = len(chosen) == 1 and RunFolder(chosen[0].path).latest_checkpoint() is not None
+        finished = resumable and chosen[0].status == "finished"
         self.resume_button.setEnabled(resumable)
+        self.resume_button.setText("Train more…" if finished else "Resume")
+        self.resume_button.setToolTip("Train the finished run for more steps, as a new run (it is kept as it is)"
+                                      if finished else "Continue the selected run from its newest complete checkpoint")

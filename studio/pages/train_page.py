@@ -143,6 +143,18 @@ class TrainPage(QWidget):
         return [self.chart, self.lr_chart, self.grad_chart, self.speed_chart,
                 self.gpu_panel.memory_chart, self.gpu_panel.util_chart]
 
+    def clear_run(self) -> None:
+        """Forget what the previous run showed: samples, plan, failure, readouts and chart ranges."""
+        self.samples.clear()
+        self.set_plan("")
+        self.set_status("")
+        self.failure_panel.clear()
+        self.set_progress(0, 1, None)
+        self.set_throughput(None)
+        for chart in self.charts():
+            chart.reset_range()
+            chart.mark_dirty()
+
     # --- readouts -------------------------------------------------------------------------------
     def set_status(self, text: str, details: str = "") -> None:
         """One sentence; `details` (a crash report) shows as its tooltip."""

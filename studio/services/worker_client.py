@@ -140,6 +140,13 @@ class WorkerClient(QObject):
         else:
             self.kill()
 
+    def send(self, command: Any) -> bool:
+        """Write one more command (a protocol message) to the running job; False when there is none."""
+        if not self._running or not self._start_sent or self._terminal_seen:
+            return False
+        self._write(encode(command))
+        return True
+
     def _on_stop_timer_timeout(self) -> None:
         """The worker ignored the stop request: ask the OS to terminate it."""
         if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:

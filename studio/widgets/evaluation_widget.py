@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -24,9 +24,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.protocol import JobFailed, PhaseChanged
+from backend.protocol import PhaseChanged
 from backend.runs import RunFolder
-from studio.services.worker_client import WorkerClient
+from studio.job_controller import JobController, JobOutcome, failure_text
 
 REPORT = "eval_report.json"
 ROWS = ("Perplexity (lower is better)", "Exact match (higher is better)")
@@ -35,17 +35,16 @@ ROWS = ("Perplexity (lower is better)", "Exact match (higher is better)")
 class EvaluationWidget(QWidget):
     """Evaluate / Stop, a status line, a Base | Tuned table and a few example answers."""
 
-    def __init__(self, client: WorkerClient, worker_command: Sequence[str] | None = None,
-                 worker_env: dict[str, str] | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, jobs: JobController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.client, self.worker_command, self.worker_env = client, worker_command, worker_env
+        self.jobs = jobs
         self._path = ""
         self.evaluate_button = QPushButton("Evaluate")
         self.evaluate_button.setToolTip("Measure the base and the tuned model on the run's validation split "
                                         "and held-out prompts")
         self.evaluate_button.clicked.connect(self._on_evaluate_button_clicked)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(lambda: self.client.stop(save=False))
+        self.stop_button.clicked.connect(self.jobs.cancel)
         buttons = QHBoxLayout()
         buttons.addWidget(self.evaluate_button)
         buttons.addWidget(self.stop_button)
@@ -66,16 +65,14 @@ class EvaluationWidget(QWidget):
         layout.addWidget(self.status_label)
         layout.addWidget(self.table)
         layout.addWidget(self.examples, 1)
-        client.event_received.connect(self._on_client_event_received)
-        client.job_finished.connect(lambda _event: self._load())
-        client.job_failed.connect(self._on_client_job_failed)
-        client.worker_crashed.connect(lambda report: self._say(report.splitlines()[0] if report else "crashed", True))
-        client.running_changed.connect(lambda _running: self._update_buttons())
+        jobs.event_received.connect(self._on_jobs_event_received)
+        jobs.ended.connect(self._on_jobs_ended)
+        jobs.running_changed.connect(lambda _running: self._update_buttons())
         self._update_buttons()
 
     def set_run(self, path: str) -> None:
         """The run to evaluate; its existing report (if any) is shown."""
-        if self.client.is_running():
+        if self.jobs.is_running() or path == self._path:
             return
         self._path = path
         self._say("")
@@ -83,7 +80,7 @@ class EvaluationWidget(QWidget):
         self._update_buttons()
 
     def _on_evaluate_button_clicked(self) -> None:
-        if not self._path or self.client.is_running():
+        if not self._path or self.jobs.is_running():
             return
         folder = RunFolder(self._path)
         try:
@@ -92,16 +89,20 @@ class EvaluationWidget(QWidget):
             self._say(f"cannot read {folder.config_path}: {exc}", True)
             return
         self._say("Evaluating the base and the tuned model…")
-        self.client.start(folder, config, command=self.worker_command, env=self.worker_env, job="evaluate",
-                          params={})
+        self.jobs.start(folder, config, job="evaluate")
 
-    def _on_client_event_received(self, event: Any) -> None:
+    def _on_jobs_event_received(self, event: Any) -> None:
         if isinstance(event, PhaseChanged):
             self._say(f"{event.phase.replace('_', ' ').capitalize()}: {event.detail}" if event.detail else event.phase)
 
-    def _on_client_job_failed(self, event: JobFailed) -> None:
-        hint = f" Hint: {event.hint}" if event.hint else ""
-        self._say(f"Evaluation failed ({event.kind}): {event.message}.{hint}", True)
+    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        if outcome.ok:
+            self._say("")
+            self._load()
+        elif outcome.status == "cancelled":
+            self._say("Evaluation stopped: nothing was measured.")
+        else:
+            self._say(failure_text("Evaluation", outcome), True)
 
     def _load(self) -> None:
         report = None
@@ -143,7 +144,7 @@ class EvaluationWidget(QWidget):
         return [(self.table.item(r, 0).text(), self.table.item(r, 1).text()) for r in range(len(ROWS))]
 
     def _update_buttons(self) -> None:
-        running = self.client.is_running()
+        running = self.jobs.is_running()
         self.evaluate_button.setEnabled(bool(self._path) and not running)
         self.stop_button.setEnabled(running)
 

@@ -142,8 +142,9 @@ class LiveChart(pg.PlotWidget):
                      y_floor_zero=y_floor_zero)
 
     def reset_range(self) -> None:
-        """Forget the sticky range (new data set: a cleared store, another run)."""
+        """Forget the sticky range and any zoom (new data set: a cleared store, another run)."""
         self._x_range = self._y_range = None
+        self._manual = False
 
     def _on_view_range_changed_manually(self, *_args: object) -> None:
         self._manual = True

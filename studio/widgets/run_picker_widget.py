@@ -1,7 +1,8 @@
 """RunPickerWidget: a combo of the finished runs (newest first), for the pages that use a trained model.
 
 The folders are the truth: the list is rebuilt from the run folders on `refresh()`. `preferred`
-(set by the app to the Runs page's selection) wins when it names a finished run.
+(the Runs page's selection, given by the app) wins when it names a finished run. `run_changed`
+fires only when the chosen run changes, so a page keeps its results across a refresh.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ class RunPickerWidget(QWidget):
     run_changed = Signal(str)
     """Emitted with the chosen run folder's path ("" when there is no finished run)."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, preferred: Callable[[], str] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.preferred: Callable[[], str] = lambda: ""
-        """The run to pick when the list is refreshed (the Runs page's selection); the app sets it."""
+        self.preferred: Callable[[], str] = preferred or (lambda: "")
+        """The run to pick when the list is refreshed (the Runs page's selection)."""
+        self._emitted: str | None = None
         self.combo = QComboBox()
         self.combo.setMinimumWidth(320)
         self.combo.setPlaceholderText("No finished run yet: train one first")
@@ -57,7 +59,7 @@ class RunPickerWidget(QWidget):
         index = self.combo.findData(current) if current else -1
         self.combo.setCurrentIndex(index if index >= 0 else (0 if self.combo.count() else -1))
         self.combo.blockSignals(False)
-        self.run_changed.emit(self.path())
+        self._emit()
 
     def path(self) -> str:
         data = self.combo.currentData()
@@ -67,4 +69,9 @@ class RunPickerWidget(QWidget):
         return RunFolder(self.path()) if self.path() else None
 
     def _on_combo_current_index_changed(self, _index: int) -> None:
-        self.run_changed.emit(self.path())
+        self._emit()
+
+    def _emit(self) -> None:
+        if self.path() != self._emitted:
+            self._emitted = self.path()
+            self.run_changed.emit(self.path())

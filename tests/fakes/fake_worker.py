@@ -139,6 +139,8 @@ class FakeWorker:
             self.pace = float(train.get("learning_rate", 2e-3)) / 2e-3 * (rank / 8) ** 0.5
             return self.stream(first, resumed)
         max_steps = 1000 if self.scenario == "slow" else 10
+        if (self.run_dir / "origin.json").is_file():  # a finished run trained for more steps: its own length
+            max_steps = int(start.config["train"]["max_steps"])
         self.emit(JobStarted(run_dir=str(self.run_dir), max_steps=max_steps, resumed_from=resumed))
         self.emit(PhaseChanged(phase="plan", detail="fake: lora r=8 on all-linear, fp32, sdpa"))
         self.emit(PhaseChanged(phase="train", detail="fake"))
@@ -191,7 +193,9 @@ class FakeWorker:
 
     def finish_stopped(self, step: int, loss: float) -> int:
         if not self.save_on_stop:
-            self.emit(JobFailed(kind="cancelled", message=f"cancelled at step {step}; nothing saved"))
+            kept = self.resume_point()[1]
+            saved = f"nothing saved since {Path(kept).name}, which is kept" if kept else "nothing saved"
+            self.emit(JobFailed(kind="cancelled", message=f"cancelled at step {step}; {saved}"))
             return 0
         path = self.save_checkpoint(step)
         self.emit(JobFinished(run_dir=str(self.run_dir), stopped=True, steps=step, final_loss=loss,

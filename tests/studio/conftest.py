@@ -42,6 +42,5 @@ def make_studio(qtbot) -> Iterator[Callable[..., object]]:
     yield make
     for studio in built:
         studio.monitor.stop()
-        studio.client.shutdown()
-        for client in studio.extras.get("clients", {}).values():
-            client.shutdown()
+        for jobs in studio.jobs.values():
+            jobs.shutdown()

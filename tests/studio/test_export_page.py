@@ -36,8 +36,8 @@ def test_export_runs_shows_progress_and_the_passing_report(qtbot, make_studio):
     assert page.out_edit.text().endswith("gguf-q4_0")
     page.set_format("adapter")
     page.export_button.click()
-    assert page.client.is_running() and not page.export_button.isEnabled()
-    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    assert page.jobs.is_running() and not page.export_button.isEnabled()
+    qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
     assert page.progress.value() == page.progress.maximum() == 1
     assert "verified" in page.status_label.text()
     rows = page.report.rows()
@@ -57,7 +57,7 @@ def test_a_failed_check_is_shown_in_red_and_overwrite_asks_first(qtbot, make_stu
     studio.window.show_page("export")
     page.set_format("gguf-q4_0")
     page.export_button.click()
-    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
     assert "failed its perplexity check" in page.status_label.text()
     rows = page.report.rows()
     assert rows[0][:4] == ("perplexity", "+31.00%", "+25.00%", "FAIL")
@@ -65,16 +65,16 @@ def test_a_failed_check_is_shown_in_red_and_overwrite_asks_first(qtbot, make_stu
     assert "FAILED perplexity" in page.report.verdict.text()
     # the folder exists now: without Overwrite the page refuses, with it the person is asked
     page.export_button.click()
-    assert not page.client.is_running() and "tick Overwrite" in page.status_label.text()
+    assert not page.jobs.is_running() and "tick Overwrite" in page.status_label.text()
     asked = []
     page.confirm_overwrite = lambda path: asked.append(path) or False
     page.overwrite_check.setChecked(True)
     page.export_button.click()
-    assert asked == [folder.path / "exports" / "gguf-q4_0"] and not page.client.is_running()
+    assert asked == [folder.path / "exports" / "gguf-q4_0"] and not page.jobs.is_running()
     page.confirm_overwrite = lambda path: True
     page.export_button.click()
-    assert page.client.is_running()
-    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    assert page.jobs.is_running()
+    qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
 
 
 def test_evaluate_shows_base_and_tuned_side_by_side(qtbot, make_studio):
@@ -85,7 +85,7 @@ def test_evaluate_shows_base_and_tuned_side_by_side(qtbot, make_studio):
     evaluation = page.evaluation
     assert evaluation.figures() == [("—", "—"), ("—", "—")]
     evaluation.evaluate_button.click()
-    qtbot.waitUntil(lambda: not evaluation.client.is_running(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not evaluation.jobs.is_running(), timeout=WAIT_MS)
     assert evaluation.figures() == [("12.50", "4.25"), ("25.0% (1/4)", "75.0% (3/4)")]
     assert "What is 2 + 2?" in evaluation.examples.toPlainText()
     assert (folder.path / "eval_report.json").is_file()
@@ -144,12 +144,12 @@ def test_the_dtype_defaults_to_the_bases_own_as_the_cli_does(qtbot, make_studio)
     page.set_format("merged")
     assert page.dtype_combo.currentText() == "the base's own"
     page.export_button.click()
-    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
     report = folder.path / "exports" / "merged" / "export_report.json"
     assert json.loads(report.read_text())["dtype"] is None  # no dtype sent: the job picks the base's own
     page.dtype_combo.setCurrentIndex(page.dtype_combo.findData("fp16"))
     page.overwrite_check.setChecked(True)
     page.confirm_overwrite = lambda path: True
     page.export_button.click()
-    qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
     assert json.loads(report.read_text())["dtype"] == "fp16"

@@ -1,0 +1,54 @@
+"""continue_run: a finished run trains on as a new run; the finished one is left byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from backend.config import RunConfig
+from backend.run_continuation import ORIGIN, continue_run
+from backend.runs import CHECKPOINT_MARKER, RunFolder
+
+
+def _finished(tmp_path) -> RunFolder:
+    folder = RunFolder.create(RunConfig(name="base-run"), root=tmp_path)
+    checkpoint = folder.checkpoints_dir / "checkpoint-10"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"weights")
+    (checkpoint / CHECKPOINT_MARKER).write_text("{}")
+    events = [{"type": "JobStarted", "run_dir": str(folder.path), "max_steps": 10}]
+    events += [{"type": "MetricsLogged", "step": s, "max_steps": 10, "loss": 1.0 / s} for s in range(1, 11)]
+    events += [{"type": "JobFinished", "run_dir": str(folder.path), "steps": 10},
+               {"type": "JobStarted", "job": "export", "run_dir": str(folder.path)},
+               {"type": "MetricsLogged", "step": 1, "max_steps": 3}]
+    folder.events_path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def test_continue_run_links_the_checkpoint_and_carries_the_history(tmp_path):
+    source = _finished(tmp_path)
+    before = {p: p.read_bytes() for p in source.path.rglob("*") if p.is_file()}
+    more = continue_run(source, 7)
+    config = more.load_config()
+    assert config.train.max_steps == 17 and config.name == "base-run-more"
+    linked = more.latest_checkpoint()
+    assert linked is not None and linked.name == "checkpoint-10"
+    original = source.checkpoints_dir / "checkpoint-10" / "adapter_model.safetensors"
+    assert os.path.samefile(linked / "adapter_model.safetensors", original)  # a hard link, not a copy
+    steps = [e["step"] for e in more.metrics()]
+    assert steps == list(range(1, 11))  # the training history only, not the export's progress
+    assert json.loads((more.path / ORIGIN).read_text())["continues"] == source.run_id
+    assert {p: p.read_bytes() for p in source.path.rglob("*") if p.is_file()} == before
+    (linked / "adapter_model.safetensors").unlink()  # the new run rotating its checkpoints...
+    assert original.read_bytes() == b"weights"  # ...never removes the finished run's files
+
+
+def test_continue_run_refuses_what_it_cannot_do(tmp_path):
+    source = _finished(tmp_path)
+    with pytest.raises(ValueError, match="at least 1"):
+        continue_run(source, 0)
+    empty = RunFolder.create(RunConfig(name="empty"), root=tmp_path)
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        continue_run(empty, 5)

@@ -1,0 +1,100 @@
+"""Resume and "train more" through the real window's controller, on the scripted worker."""
+
+from __future__ import annotations
+
+from backend.run_continuation import ORIGIN
+from backend.runs import RunFolder
+from tests.fakes import fake_command
+
+WAIT_MS = 30_000
+
+
+def _start(qtbot, studio, name: str, scenario: str, stop_after: int | None = None) -> RunFolder:
+    studio.controller.jobs.worker_command = fake_command(scenario, 0.05 if scenario == "slow" else None)
+    studio.config.set("name", name)
+    studio.window.start_action.trigger()
+    if stop_after is not None:
+        qtbot.waitUntil(lambda: studio.store.count("loss") >= stop_after, timeout=WAIT_MS)
+        studio.window.stop_action.trigger()
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+    return RunFolder(studio.controller.folder.path)
+
+
+def test_resume_continues_the_run_the_train_page_shows_not_the_selected_one(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    window, runs = studio.window, studio.pages["runs"]
+    finished = _start(qtbot, studio, "run-b", "normal")
+    assert finished.status() == "finished"
+    window.show_page("runs")
+    runs.select_runs([finished.run_id])  # a leftover selection on the Runs page must not steer Resume
+    window.show_page("train")
+    stopped = _start(qtbot, studio, "run-a", "slow", stop_after=3)
+    assert stopped.status() == "stopped"
+    step = int(stopped.latest_checkpoint().name.rsplit("-", 1)[1])
+    assert window.resume_action.text() == f"Resume run-a (step {step})"  # named on the button itself
+    record = finished.events_path.read_bytes()
+    studio.train_page.resume_button.click()
+    qtbot.waitUntil(lambda: studio.store.step > step + 1, timeout=WAIT_MS)
+    assert studio.controller.folder.path == stopped.path
+    window.stop_action.trigger()
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+    assert finished.events_path.read_bytes() == record  # the finished run was never touched
+
+
+def test_a_finished_run_trains_more_steps_as_a_new_run_and_keeps_its_record(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    window, page = studio.window, studio.train_page
+    finished = _start(qtbot, studio, "run-b", "normal")
+    record, summary = finished.events_path.read_bytes(), finished.summary()
+    assert window.resume_action.text() == "Train run-b more…" and page.resume_button.isEnabled()
+    asked = []
+    studio.controller.ask_more_steps = lambda folder, default: asked.append((folder.run_id, default)) or 5
+    page.resume_button.click()
+    assert asked == [(finished.run_id, 60)]  # the preset's max_steps is the suggestion
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+    more = RunFolder(studio.controller.folder.path)
+    assert more.path != finished.path and (more.path / ORIGIN).is_file()
+    assert more.status() == "finished" and more.summary().steps == 15
+    steps, _ = studio.store.series("loss")
+    assert steps[0] == 1 and steps[-1] == 15  # the finished run's curve, then the new steps
+    assert finished.events_path.read_bytes() == record and finished.summary() == summary
+    assert window.resume_action.text() == "Train run-b-more more…"
+
+
+def test_a_new_run_clears_what_the_previous_one_showed(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    page = studio.train_page
+    _start(qtbot, studio, "first", "normal")
+    assert page.samples.count() > 0 and page.plan_label.text()
+    for chart in page.charts():
+        chart._manual = True  # noqa: SLF001 (as if the person had zoomed)
+    studio.controller.jobs.worker_command = fake_command("slow", 0.2)
+    studio.window.start_action.trigger()
+    assert page.samples.count() == 0 and studio.store.count("loss") == 0
+    assert not any(chart._manual for chart in page.charts())  # noqa: SLF001
+    assert "measured: after a run" in page.gpu_panel.peak_label.text()
+    studio.window.cancel_action.trigger()
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+
+
+def test_a_run_name_typed_then_started_with_the_shortcut_is_used(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    edit = studio.train_page.name_edit
+    studio.window.show_page("train")
+    studio.window.activateWindow()
+    edit.setFocus()
+    qtbot.waitUntil(edit.hasFocus, timeout=5_000)
+    edit.setText("typed-name")  # typed, never committed with Enter or a focus change
+    studio.window.start_action.trigger()
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+    assert RunFolder(studio.controller.folder.path).load_config().name == "typed-name"
+
+
+def test_cancel_says_which_checkpoint_is_kept(qtbot, make_studio):
+    studio = make_studio(fake_command("normal", 0.3))
+    studio.window.start_action.trigger()
+    qtbot.waitUntil(lambda: studio.store.count("loss") >= 6, timeout=WAIT_MS)  # checkpoint-5 is written
+    studio.window.cancel_action.trigger()
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+    assert studio.state.status == "cancelled"
+    assert "nothing saved since checkpoint-5, which is kept" in studio.train_page.status_label.text()
