@@ -2,7 +2,8 @@
 
 Every field's docstring is its description: the studio shows it as a tooltip and the CLI as help,
 so it says what the option saves and what it costs. ``extra="forbid"`` makes a typo an error that
-names the field. Torch-free: the studio imports this module.
+names the field, where it was written and the closest real one (config_errors.py). Torch-free: the
+studio imports this module.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from backend.config_errors import describe_error, is_cross_field, override_for, yaml_line
 from backend.paths import resolve_resource
 
 SCHEMA_VERSION = 1
@@ -236,10 +238,7 @@ class RunConfig(_Section):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "RunConfig":
-        try:
-            return cls.model_validate(migrate(raw))
-        except ValidationError as exc:
-            raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+        return cls._validate(raw, source)
 
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
@@ -258,17 +257,44 @@ class RunConfig(_Section):
             raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (model:, data:, train:, ...)")
-        apply_overrides(raw, overrides or [])
-        return cls.from_dict(raw, source=str(path))
+        overrides = overrides or []
+        apply_overrides(raw, overrides)
+        return cls._validate(raw, str(path), text, overrides)
+
+    @classmethod
+    def _validate(cls, raw: dict[str, Any], source: str, text: str = "",
+                  overrides: list[str] | None = None) -> "RunConfig":
+        """Validate, or raise one ConfigError line that says where the first problem was written."""
+        try:
+            return cls.model_validate(migrate(raw))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = source
+            if not is_cross_field(err):
+                item = override_for(err["loc"], overrides or [])
+                line = yaml_line(text, err["loc"]) if text and item is None else None
+                where = f"--set {item}" if item else f"{source} line {line}" if line else source
+            raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None
+
+
+def section_models() -> dict[str, type[BaseModel]]:
+    """RunConfig's sections by name (`model`, `data`, ...), in file order."""
+    return {name: info.annotation for name, info in RunConfig.model_fields.items()
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+
+
+def field_paths() -> list[str]:
+    """Every settable key as YAML and --set spell it (`name`, `train.max_steps`, ...), in file order."""
+    sections = section_models()
+    paths: list[str] = []
+    for name in RunConfig.model_fields:
+        paths += [f"{name}.{field}" for field in sections[name].model_fields] if name in sections else [name]
+    return paths
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    """The first error as `field.path: what is wrong`, the way a person fixes it."""
-    err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "(file)"
-    if err["type"] == "extra_forbidden":
-        return f"unknown field {field}; check the spelling (see `finetune-studio train --help`)"
-    return f"field {field}: {err['msg']} (got {err.get('input')!r})"
+    """The first error as `field.path: what is wrong` and the fix, the way a person fixes it."""
+    return describe_error(exc.errors()[0], field_paths(), section_models())
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:

@@ -34,7 +34,7 @@ def test_valid_files_load(tmp_path, text, expect):
 
 INVALID = [
     ("train:\n  max_stepz: 3\n", "unknown field train.max_stepz"),
-    ("trian:\n  max_steps: 3\n", "unknown field trian"),
+    ("trian:\n  max_steps: 3\n", "line 1: unknown section trian; did you mean train"),
     ("train:\n  max_steps: ten\n", "field train.max_steps"),
     ("train:\n  max_steps: 0\n", "field train.max_steps"),
     ("train:\n  learning_rate: -0.1\n", "field train.learning_rate"),
