@@ -61,9 +61,9 @@ class TechniqueSection(_Section):
     method: Literal["lora", "dora", "qlora", "lora8", "full"] = "lora"
     """lora freezes the base and trains small adapters (saves ~12 of the 16 bytes/parameter of full
     tuning, costs a little quality); dora adds a magnitude vector (a little closer to full tuning, costs
-    ~1.5x the adapter time and extra activations); qlora stores the base in 4-bit NF4 (~0.52 byte/
-    parameter instead of 2, costs dequantization time); lora8 stores it in 8-bit LLM.int8 (1 byte/
-    parameter, slower still); full trains every weight (best quality, costs 16 bytes/parameter)."""
+    ~1.5x the adapter time and extra activations); qlora stores the base in 4-bit NF4
+    (~0.52 byte/parameter instead of 2, costs dequantization time); lora8 stores it in 8-bit LLM.int8
+    (1 byte/parameter, slower still); full trains every weight (best quality, costs 16 bytes/parameter)."""
     lora_rank: int = Field(default=8, ge=1, le=1024)
     """Rank r of each adapter. Higher learns more and costs r*(in+out) parameters per layer."""
     lora_alpha: float = Field(default=16.0, gt=0)
