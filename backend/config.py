@@ -218,8 +218,8 @@ class RunConfig(_Section):
                              "(optimizer offload) or deepspeed_zero3 (optimizer and parameter offload)")
         if self.technique.offload == "zero3_optimizer_params" and self.hardware.strategy != "deepspeed_zero3":
             raise ValueError("technique.offload zero3_optimizer_params needs hardware.strategy deepspeed_zero3")
-        if self.train.warmup_steps >= self.train.max_steps and self.train.warmup_steps:
-            raise ValueError("train.warmup_steps must be below train.max_steps; lower warmup_steps")
+        if warmup_outlasts(self.train.warmup_steps, self.train.max_steps):
+            raise ValueError(warmup_problem(self.train.warmup_steps, self.train.max_steps))
         return self
 
     # --- files ------------------------------------------------------------------------------
@@ -297,6 +297,20 @@ def describe_validation_error(exc: ValidationError) -> str:
     return describe_error(exc.errors()[0], field_paths(), section_models())
 
 
+def warmup_outlasts(warmup_steps: Any, max_steps: Any) -> bool:
+    """The one warmup rule, for the CLI and the window: a warmup of max_steps or more never reaches
+    the peak learning rate, so it is refused (0 is no warmup). Values that are not ints are left to
+    the field checks."""
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (warmup_steps, max_steps))
+    return ints and warmup_steps > 0 and warmup_steps >= max_steps
+
+
+def warmup_problem(warmup_steps: int, max_steps: int) -> str:
+    """The sentence for a warmup that outlasts the run, with both fixes."""
+    return (f"train.warmup_steps {warmup_steps} must be below train.max_steps {max_steps}; "
+            "set train.warmup_steps=0 (no warmup) or a smaller number, or raise train.max_steps")
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
     """Apply `dotted.key=value` strings in place; values are parsed as YAML scalars."""
     for item in overrides:
@@ -310,16 +324,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part} is not a section")
             node = child
-        node[parts[-1]] = _scalar(value)
+        node[parts[-1]] = parse_scalar(value)
 
 
-def _scalar(value: str) -> Any:
-    """YAML scalar parsing, plus the floats YAML 1.1 misses (`1e-3` without a dot)."""
+def parse_scalar(value: str) -> Any:
+    """A --set value: YAML scalar parsing, plus the floats YAML 1.1 misses (`1e-3` without a dot);
+    a quoted value (`name='123'`) stays a string."""
     try:
         parsed = yaml.safe_load(value)
     except yaml.YAMLError:
         return value
-    if isinstance(parsed, str):
+    if isinstance(parsed, str) and parsed == value.strip():
         try:
             return float(parsed)
         except ValueError:
