@@ -11,6 +11,7 @@ import json
 import sys
 
 from backend.config import ConfigError, RunConfig
+from backend.config_help import fields_epilog
 from backend.errors import JobError
 from backend.runs import RunFolder, RunIndex
 from backend.worker_process import WorkerProcess
@@ -144,7 +145,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="finetune-studio", description="Fine-tune a language model.")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run a fine-tune headless, with a progress bar")
+    fields = {"epilog": fields_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    train = sub.add_parser("train", help="run a fine-tune headless, with a progress bar", **fields)
     train.add_argument("config", nargs="?", help="RunConfig YAML (the studio saves the same file)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a field, e.g. --set train.max_steps=10 (repeatable)")
@@ -152,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--machine-rank", type=int, default=0,
                        help="this machine's rank in a multi-node run (hardware.num_machines > 1)")
     train.set_defaults(func=cmd_train)
-    est = sub.add_parser("estimate", help="predict the memory a run will take, part by part")
+    est = sub.add_parser("estimate", help="predict the memory a run will take, part by part", **fields)
     est.add_argument("config", help="RunConfig YAML; model.path may be a folder holding only config.json")
     est.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     est.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the run would train")

@@ -2,7 +2,8 @@
 
 Every field's docstring is its description: the studio shows it as a tooltip and the CLI as help,
 so it says what the option saves and what it costs. ``extra="forbid"`` makes a typo an error that
-names the field. Torch-free: the studio imports this module.
+names the field, where it was written and the closest real one (config_errors.py). Torch-free: the
+studio imports this module.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from backend.config_errors import describe_error, is_cross_field, override_for, yaml_line
 from backend.paths import resolve_resource
 
 SCHEMA_VERSION = 1
@@ -59,9 +61,9 @@ class TechniqueSection(_Section):
     method: Literal["lora", "dora", "qlora", "lora8", "full"] = "lora"
     """lora freezes the base and trains small adapters (saves ~12 of the 16 bytes/parameter of full
     tuning, costs a little quality); dora adds a magnitude vector (a little closer to full tuning, costs
-    ~1.5x the adapter time and extra activations); qlora stores the base in 4-bit NF4 (~0.52 byte/
-    parameter instead of 2, costs dequantization time); lora8 stores it in 8-bit LLM.int8 (1 byte/
-    parameter, slower still); full trains every weight (best quality, costs 16 bytes/parameter)."""
+    ~1.5x the adapter time and extra activations); qlora stores the base in 4-bit NF4
+    (~0.52 byte/parameter instead of 2, costs dequantization time); lora8 stores it in 8-bit LLM.int8
+    (1 byte/parameter, slower still); full trains every weight (best quality, costs 16 bytes/parameter)."""
     lora_rank: int = Field(default=8, ge=1, le=1024)
     """Rank r of each adapter. Higher learns more and costs r*(in+out) parameters per layer."""
     lora_alpha: float = Field(default=16.0, gt=0)
@@ -216,8 +218,8 @@ class RunConfig(_Section):
                              "(optimizer offload) or deepspeed_zero3 (optimizer and parameter offload)")
         if self.technique.offload == "zero3_optimizer_params" and self.hardware.strategy != "deepspeed_zero3":
             raise ValueError("technique.offload zero3_optimizer_params needs hardware.strategy deepspeed_zero3")
-        if self.train.warmup_steps >= self.train.max_steps and self.train.warmup_steps:
-            raise ValueError("train.warmup_steps must be below train.max_steps; lower warmup_steps")
+        if warmup_outlasts(self.train.warmup_steps, self.train.max_steps):
+            raise ValueError(warmup_problem(self.train.warmup_steps, self.train.max_steps))
         return self
 
     # --- files ------------------------------------------------------------------------------
@@ -236,10 +238,7 @@ class RunConfig(_Section):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "RunConfig":
-        try:
-            return cls.model_validate(migrate(raw))
-        except ValidationError as exc:
-            raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+        return cls._validate(raw, source)
 
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
@@ -258,17 +257,58 @@ class RunConfig(_Section):
             raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (model:, data:, train:, ...)")
-        apply_overrides(raw, overrides or [])
-        return cls.from_dict(raw, source=str(path))
+        overrides = overrides or []
+        apply_overrides(raw, overrides)
+        return cls._validate(raw, str(path), text, overrides)
+
+    @classmethod
+    def _validate(cls, raw: dict[str, Any], source: str, text: str = "",
+                  overrides: list[str] | None = None) -> "RunConfig":
+        """Validate, or raise one ConfigError line that says where the first problem was written."""
+        try:
+            return cls.model_validate(migrate(raw))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = source
+            if not is_cross_field(err):
+                item = override_for(err["loc"], overrides or [])
+                line = yaml_line(text, err["loc"]) if text and item is None else None
+                where = f"--set {item}" if item else f"{source} line {line}" if line else source
+            raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None
+
+
+def section_models() -> dict[str, type[BaseModel]]:
+    """RunConfig's sections by name (`model`, `data`, ...), in file order."""
+    return {name: info.annotation for name, info in RunConfig.model_fields.items()
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+
+
+def field_paths() -> list[str]:
+    """Every settable key as YAML and --set spell it (`name`, `train.max_steps`, ...), in file order."""
+    sections = section_models()
+    paths: list[str] = []
+    for name in RunConfig.model_fields:
+        paths += [f"{name}.{field}" for field in sections[name].model_fields] if name in sections else [name]
+    return paths
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    """The first error as `field.path: what is wrong`, the way a person fixes it."""
-    err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "(file)"
-    if err["type"] == "extra_forbidden":
-        return f"unknown field {field}; check the spelling (see `finetune-studio train --help`)"
-    return f"field {field}: {err['msg']} (got {err.get('input')!r})"
+    """The first error as `field.path: what is wrong` and the fix, the way a person fixes it."""
+    return describe_error(exc.errors()[0], field_paths(), section_models())
+
+
+def warmup_outlasts(warmup_steps: Any, max_steps: Any) -> bool:
+    """The one warmup rule, for the CLI and the window: a warmup of max_steps or more never reaches
+    the peak learning rate, so it is refused (0 is no warmup). Values that are not ints are left to
+    the field checks."""
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (warmup_steps, max_steps))
+    return ints and warmup_steps > 0 and warmup_steps >= max_steps
+
+
+def warmup_problem(warmup_steps: int, max_steps: int) -> str:
+    """The sentence for a warmup that outlasts the run, with both fixes."""
+    return (f"train.warmup_steps {warmup_steps} must be below train.max_steps {max_steps}; "
+            "set train.warmup_steps=0 (no warmup) or a smaller number, or raise train.max_steps")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
@@ -284,16 +324,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part} is not a section")
             node = child
-        node[parts[-1]] = _scalar(value)
+        node[parts[-1]] = parse_scalar(value)
 
 
-def _scalar(value: str) -> Any:
-    """YAML scalar parsing, plus the floats YAML 1.1 misses (`1e-3` without a dot)."""
+def parse_scalar(value: str) -> Any:
+    """A --set value: YAML scalar parsing, plus the floats YAML 1.1 misses (`1e-3` without a dot);
+    a quoted value (`name='123'`) stays a string."""
     try:
         parsed = yaml.safe_load(value)
     except yaml.YAMLError:
         return value
-    if isinstance(parsed, str):
+    if isinstance(parsed, str) and parsed == value.strip():
         try:
             return float(parsed)
         except ValueError:

@@ -115,10 +115,10 @@ def build_core(window: MainWindow | None = None, settings: Settings | None = Non
     settings = settings or Settings()
     window = window or MainWindow()
     raw, source, problem = base_config()
-    for key, remembered in (("model", settings.last_model), ("data", settings.last_dataset)):
-        if _remembered(remembered):
-            raw[key]["path"] = remembered
     config = ConfigState(raw, source, parent=window)
+    for key, remembered in (("model", settings.last_model), ("data", settings.last_dataset)):
+        if _remembered(remembered):  # a change on top of the preset, so the command line names it
+            config.set(f"{key}.path", remembered)
     editors = FieldEditors(config, parent=window)
     estimate = EstimateState(config, parent=window)
     core = _Core(window, settings, config, editors, estimate, problem)

@@ -18,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.config import ConfigError, RunConfig
+from backend.config import ConfigError, RunConfig, TrainSection, parse_scalar, warmup_outlasts
 
 
 def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -34,13 +34,16 @@ def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def yaml_scalar(value: Any) -> str:
-    """A value as the CLI's `--set key=value` parses it back (YAML scalars)."""
+    """A value as the CLI's `--set key=value` parses it back (YAML scalars); a string that would
+    read back as something else (`123`, `off`, `a #b`) is quoted."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
         return "[" + ",".join(yaml_scalar(v) for v in value) + "]"
+    if isinstance(value, str) and parse_scalar(value) != value:
+        return "'" + value.replace("'", "''") + "'"
     return str(value)
 
 
@@ -78,11 +81,30 @@ class ConfigState(QObject):
 
     def config(self) -> RunConfig:
         """The validated RunConfig; raises ConfigError naming the field and the fix."""
+        return RunConfig.from_dict(self._as_run(), source="form")
+
+    def _as_run(self) -> dict[str, Any]:
+        """The draft as it runs: a warmup kept from the base file that outlasts a max_steps lowered
+        in the window becomes 0 (a warmup the person typed is refused, as the CLI refuses it)."""
         raw = self.raw()
-        train = raw.get("train", {})
-        if train.get("warmup_steps", 0) and train.get("warmup_steps", 0) >= train.get("max_steps", 1):
-            train["warmup_steps"] = 0  # a preset's warmup cannot outlast a short run
-        return RunConfig.from_dict(raw, source="form")
+        train = raw.get("train")
+        if isinstance(train, dict) and self.warmup_dropped(train):
+            train["warmup_steps"] = 0
+        return raw
+
+    def warmup_dropped(self, train: dict[str, Any] | None = None) -> bool:
+        """Whether the base file's warmup outlasts the draft's max_steps, so the run has none."""
+        train = train if train is not None else self._raw.get("train", {})
+        warmup = train.get("warmup_steps", TrainSection.model_fields["warmup_steps"].default)
+        inherited = warmup == flatten(self._base).get("train.warmup_steps")
+        return inherited and warmup_outlasts(warmup, train.get("max_steps", TrainSection().max_steps))
+
+    def notes(self) -> list[str]:
+        """What the window changed on its own to make the draft run, one sentence each."""
+        if not self.warmup_dropped():
+            return []
+        return [f"train.warmup_steps {self.get('train.warmup_steps')} from the file outlasts train.max_steps "
+                f"{self.get('train.max_steps')}: this run has no warmup (--set train.warmup_steps=0)"]
 
     def problem(self) -> str:
         """Why the draft cannot run, in one line ("" when it can)."""
@@ -94,7 +116,7 @@ class ConfigState(QObject):
 
     def overrides(self) -> list[str]:
         """`key=value` for every key that differs from the file the draft started from."""
-        base, now = flatten(self._base), flatten(self._raw)
+        base, now = flatten(self._base), flatten(self._as_run())
         return [f"{key}={yaml_scalar(value)}" for key, value in now.items() if base.get(key) != value]
 
     def command_line(self) -> str:

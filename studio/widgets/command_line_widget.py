@@ -17,6 +17,9 @@ from backend.config import ConfigError
 from studio.state.config_state import ConfigState
 
 
+TOOLTIP = "Runs this setup without the window (on a server, over ssh)."
+
+
 class CommandLineWidget(QWidget):
     """A read-only line of shell, with Copy and Save config… buttons."""
 
@@ -26,7 +29,7 @@ class CommandLineWidget(QWidget):
         self.line_edit = QLineEdit()
         self.line_edit.setReadOnly(True)
         self.line_edit.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.line_edit.setToolTip("Runs this setup without the window (on a server, over ssh).")
+        self.line_edit.setToolTip(TOOLTIP)
         self.copy_button = QPushButton("Copy")
         self.copy_button.setToolTip("Copy the command line to the clipboard")
         self.copy_button.clicked.connect(self._on_copy_button_clicked)
@@ -50,6 +53,7 @@ class CommandLineWidget(QWidget):
     def _on_state_changed(self, key: str) -> None:
         self.line_edit.setText(self._state.command_line())
         self.line_edit.setCursorPosition(0)
+        self.line_edit.setToolTip("\n".join([TOOLTIP, *self._state.notes()]))
 
     def _on_copy_button_clicked(self) -> None:
         QGuiApplication.clipboard().setText(self.text())

@@ -34,7 +34,7 @@ def test_valid_files_load(tmp_path, text, expect):
 
 INVALID = [
     ("train:\n  max_stepz: 3\n", "unknown field train.max_stepz"),
-    ("trian:\n  max_steps: 3\n", "unknown field trian"),
+    ("trian:\n  max_steps: 3\n", "line 1: unknown section trian; did you mean train"),
     ("train:\n  max_steps: ten\n", "field train.max_steps"),
     ("train:\n  max_steps: 0\n", "field train.max_steps"),
     ("train:\n  learning_rate: -0.1\n", "field train.learning_rate"),
@@ -43,7 +43,7 @@ INVALID = [
     ("train:\n  max_steps: [1\n", r"line \d+: not valid YAML"),
     ("- a\n- b\n", "expected a mapping"),
     ("schema_version: 99\n", "newer than this studio"),
-    ("train:\n  warmup_steps: 10\n  max_steps: 5\n", "warmup_steps"),
+    ("train:\n  warmup_steps: 10\n  max_steps: 5\n", "train.warmup_steps 10 must be below train.max_steps 5"),
 ]
 
 
@@ -83,3 +83,12 @@ def test_field_docs_exist_for_tooltips():
 
 def test_defaults_are_the_logging_every_step():
     assert RunConfig().train.logging_steps == 1
+
+
+def test_a_quoted_override_stays_a_string():
+    """The window quotes a string that would read back as a number; the CLI must keep it a string."""
+    config = RunConfig.load(ROOT / "resources/presets/tiny_lora.yaml", ["name='123'", "data.path='/d/1e-3'"])
+    assert config.name == "123" and config.data.path == "/d/1e-3"
+    raw: dict = {}
+    apply_overrides(raw, ["train.learning_rate=1e-3", "name=1e-3"])
+    assert raw == {"train": {"learning_rate": 1e-3}, "name": 1e-3}  # unquoted: YAML 1.1's missed floats
