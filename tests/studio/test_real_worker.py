@@ -14,18 +14,29 @@ MISSING = [p for p in ("resources/tiny/config.json", "backend/worker/__main__.py
 
 @pytest.mark.skipif(bool(MISSING), reason=f"the real worker or bundled model is not built yet (missing: "
                                           f"{', '.join(MISSING)})")
-def test_real_worker_trains_a_few_steps_from_the_window(qtbot, make_studio):
+def test_real_worker_stops_resumes_and_finishes_from_the_window(qtbot, make_studio):
     studio = make_studio(None)  # None: the real `python -m backend.worker`
-    finished, failed, crashed = [], [], []
-    studio.client.job_finished.connect(finished.append)
-    studio.client.job_failed.connect(failed.append)
-    studio.client.worker_crashed.connect(crashed.append)
-    studio.config.set("train.max_steps", 5)
-    studio.train_page.start_button.click()
-    qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=300_000)
-    assert not crashed, crashed
-    assert not failed, failed
-    assert finished and finished[0].steps == 5 and not finished[0].stopped
-    assert studio.store.count("loss") >= 1
-    assert studio.train_page.status_label.text().startswith("Finished")
-    assert RunFolder(studio.controller.folder.path).status() == "finished"
+    jobs, page = studio.jobs["train"], studio.train_page
+    outcomes = []
+    jobs.ended.connect(outcomes.append)
+    studio.config.set("name", "real-resume")
+    studio.config.set("train.max_steps", 12)
+    page.start_button.click()
+    qtbot.waitUntil(lambda: studio.store.count("loss") >= 2, timeout=300_000)
+    page.stop_button.click()
+    qtbot.waitUntil(lambda: not jobs.is_running(), timeout=300_000)
+    assert [o.status for o in outcomes] == ["stopped"], outcomes
+    folder = RunFolder(studio.controller.folder.path)
+    checkpoint = folder.latest_checkpoint()
+    assert folder.status() == "stopped" and checkpoint is not None
+    step = int(checkpoint.name.rsplit("-", 1)[1])
+    assert studio.window.resume_action.text() == f"Resume real-resume (step {step})"
+    page.resume_button.click()
+    qtbot.waitUntil(lambda: not jobs.is_running(), timeout=300_000)
+    assert [o.status for o in outcomes] == ["stopped", "finished"], outcomes[-1]
+    assert outcomes[-1].event.steps == 12 and studio.controller.folder.path == folder.path
+    steps, _ = studio.store.series("loss")
+    assert steps[0] == 1 and steps[-1] == 12  # the stopped part's curve came back, then the rest
+    assert page.status_label.text().startswith("Finished")
+    assert folder.status() == "finished"
+    assert studio.window.resume_action.text() == "Train real-resume more…"
