@@ -153,3 +153,21 @@ def test_the_dtype_defaults_to_the_bases_own_as_the_cli_does(qtbot, make_studio)
     page.export_button.click()
     qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
     assert json.loads(report.read_text())["dtype"] == "fp16"
+
+
+def test_another_run_in_the_picker_clears_the_last_export_and_a_refresh_keeps_it(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    other = finished_run(studio, "other")
+    folder = finished_run(studio, "exported")
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(folder.path)))
+    page.set_format("adapter")
+    page.export_button.click()
+    qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
+    assert page.report.rows() and "verified" in page.status_label.text()
+    studio.window.show_page("train")
+    studio.window.show_page("export")  # the picker refreshes, the same run stays chosen: the result stays
+    assert page.report.rows() and "verified" in page.status_label.text()
+    page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(other.path)))
+    assert page.report.rows() == [] and page.status_label.text() == ""  # that export was of another run

@@ -76,8 +76,7 @@ def test_resume_from_the_runs_page(qtbot, make_studio):
     page.select_runs([plain.run_id])
     assert not page.resume_button.isEnabled()
     page.select_runs([resumable.run_id])
-    assert page.resume_button.isEnabled()
-    assert studio.controller.resume_candidate().path == resumable.path
+    assert page.resume_button.isEnabled() and page.resume_button.text() == "Resume"
     page.resume_button.click()
     assert studio.window.current_page() == "train"
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=30_000)
@@ -85,3 +84,42 @@ def test_resume_from_the_runs_page(qtbot, make_studio):
     steps, _ = studio.store.series("loss")
     assert steps[:2] == [1, 2] and steps[-1] == 10  # old curve, then the resumed steps 3..10
     assert RunFolder(resumable.path).status() == "finished"
+
+
+def test_a_failed_run_says_why_and_its_config_opens(qtbot, make_studio):
+    failed = RunFolder.create(RunConfig.from_dict({"name": "broken"}))
+    failed.append_event({"type": "JobFailed", "kind": "out_of_memory",
+                         "message": "CUDA out of memory in the backward pass at step 3"})
+    done = _run("done", 8, [2.0, 1.0])
+    studio = make_studio()
+    page = studio.pages["runs"]
+    studio.window.show_page("runs")
+    rows = {page.table.item(r, 0).text(): page.table.item(r, 1) for r in range(page.table.rowCount())}
+    assert rows["broken"].text().startswith("failed: CUDA out of memory")
+    assert rows["broken"].toolTip() == "CUDA out of memory in the backward pass at step 3"
+    assert rows["done"].text() == "finished"  # no reason for a run that did not fail
+    opened = []
+    page.open_url = opened.append
+    page.select_runs([failed.run_id])
+    page.config_button.click()
+    assert opened and opened[0].toLocalFile() == str(failed.config_path)
+    page.select_runs([done.run_id])
+    assert page.resume_button.text() == "Resume" or not page.resume_button.isEnabled()
+
+
+def test_an_older_runs_index_is_rebuilt_with_the_reasons(qtbot, studio_home):
+    import sqlite3
+
+    from backend.runs import RunIndex
+
+    studio_home.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(studio_home / "runs.sqlite")
+    db.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, path TEXT, name TEXT, created REAL, status TEXT,"
+               " steps INTEGER, final_loss REAL, tokens_per_s REAL, model TEXT, method TEXT)")
+    db.commit()
+    db.close()
+    failed = RunFolder.create(RunConfig.from_dict({"name": "broken"}))
+    failed.append_event({"type": "JobFailed", "kind": "crashed", "message": "the worker stopped unexpectedly"})
+    index = RunIndex()
+    assert [s.reason for s in index.sync()] == ["the worker stopped unexpectedly"]
+    index.close()
