@@ -17,10 +17,18 @@ from backend.runs import RunFolder, RunIndex
 from backend.worker_process import WorkerProcess
 
 
-_printed = {"step": 0}
+class ProgressPrinter:
+    """Turns worker events into terminal lines; one per command, so two runs never share a line count."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.printed_step = 0
+
+    def __call__(self, event: dict) -> None:
+        _progress(event, self.out, self)
 
 
-def _progress(event: dict, out) -> None:
+def _progress(event: dict, out, printer: ProgressPrinter) -> None:
     kind = event["type"]
     if kind == "PhaseChanged":
         out.write(f"\r\033[K[{event['phase']}] {event.get('detail', '')}\n" if out.isatty()
@@ -39,9 +47,9 @@ def _progress(event: dict, out) -> None:
             text += f"  MFU {100 * event['mfu']:.1f}%"
         if out.isatty():
             out.write("\r\033[K" + text)
-        elif step == total or step - _printed["step"] >= max(1, total // 10):
+        elif step == total or step - printer.printed_step >= max(1, total // 10):
             # Not a terminal: a line every tenth of the run (metrics arrive coalesced, not every step).
-            _printed["step"] = step
+            printer.printed_step = step
             out.write(text + "\n")
     elif kind == "TokensGenerated" and event.get("done"):
         out.write(f"    -> {event['text'].strip()[:100]!r}\n")
@@ -66,7 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     err = sys.stderr
     err.write(f"run folder: {folder.path}\n")
     worker = WorkerProcess(machine_rank=args.machine_rank)
-    terminal = worker.run(folder, config, resume=bool(args.resume), on_event=lambda e: _progress(e, err))
+    terminal = worker.run(folder, config, resume=bool(args.resume), on_event=ProgressPrinter(err))
     err.write("\n" if err.isatty() else "")
     index = RunIndex()
     index.update(folder)
