@@ -245,16 +245,11 @@ def _wire_settings(window: MainWindow, config: Any, settings: Settings, theme: A
     window.page_list.currentRowChanged.connect(lambda row: setattr(settings, "page", row))
     if 0 <= settings.page < window.stack.count():
         window.page_list.setCurrentRow(settings.page)
-    guard = window.close_guard
+    def remember_layout() -> None:
+        settings.save_window(window)
+        settings.sync()
 
-    def close_guard() -> bool:
-        allowed = guard() if guard is not None else True
-        if allowed:
-            settings.save_window(window)
-            settings.sync()
-        return allowed
-
-    window.close_guard = close_guard
+    window.add_close_hook(remember_layout)
 
 
 class _AfterFirstPaint(QObject):

@@ -2,8 +2,8 @@
 
 Layout only, no logic: the window reports what the person asked for (`start_requested`, ...) and
 shows what it is told. Pages are installed by the app; until then each slot shows a placeholder,
-so the window can paint before the pages (pydantic, pyqtgraph) are even imported. Closing consults
-`close_guard`, which the app sets, so a close during a run can become "stop, save, then close".
+so the window can paint before the pages (pydantic, pyqtgraph) are even imported. Closing asks the
+close guards the controllers registered, so a close during a run can become "stop, save, then close".
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Finetune Studio")
         self.setWindowIcon(icon("app"))
         self.resize(1280, 800)
-        self.close_guard: Callable[[], bool] | None = None
-        """Called on close; returning False keeps the window open."""
+        self._close_guards: list[Callable[[], bool]] = []
+        self._close_hooks: list[Callable[[], None]] = []
         self.pages: dict[str, QWidget] = {}
         self._running = False
         """Installed pages by key (model, data, techniques, train, runs, export, chat)."""
@@ -195,6 +195,14 @@ class MainWindow(QMainWindow):
         self.resume_action.setText(label or "Resume")
         self.resume_action.setToolTip(tip or label or "No run with a complete checkpoint to resume")
 
+    def add_close_guard(self, guard: Callable[[], bool]) -> None:
+        """Asked, in order, when the window is closed; one returning False keeps it open (a run to stop first)."""
+        self._close_guards.append(guard)
+
+    def add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Called once every guard let the window close (save the layout and settings)."""
+        self._close_hooks.append(hook)
+
     def set_theme_checked(self, name: str) -> None:
         if name in self.theme_actions:
             self.theme_actions[name].setChecked(True)
@@ -210,7 +218,9 @@ class MainWindow(QMainWindow):
         return self.log_view.toPlainText()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
-        if self.close_guard is not None and not self.close_guard():
+        if not all(guard() for guard in self._close_guards):
             event.ignore()
             return
+        for hook in self._close_hooks:
+            hook()
         super().closeEvent(event)

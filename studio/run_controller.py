@@ -78,8 +78,7 @@ class RunController(QObject):
         window.cancel_requested.connect(self._on_window_cancel_requested)
         window.resume_requested.connect(self._on_window_resume_requested)
         runs_page.resume_requested.connect(self._on_runs_page_resume_requested)
-        runs_page.running_dir = lambda: str(self.folder.path) if self.folder and self.jobs.is_running() else ""
-        window.close_guard = self._allow_close
+        window.add_close_guard(self._allow_close)
         jobs.started.connect(self._on_jobs_started)
         jobs.event_received.connect(self._on_jobs_event_received)
         jobs.ended.connect(self._on_jobs_ended)
@@ -193,6 +192,7 @@ class RunController(QObject):
 
     def _on_jobs_started(self, folder: RunFolder) -> None:
         """A new run: nothing the previous one showed stays on the Train page."""
+        self.runs_page.set_running_dir(str(folder.path))
         self.store.clear()
         self.telemetry.clear()
         self.page.clear_run()
@@ -253,6 +253,7 @@ class RunController(QObject):
         self.window.set_running(running)
 
     def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        self.runs_page.set_running_dir("")
         if outcome.status == "crashed" or self.state.running:
             # A crash (or an exit without a last word): the report's log tails go to the status tooltip.
             self._details = outcome.report

@@ -65,8 +65,8 @@ class RunsPage(QWidget):
         """Asked before deleting; tests replace it to skip the dialog."""
         self.open_url: Callable[[QUrl], object] = QDesktopServices.openUrl
         """Opens a folder in the file manager; tests replace it."""
-        self.running_dir: Callable[[], str] = lambda: ""
-        """The folder of the run in progress (never deleted); the app sets it."""
+        self._running_dir = ""
+        """The folder of the run in progress (never deleted)."""
         header = PageHeaderWidget("Runs", "Every run so far. Select runs to overlay their loss curves; select "
                                           "two to see how their configs differ.")
         self.table = QTableWidget(0, len(COLUMNS))
@@ -195,8 +195,12 @@ class RunsPage(QWidget):
         if len(chosen) == 1:
             self.resume_requested.emit(chosen[0].path)
 
+    def set_running_dir(self, path: str) -> None:
+        """The run folder a worker is training in now ("" when none): it cannot be deleted."""
+        self._running_dir = path
+
     def delete_selected(self) -> None:
-        running = self.running_dir()
+        running = self._running_dir
         chosen = [s for s in self.selected() if not running or Path(s.path) != Path(running)]
         if not chosen or not self.confirm_delete(chosen):
             return
