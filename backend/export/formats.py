@@ -7,6 +7,8 @@ report, the docs and the code state the same numbers (docs/export.md explains ho
 
 from __future__ import annotations
 
+from pathlib import Path
+
 FORMATS: dict[str, str] = {
     "adapter": "the PEFT adapter folder; load it with peft on top of the base model",
     "merged": "adapter merged into a 16-bit copy of the base (safetensors); load it with transformers",
@@ -92,3 +94,23 @@ def failure_hint(fmt: str, dtype: str, method: str) -> str:
 
 def is_gguf(fmt: str) -> bool:
     return fmt in GGUF_TYPES
+
+EXPORT_REPORT = "export_report.json"
+"""Every export folder holds it (backend/export/report.py); it is how an earlier export is recognised."""
+
+
+def overwrite_refusal(out: Path) -> str:
+    """Why `out` must not be replaced by an export ("" when it may): only an earlier export, or an empty
+    folder, is ever replaced, so --overwrite can never delete a person's own files."""
+    if not out.exists():
+        return ""
+    if not out.is_dir():
+        return f"{out} exists and is a file; pick another folder"
+    try:
+        empty = not any(out.iterdir())
+    except OSError as exc:
+        return f"{out} cannot be read ({exc.strerror}); pick another folder"
+    if empty or (out / EXPORT_REPORT).is_file():
+        return ""
+    return (f"{out} is not an earlier export (it has no {EXPORT_REPORT}) and overwriting would delete what it "
+            "holds; pick a new or empty folder")

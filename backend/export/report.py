@@ -11,9 +11,9 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from backend.export.formats import GGUF_TYPES
+from backend.export.formats import EXPORT_REPORT, GGUF_TYPES
 
-REPORT = "export_report.json"
+REPORT = EXPORT_REPORT
 
 
 def figure(check: dict[str, Any]) -> str:

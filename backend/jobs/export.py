@@ -26,7 +26,7 @@ import torch
 from backend.config import RunConfig
 from backend.errors import JobError, bad_input
 from backend.export.checkpoint_files import CheckpointFiles
-from backend.export.formats import FORMATS, failure_hint, is_gguf, tolerance
+from backend.export.formats import FORMATS, failure_hint, is_gguf, overwrite_refusal, tolerance
 from backend.export.formats import DTYPES as DTYPE_NAMES
 from backend.export.memory import StagePeaks, release
 from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
@@ -74,12 +74,13 @@ class Export:
             path = path.resolve()
             if out == path or out in path.parents or (path != run.folder.path.resolve() and path in out.parents):
                 raise bad_input(f"{self.out} would overwrite the run's own files ({path}); pick another --out")
-        if self.out.exists():
-            if not self.out.is_dir():
-                raise bad_input(f"{self.out} exists and is a file; pick another --out")
-            if not self.overwrite:
-                raise bad_input(f"{self.out} already holds an export; pass --overwrite to replace it, "
-                                "or --out to write somewhere else")
+        refusal = overwrite_refusal(self.out)
+        if refusal:
+            raise bad_input(refusal.replace("pick another folder", "pick another --out").replace(
+                "pick a new or empty folder", "pass --out with a new or empty folder"))
+        if self.out.exists() and any(self.out.iterdir()) and not self.overwrite:
+            raise bad_input(f"{self.out} already holds an export; pass --overwrite to replace it, "
+                            "or --out to write somewhere else")
         for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):
             pid = stale.name.rsplit("-", 1)[-1]
             if not (pid.isdigit() and _alive(int(pid))):

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.export.formats import DTYPES, FORMATS
+from backend.export.formats import DTYPES, EXPORT_REPORT, FORMATS, overwrite_refusal
 from backend.protocol import MetricsLogged, PhaseChanged
 from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.widgets.evaluation_widget import EvaluationWidget
@@ -38,7 +38,7 @@ from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
 
-REPORT = "export_report.json"
+REPORT = EXPORT_REPORT
 DTYPE_FORMATS = ("merged", "bnb-8bit", "bnb-4bit")
 """Formats whose written weights (or the merge before quantizing) take the dtype option."""
 
@@ -191,7 +191,11 @@ class ExportPage(QWidget):
         folder, out = self.picker.folder(), self.out_path()
         if folder is None or out is None or self.jobs.is_running():
             return
-        if out.exists():
+        refusal = overwrite_refusal(out)
+        if refusal:
+            self._say(refusal[0].upper() + refusal[1:] + ".", error=True)
+            return
+        if out.exists() and any(out.iterdir()):
             if not self.overwrite_check.isChecked():
                 self._say(f"{out} already holds an export: tick Overwrite, or pick another folder.", error=True)
                 return

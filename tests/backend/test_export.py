@@ -417,16 +417,24 @@ def test_half_written_adapter_is_refused(lora_run, tmp_path):
     assert not (broken.path / "exports").exists()
 
 
-def test_existing_export_is_not_overwritten_without_overwrite(lora_run, tmp_path):
+def test_overwrite_replaces_only_an_earlier_export_never_the_users_own_folder(lora_run, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(JobError) as caught:
+            export(lora_run, "adapter", out=str(mine), overwrite=overwrite)
+        assert "is not an earlier export (it has no export_report.json)" in caught.value.message
+        assert (mine / "keep.txt").read_text() == "mine" and not leftovers(mine)
     out = tmp_path / "taken"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    events, report = export(lora_run, "adapter", out=str(out))
+    assert report["passed"]
     with pytest.raises(JobError) as caught:
         export(lora_run, "adapter", out=str(out))
     assert "already holds an export; pass --overwrite" in caught.value.message
-    assert (out / "keep.txt").read_text() == "mine"
+    (out / "old-marker.txt").write_text("from the earlier export")
     events, report = export(lora_run, "adapter", out=str(out), overwrite=True)
-    assert report["passed"] and not (out / "keep.txt").exists() and not leftovers(out)
+    assert report["passed"] and not (out / "old-marker.txt").exists() and not leftovers(out)
 
 
 def test_export_into_the_runs_own_adapter_is_refused(lora_run):

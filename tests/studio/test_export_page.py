@@ -171,3 +171,21 @@ def test_another_run_in_the_picker_clears_the_last_export_and_a_refresh_keeps_it
     assert page.report.rows() and "verified" in page.status_label.text()
     page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(other.path)))
     assert page.report.rows() == [] and page.status_label.text() == ""  # that export was of another run
+
+
+def test_overwrite_never_offers_to_replace_the_users_own_folder(qtbot, make_studio, tmp_path):
+    studio = make_studio(fake_command("normal"))
+    finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    mine = tmp_path / "documents"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("years of work")
+    page.out_edit.setText(str(mine))
+    page.overwrite_check.setChecked(True)
+    asked = []
+    page.confirm_overwrite = lambda path: asked.append(path) or True
+    page.export_button.click()
+    assert not page.jobs.is_running() and asked == []  # refused before any question or worker
+    assert "is not an earlier export" in page.status_label.text()
+    assert (mine / "thesis.txt").read_text() == "years of work"
