@@ -38,6 +38,7 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    env["FINETUNE_STUDIO_CLIENT_PID"] = str(os.getpid())  # the worker ends with us (worker/parent_watch.py)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env

@@ -2,7 +2,9 @@
 
 The worker gets its own session so that Ctrl-C in the terminal reaches only the CLI, which turns it
 into a StopJob(save=True) (first press), a cancel (second) and a kill (third): the three levels a
-person expects, and a checkpoint is never cut in half by a stray signal.
+person expects, and a checkpoint is never cut in half by a stray signal. SIGTERM and SIGHUP (a
+closed terminal) stop and save too; if the CLI is killed outright, the worker notices and does the
+same itself (backend/worker/parent_watch.py).
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ class WorkerProcess:
         if self._proc and self._proc.poll() is None:
             self._proc.kill()
 
+    def _on_sigterm(self, _signum: int, _frame: Any) -> None:
+        """A closed terminal (SIGHUP) or `kill` (SIGTERM): stop and save, wait for the checkpoint, then exit."""
+        if self._interrupts == 0:
+            self._interrupts = 1
+            print("\nterminated: stopping at the next step and saving a checkpoint", flush=True)
+            self.stop(save=True)
+        else:
+            self._on_sigint(_signum, _frame)
+
     def _on_sigint(self, _signum: int, _frame: Any) -> None:
         self._interrupts += 1
         if self._interrupts == 1:
@@ -74,9 +85,11 @@ class WorkerProcess:
             stderr=subprocess.PIPE, text=True, encoding="utf-8", start_new_session=True,
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
-        previous = None
+        previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_sigint)
+            for signum in (signal.SIGTERM, signal.SIGHUP):
+                previous[signum] = signal.signal(signum, self._on_sigterm)
         terminal: dict[str, Any] | None = None
         try:
             assert self._proc.stdout and self._proc.stdin
@@ -100,8 +113,8 @@ class WorkerProcess:
                     terminal = data
             code = self._proc.wait()
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         if terminal is None:
             terminal = self._crashed(folder, code)
         return terminal

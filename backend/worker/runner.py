@@ -19,6 +19,7 @@ from backend.config import RunConfig
 from backend.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
 from backend.worker.reporter import Reporter
 from backend.worker.failures import classify_failure
+from backend.worker.parent_watch import ParentWatch
 from backend.worker.stop_listener import StopListener
 
 log = logging.getLogger("backend.worker")
@@ -82,6 +83,7 @@ def run_worker(stdin: IO[str], protocol_out: IO[str], job_file: Path | None = No
     if main:
         reporter.attach_run(run_dir)
     stop = StopListener(stdin).start()
+    ParentWatch(stop).start()  # a closed terminal or a killed client: stop and save, never run on detached
     log.info("worker %s starting %s job in %s (resume=%s)", os.getpid(), command.job, run_dir, command.resume)
 
     config = None
