@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtCore import QItemSelectionModel, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -151,8 +151,7 @@ class RunsPage(QWidget):
             cells[0].setToolTip(s.path)
             for column, item in enumerate(cells):
                 self.table.setItem(row, column, item)
-            if s.run_id in keep:
-                self.table.selectRow(row)
+        self._select_rows([row for row, s in enumerate(self.summaries) if s.run_id in keep])
         self.table.blockSignals(False)
         self.count_label.setText(f"{len(self.summaries)} run(s)")
         self._on_table_item_selection_changed()
@@ -162,13 +161,14 @@ class RunsPage(QWidget):
         return [self.summaries[r] for r in rows if r < len(self.summaries)]
 
     def select_runs(self, run_ids: list[str]) -> None:
+        self._select_rows([row for row, s in enumerate(self.summaries) if s.run_id in run_ids])
+
+    def _select_rows(self, rows: list[int]) -> None:
+        """Select exactly these rows (selectRow would keep only the last one)."""
         self.table.clearSelection()
-        mode = self.table.selectionMode()
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.MultiSelection)
-        for row, s in enumerate(self.summaries):
-            if s.run_id in run_ids:
-                self.table.selectRow(row)
-        self.table.setSelectionMode(mode)
+        model, flags = self.table.selectionModel(), QItemSelectionModel.SelectionFlag
+        for row in rows:
+            model.select(self.table.model().index(row, 0), flags.Select | flags.Rows)
 
     # --- actions ----------------------------------------------------------------------------------
     def open_selected(self) -> None:

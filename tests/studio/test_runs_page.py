@@ -85,3 +85,14 @@ def test_resume_from_the_runs_page(qtbot, make_studio):
     steps, _ = studio.store.series("loss")
     assert steps[:2] == [1, 2] and steps[-1] == 10  # old curve, then the resumed steps 3..10
     assert RunFolder(resumable.path).status() == "finished"
+
+
+def test_a_multiple_selection_survives_a_refresh(qtbot, make_studio):
+    a, b = _run("alpha", 8, [1.0]), _run("beta", 8, [1.0])
+    studio = make_studio()
+    page = studio.pages["runs"]
+    page.refresh()
+    page.select_runs([a.run_id, b.run_id])
+    page.refresh()  # as when the page is shown again
+    assert {s.run_id for s in page.selected()} == {a.run_id, b.run_id}
+    assert page.overlay.curve_count() == 2
