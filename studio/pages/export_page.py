@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 
 from backend.export.formats import DTYPES, FORMATS
 from backend.protocol import JobFailed, JobFinished, MetricsLogged, PhaseChanged
+from studio.services.open_folder import open_folder
 from studio.services.worker_client import WorkerClient
 from studio.widgets.evaluation_widget import EvaluationWidget
 from studio.widgets.export_report_widget import ExportReportWidget
@@ -107,6 +108,7 @@ class ExportPage(QWidget):
         self.progress.setValue(0)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
+        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # paths to copy
         self.report = ExportReportWidget()
 
         export_box = QGroupBox("Export")
@@ -253,8 +255,9 @@ class ExportPage(QWidget):
     def _on_open_button_clicked(self) -> None:
         out = self.out_path()
         target = out if out is not None and out.exists() else (Path(self.picker.path()) if self.picker.path() else None)
-        if target is not None:
-            self.open_url(QUrl.fromLocalFile(str(target)))
+        problem = open_folder(self.open_url, target) if target is not None else ""
+        if problem:
+            self._say(problem, error=True)
 
     def _update_buttons(self) -> None:
         running = self.client.is_running()

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from backend.runs import RunFolder, RunIndex, RunSummary
+from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
@@ -90,6 +91,11 @@ class RunsPage(QWidget):
         buttons.addStretch(1)
         self.count_label = QLabel()
         buttons.addWidget(self.count_label)
+        self.status_label = QLabel()
+        self.status_label.setWordWrap(True)
+        self.status_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.status_label.setVisible(False)
 
         self.overlay = RunOverlayChart()
         self.diff_table = QTableWidget(0, 3)
@@ -122,6 +128,7 @@ class RunsPage(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(header)
         layout.addLayout(buttons)
+        layout.addWidget(self.status_label)
         layout.addWidget(split, 1)
         self._update_buttons()
 
@@ -173,7 +180,12 @@ class RunsPage(QWidget):
     # --- actions ----------------------------------------------------------------------------------
     def open_selected(self) -> None:
         for s in self.selected()[:1]:
-            self.open_url(QUrl.fromLocalFile(s.path))
+            self.set_status(open_folder(self.open_url, s.path))
+
+    def set_status(self, text: str) -> None:
+        """One sentence under the buttons (hidden when there is nothing to say)."""
+        self.status_label.setText(text)
+        self.status_label.setVisible(bool(text))
 
     def _on_resume_button_clicked(self) -> None:
         chosen = self.selected()

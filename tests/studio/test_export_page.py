@@ -153,3 +153,17 @@ def test_the_dtype_defaults_to_the_bases_own_as_the_cli_does(qtbot, make_studio)
     page.export_button.click()
     qtbot.waitUntil(lambda: not page.client.is_running(), timeout=WAIT_MS)
     assert json.loads(report.read_text())["dtype"] == "fp16"
+
+
+def test_open_folder_without_a_file_manager_says_so_in_the_status_line(qtbot, make_studio):
+    from PySide6.QtCore import Qt
+
+    studio = make_studio(fake_command("normal"))
+    folder = finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    page.open_url = lambda url: False  # what QDesktopServices.openUrl says when nothing can open a folder
+    page.open_button.click()
+    text = page.status_label.text()
+    assert "No file manager could open" in text and str(folder.path) in text  # no export yet: the run folder
+    assert page.status_label.textInteractionFlags() & Qt.TextInteractionFlag.TextSelectableByMouse
