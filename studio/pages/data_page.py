@@ -97,7 +97,8 @@ class DataPage(QWidget):
         row.addWidget(demo)
         form.addRow("File", row)
         form.addRow("Detected", self.summary_label)
-        options = QGridLayout()
+        options_row = QWidget()  # a widget, not a bare layout: the form gives a nested grid too little height
+        options = QGridLayout(options_row)
         options.setContentsMargins(0, 0, 0, 0)
         pairs = (("Format", editors.editor("data.format")),
                  ("Validation split", editors.editor("data.validation_split", decimals=2, step=0.01)),
@@ -114,7 +115,7 @@ class DataPage(QWidget):
         skip.setText("Skip empty examples")
         options.addWidget(skip, 1, 4)
         options.setColumnStretch(5, 1)
-        form.addRow("Options", options)
+        form.addRow("Options", options_row)
         form.addRow("Split", self.split_label)
 
         self.preview = ConversationWidget()

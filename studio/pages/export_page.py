@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 from backend.export.formats import DTYPES, EXPORT_REPORT, FORMATS, overwrite_refusal
 from backend.protocol import MetricsLogged, PhaseChanged
 from studio.job_controller import JobController, JobOutcome, failure_text
+from studio.services.open_folder import open_folder
 from studio.widgets.evaluation_widget import EvaluationWidget
 from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
@@ -106,6 +107,7 @@ class ExportPage(QWidget):
         self.progress.setValue(0)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
+        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # paths to copy
         self.report = ExportReportWidget()
 
         export_box = QGroupBox("Export")
@@ -246,8 +248,9 @@ class ExportPage(QWidget):
     def _on_open_button_clicked(self) -> None:
         out = self.out_path()
         target = out if out is not None and out.exists() else (Path(self.picker.path()) if self.picker.path() else None)
-        if target is not None:
-            self.open_url(QUrl.fromLocalFile(str(target)))
+        problem = open_folder(self.open_url, target) if target is not None else ""
+        if problem:
+            self._say(problem, error=True)
 
     def _update_buttons(self) -> None:
         running = self.jobs.is_running()

@@ -35,6 +35,7 @@ from studio.widgets.hub_download_widget import HubDownloadWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.preset_picker_widget import PresetPickerWidget
 from studio.widgets.units import human_count
+from studio.widgets.vertical_scroll_area import VerticalScrollArea
 
 BUNDLED_MODEL = "bundled:tiny"
 
@@ -115,14 +116,15 @@ class ModelPage(QWidget):
         self.problem_label = QLabel()
         self.problem_label.setWordWrap(True)
         self.problem_label.setStyleSheet("color: #dc2626;")
+        content = QWidget()
+        rows_layout = QVBoxLayout(content)
+        rows_layout.setContentsMargins(0, 0, 0, 0)
+        for part in (start, pick, self.problem_label, about, security):
+            rows_layout.addWidget(part)
+        rows_layout.addStretch(1)
         layout = QVBoxLayout(self)
         layout.addWidget(header)
-        layout.addWidget(start)
-        layout.addWidget(pick)
-        layout.addWidget(self.problem_label)
-        layout.addWidget(about)
-        layout.addWidget(security)
-        layout.addStretch(1)
+        layout.addWidget(VerticalScrollArea(content), 1)  # a small window scrolls the rows, never squeezes them
         state.changed.connect(self._on_state_changed)
         self._on_state_changed("")
 

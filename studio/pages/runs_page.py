@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtCore import QItemSelectionModel, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from backend.runs import RunFolder, RunIndex, RunSummary
+from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
@@ -99,6 +100,11 @@ class RunsPage(QWidget):
         buttons.addStretch(1)
         self.count_label = QLabel()
         buttons.addWidget(self.count_label)
+        self.status_label = QLabel()
+        self.status_label.setWordWrap(True)
+        self.status_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.status_label.setVisible(False)
 
         self.overlay = RunOverlayChart()
         self.diff_table = QTableWidget(0, 3)
@@ -131,6 +137,7 @@ class RunsPage(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(header)
         layout.addLayout(buttons)
+        layout.addWidget(self.status_label)
         layout.addWidget(split, 1)
         self._update_buttons()
 
@@ -162,8 +169,7 @@ class RunsPage(QWidget):
             cells[1].setToolTip(s.reason)
             for column, item in enumerate(cells):
                 self.table.setItem(row, column, item)
-            if s.run_id in keep:
-                self.table.selectRow(row)
+        self._select_rows([row for row, s in enumerate(self.summaries) if s.run_id in keep])
         self.table.blockSignals(False)
         self.count_label.setText(f"{len(self.summaries)} run(s)")
         self._on_table_item_selection_changed()
@@ -173,22 +179,28 @@ class RunsPage(QWidget):
         return [self.summaries[r] for r in rows if r < len(self.summaries)]
 
     def select_runs(self, run_ids: list[str]) -> None:
+        self._select_rows([row for row, s in enumerate(self.summaries) if s.run_id in run_ids])
+
+    def _select_rows(self, rows: list[int]) -> None:
+        """Select exactly these rows (selectRow would keep only the last one)."""
         self.table.clearSelection()
-        mode = self.table.selectionMode()
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.MultiSelection)
-        for row, s in enumerate(self.summaries):
-            if s.run_id in run_ids:
-                self.table.selectRow(row)
-        self.table.setSelectionMode(mode)
+        model, flags = self.table.selectionModel(), QItemSelectionModel.SelectionFlag
+        for row in rows:
+            model.select(self.table.model().index(row, 0), flags.Select | flags.Rows)
 
     # --- actions ----------------------------------------------------------------------------------
     def open_selected(self) -> None:
         for s in self.selected()[:1]:
-            self.open_url(QUrl.fromLocalFile(s.path))
+            self.set_status(open_folder(self.open_url, s.path))
+
+    def set_status(self, text: str) -> None:
+        """One sentence under the buttons (hidden when there is nothing to say)."""
+        self.status_label.setText(text)
+        self.status_label.setVisible(bool(text))
 
     def open_config(self) -> None:
         for s in self.selected()[:1]:
-            self.open_url(QUrl.fromLocalFile(str(RunFolder(s.path).config_path)))
+            self.set_status(open_folder(self.open_url, RunFolder(s.path).config_path).replace("the folder", "the config"))
 
     def _on_resume_button_clicked(self) -> None:
         chosen = self.selected()

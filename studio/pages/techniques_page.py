@@ -12,9 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
-    QScrollArea,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -23,11 +21,13 @@ from PySide6.QtWidgets import (
 from backend.config import TechniqueSection
 from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
+from studio.widgets.column_flow_widget import ColumnFlowWidget
 from studio.widgets.command_line_widget import CommandLineWidget
 from studio.widgets.field_editors import FieldEditors
 from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.vertical_scroll_area import VerticalScrollArea
 
 GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Method", (("technique.method", "Method"), ("technique.lora_rank", "LoRA rank"),
@@ -61,10 +61,7 @@ class TechniquesPage(QWidget):
         header = PageHeaderWidget("Techniques", "Choose how to train. Hover over an option to see what it "
                                                 "saves and what it costs; the estimate on the right follows "
                                                 "every change.")
-        form_widget = QWidget()
-        columns = QHBoxLayout(form_widget)
-        columns.setContentsMargins(0, 0, 0, 0)
-        left, right = QVBoxLayout(), QVBoxLayout()
+        form_widget = ColumnFlowWidget()  # two columns on a wide window, one on a narrow one
         self.labels: dict[str, QLabel] = {}
         listed = {key for _, fields in GROUPS for key, _ in fields}
         more = tuple((f"technique.{name}", name.replace("_", " ").capitalize())
@@ -81,17 +78,11 @@ class TechniquesPage(QWidget):
                 text.setToolTip(widget.toolTip())
                 self.labels[key] = text
                 form.addRow(text, widget)
-            (left if index in (0, 2, 4) else right).addWidget(box)
+            form_widget.add(box, 0 if index in (0, 2, 4) else 1)
         self.hardware = HardwareWidget(state, editors)
-        left.addWidget(self.hardware)
-        left.addStretch(1)
-        right.addStretch(1)
-        columns.addLayout(left)
-        columns.addLayout(right)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        scroll.setWidget(form_widget)
+        form_widget.add(self.hardware, 0)
+        self.form = form_widget
+        scroll = VerticalScrollArea(form_widget)  # the form reflows to the width instead of scrolling sideways
 
         self.breakdown = MemoryBreakdownWidget(estimate)
         self.problem_label = QLabel()

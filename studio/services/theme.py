@@ -3,7 +3,8 @@
 "system" follows the platform's colour scheme (Qt 6.5+ reports it and signals changes); where the
 platform says nothing (offscreen, bare X servers) it stays light. The dark palette is built here
 rather than trusted to the platform, so the studio looks the same on every desktop, and
-resources/styles/studio.qss adds spacing that reads its colours from the palette.
+resources/styles/studio.qss adds spacing and check boxes whose edge shows on both themes, reading
+its colours from the palette.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from PySide6.QtWidgets import QApplication
 from backend.paths import resources_dir
 
 STYLE_SHEET = "styles/studio.qss"
+STYLES_FOLDER = "@STYLES@"
+"""Written in the sheet where an image's folder goes; replaced by the sheet's folder when it is read."""
 
 
 def dark_palette() -> QPalette:
@@ -50,8 +53,9 @@ class Theme:
         self.name = "system"
         if app.style().name().lower() != "fusion":
             app.setStyle("Fusion")
-        try:
-            self.sheet = (resources_dir() / STYLE_SHEET).read_text(encoding="utf-8")
+        sheet = resources_dir() / STYLE_SHEET
+        try:  # the sheet names its images (the check box's tick) relative to its own folder
+            self.sheet = sheet.read_text(encoding="utf-8").replace(STYLES_FOLDER, sheet.parent.as_posix())
         except OSError:
             self.sheet = ""
         hints = QGuiApplication.styleHints()

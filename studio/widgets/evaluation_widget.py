@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -29,7 +30,9 @@ from backend.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 REPORT = "eval_report.json"
-ROWS = ("Perplexity (lower is better)", "Exact match (higher is better)")
+ROWS = (("Perplexity ↓", "Perplexity on the validation split: lower is better"),
+        ("Exact match ↑", "Held-out prompts answered exactly: higher is better"))
+"""(row label, its tooltip): short labels, so the table reads in the narrow Evaluate column."""
 
 
 class EvaluationWidget(QWidget):
@@ -53,10 +56,17 @@ class EvaluationWidget(QWidget):
         self.status_label.setWordWrap(True)
         self.table = QTableWidget(len(ROWS), 2)
         self.table.setHorizontalHeaderLabels(("Base", "Tuned"))
-        self.table.setVerticalHeaderLabels(ROWS)
+        for row, (label, tip) in enumerate(ROWS):
+            item = QTableWidgetItem(label)
+            item.setToolTip(tip)
+            self.table.setVerticalHeaderItem(row, item)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.table.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        self.table.setMaximumHeight(self.table.verticalHeader().length() + self.table.horizontalHeader().height() + 6)
+        self.legend = QLabel("↓ lower is better · ↑ higher is better")
+        self.legend.setWordWrap(True)
+        self.legend.setStyleSheet("color: palette(placeholder-text);")
         self.examples = QTextBrowser()
         self.examples.setPlaceholderText("Example answers of both models appear here after an evaluation.")
         layout = QVBoxLayout(self)
@@ -64,10 +74,12 @@ class EvaluationWidget(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
         layout.addWidget(self.table)
+        layout.addWidget(self.legend)
         layout.addWidget(self.examples, 1)
         jobs.event_received.connect(self._on_jobs_event_received)
         jobs.ended.connect(self._on_jobs_ended)
         jobs.running_changed.connect(lambda _running: self._update_buttons())
+        self.show_report(None)
         self._update_buttons()
 
     def set_run(self, path: str) -> None:
@@ -113,12 +125,22 @@ class EvaluationWidget(QWidget):
                 report = None
         self.show_report(report)
 
+    def _fit_table(self) -> None:
+        """Exactly as tall as its rows and wide enough for every figure: it never scrolls or elides."""
+        table, frame = self.table, 2 * self.table.frameWidth()
+        table.resizeRowsToContents()
+        table.setFixedHeight(table.verticalHeader().length() + table.horizontalHeader().height() + frame)
+        header = table.horizontalHeader()
+        columns = sum(max(header.sectionSizeHint(c), table.sizeHintForColumn(c)) for c in range(table.columnCount()))
+        table.setMinimumWidth(frame + table.verticalHeader().sizeHint().width() + columns)
+
     def show_report(self, report: dict[str, Any] | None) -> None:
         for row in range(len(ROWS)):
             for column in range(2):
                 self.table.setItem(row, column, QTableWidgetItem("—"))
         self.examples.clear()
         if not report:
+            self._fit_table()
             return
         ppl, em = report.get("perplexity"), report.get("exact_match")
         for column, which in enumerate(("base", "tuned")):
@@ -127,6 +149,7 @@ class EvaluationWidget(QWidget):
             if em:
                 item = em[which]
                 self.table.item(1, column).setText(f"{item['accuracy']:.1%} ({item['hits']}/{item['n']})")
+        self._fit_table()
         skipped = report.get("skipped") or []
         if skipped and not self.status_label.text():
             self._say("; ".join(skipped))

@@ -3,13 +3,13 @@
 One line per device: memory used / total, utilisation, temperature, power, and what the worker
 holds on it. Without an NVIDIA driver a single line says so and the charts show the worker's RAM
 and CPU from psutil instead. Beside the memory chart, a utilisation chart (GPU busy %, or the
-worker's CPU %).
+worker's CPU %). The legend names only what the memory chart draws.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 from studio.services.nvml_sampler import TelemetrySample
 from studio.state.telemetry_store import TelemetryStore
@@ -55,8 +55,10 @@ class GpuPanelWidget(QWidget):
         self.readout.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.peak_label = QLabel()
         self.peak_label.setWordWrap(True)
-        self.legend = QLabel(MemoryChart.legend_html())
+        self.legend = QLabel()
+        self.legend.setWordWrap(True)  # a narrow window wraps it between entries; the chart keeps its room
         self.memory_chart = MemoryChart(store)
+        self.memory_chart.legend_changed.connect(self.legend.setText)
         self.util_chart = MetricChart(store, "utilization", "GPU utilisation", color="#a855f7", left="%",
                                       bottom="elapsed", axis_items={"bottom": ElapsedAxis("bottom")})
         self._nvml: bool | None = None
@@ -65,14 +67,12 @@ class GpuPanelWidget(QWidget):
         charts.addWidget(self.util_chart)
         charts.setStretchFactor(0, 3)
         charts.setStretchFactor(1, 1)
-        second = QHBoxLayout()
-        second.addWidget(self.peak_label, 1)
-        second.addWidget(self.legend)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addWidget(self.readout)
-        layout.addLayout(second)
+        layout.addWidget(self.peak_label)
+        layout.addWidget(self.legend)
         layout.addWidget(charts, 1)
 
     def show_sample(self, sample: TelemetrySample) -> None:

@@ -86,7 +86,7 @@ class HardwareWidget(QGroupBox):
         multinode_layout = QVBoxLayout(self.multinode)
         multinode_layout.setContentsMargins(0, 0, 0, 0)
         multinode_layout.addWidget(QLabel("Run these on the machines (the studio starts only machine 0's "
-                                          "share when you press Start here):"))
+                                          "share when you press Start here):", wordWrap=True))
         multinode_layout.addWidget(self.tabs)
         multinode_layout.addLayout(buttons)
         layout = QVBoxLayout(self)

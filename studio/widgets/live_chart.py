@@ -8,7 +8,11 @@ The rules that keep the event loop free however fast events arrive and however l
   (auto downsampling, "peak" mode so spikes survive);
 - the axes are cached as pixmaps, and the view range grows in steps ("sticky" range) instead of
   following every new point, so the axes (text: the costly part of a repaint) are redrawn only when
-  their range really changes. Zooming by hand pauses this; the "A" button resumes it.
+  their range really changes. Zooming by hand pauses this; the "A" button or a double click resumes it.
+
+Zooming and panning need Ctrl held (Ctrl+wheel, Ctrl+drag): a plain wheel scrolls the page the chart
+is on, so a chart is never zoomed by accident. The axes show our units as they are (pyqtgraph's own
+SI prefixes, "(x0.001)", are off), and a flat series or a single point gets a span its ticks can label.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QPalette, QPen, QShowEvent
 from PySide6.QtWidgets import QGraphicsItem, QWidget
 
@@ -27,6 +31,14 @@ COLORS = ("#3b82f6", "#f97316", "#10b981", "#a855f7", "#ef4444", "#eab308", "#06
 """Series colours that read on both light and dark backgrounds."""
 GROW = 0.25
 """When data leaves the sticky range, the range grows to fit it plus this share."""
+MIN_SPAN_SHARE = 0.1
+"""A flat series spans at least this share of its value (53.01 alone: 50.4 to 55.6, not 53.005 to 53.010)."""
+X_MIN_SPAN = 5.0
+"""The x axis (steps or seconds) spans at least this much, so a first point does not read 3.0, 3.1, 3.2."""
+MIN_HEIGHT = 100
+"""The smallest a chart is drawn: title, about forty pixels of plot, ticks and axis label."""
+ZOOM_MODIFIER = Qt.KeyboardModifier.ControlModifier
+"""Held to zoom (wheel) or pan (drag) a chart; without it the wheel scrolls the page."""
 
 
 def arrays(xs, ys) -> tuple[np.ndarray, np.ndarray]:
@@ -42,20 +54,54 @@ def line_pen(color: str, style=None) -> QPen:
     return pen
 
 
-def sticky(current: tuple[float, float] | None, low: float, high: float, floor_zero: bool = False) -> tuple[float, float]:
+def sticky(current: tuple[float, float] | None, low: float, high: float, floor_zero: bool = False,
+           min_span: float = 0.0) -> tuple[float, float]:
     """The range to show for data spanning [low, high]: `current` while it still fits the data well
-    (contains it, and the data fills at least a third of it), else the data plus GROW of headroom."""
+    (contains it, and the data fills at least a third of it), else the data plus GROW of headroom.
+
+    Data narrower than MIN_SPAN_SHARE of its size (or `min_span`) is centred in a range that wide."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return current or (0.0, 1.0)
-    span = max(high - low, abs(high) * 1e-3, 1e-12)
+    data_low = low
+    floor = max(min_span, max(abs(low), abs(high)) * MIN_SPAN_SHARE) or 1.0
+    if high - low < floor:
+        middle = (low + high) / 2
+        low, high = middle - floor / 2, middle + floor / 2
+    span = high - low
     if current is not None:
         lo, hi = current
         if lo <= low and high <= hi and span >= (hi - lo) / 3:
             return current
     lo, hi = low - span * GROW * 0.2, high + span * GROW
-    if floor_zero and low >= 0:
+    if floor_zero and data_low >= 0:
         lo = max(0.0, lo)
     return lo, hi
+
+
+class ChartViewBox(pg.ViewBox):
+    """A ViewBox that zooms and pans only with ZOOM_MODIFIER held, and asks for a reset on a double click."""
+
+    sigResetRequested = Signal()
+    """A double click: back to the automatic range."""
+
+    def wheelEvent(self, ev, axis=None):  # noqa: N802 (pyqtgraph override)
+        if ev.modifiers() & ZOOM_MODIFIER:
+            super().wheelEvent(ev, axis)
+        else:
+            ev.ignore()  # on to the page: a scroll area scrolls
+
+    def mouseDragEvent(self, ev, axis=None):  # noqa: N802 (pyqtgraph override)
+        if ev.modifiers() & ZOOM_MODIFIER:
+            super().mouseDragEvent(ev, axis)
+        else:
+            ev.ignore()
+
+    def mouseClickEvent(self, ev):  # noqa: N802 (pyqtgraph override)
+        if ev.double() and ev.button() == Qt.MouseButton.LeftButton:
+            ev.accept()
+            self.sigResetRequested.emit()
+            return
+        super().mouseClickEvent(ev)
 
 
 class LiveChart(pg.PlotWidget):
@@ -65,7 +111,7 @@ class LiveChart(pg.PlotWidget):
 
     def __init__(self, title: str = "", left: str = "", bottom: str = "step",
                  parent: QWidget | None = None, axis_items: dict | None = None, grid: bool = False) -> None:
-        super().__init__(parent=parent, background=None, axisItems=axis_items)
+        super().__init__(parent=parent, background=None, axisItems=axis_items, viewBox=ChartViewBox())
         self._dirty = False
         self._scheduler = RedrawScheduler.instance()
         self._x_range: tuple[float, float] | None = None
@@ -78,7 +124,9 @@ class LiveChart(pg.PlotWidget):
             item.showGrid(x=True, y=True, alpha=0.15)
         item.setMenuEnabled(False)
         for name in ("left", "bottom", "right", "top"):
-            item.getAxis(name).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            axis = item.getAxis(name)
+            axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            axis.enableAutoSIPrefix(False)  # our label names the unit; no "(x0.001)" on top of it
         if title:
             item.setTitle(title, size="9pt")
         if left:
@@ -86,7 +134,8 @@ class LiveChart(pg.PlotWidget):
         if bottom:
             item.setLabel("bottom", bottom)
         item.getViewBox().sigRangeChangedManually.connect(self._on_view_range_changed_manually)
-        self.setMinimumHeight(120)
+        item.getViewBox().sigResetRequested.connect(self.reset_view)
+        self.setMinimumHeight(MIN_HEIGHT)
         self._styled = True
         self._apply_palette()
 
@@ -127,7 +176,7 @@ class LiveChart(pg.PlotWidget):
             self._x_range = self._y_range = None
         if self._manual or not all(map(math.isfinite, (x_low, x_high, y_low, y_high))):
             return
-        x_range = sticky(self._x_range, x_low, x_high, floor_zero=True)
+        x_range = sticky(self._x_range, x_low, x_high, floor_zero=True, min_span=X_MIN_SPAN)
         y_range = sticky(self._y_range, y_low, y_high, floor_zero=y_floor_zero)
         if (x_range, y_range) != (self._x_range, self._y_range):
             self._x_range, self._y_range = x_range, y_range
@@ -146,13 +195,23 @@ class LiveChart(pg.PlotWidget):
         self._x_range = self._y_range = None
         self._manual = False
 
+    def reset_view(self) -> None:
+        """Undo a zoom or pan: the automatic range again, at once."""
+        self._manual = False
+        self.reset_range()
+        self.getPlotItem().getViewBox().enableAutoRange()
+        self._dirty = True
+        self.flush()
+
     def _on_view_range_changed_manually(self, *_args: object) -> None:
         self._manual = True
 
     # --- look ---------------------------------------------------------------------------------
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
         super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange and getattr(self, "_styled", False):
+        # A closed chart (pyqtgraph drops its plot item on close) may still hear the theme change.
+        if event.type() == QEvent.Type.PaletteChange and getattr(self, "_styled", False) \
+                and self.getPlotItem() is not None:
             self._apply_palette()
 
     def _apply_palette(self) -> None:

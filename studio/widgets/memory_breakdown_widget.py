@@ -193,6 +193,9 @@ class MemoryBreakdownWidget(QWidget):
         self.table.resizeRowsToContents()
         frame = 2 * self.table.frameWidth()
         self.table.setFixedHeight(self.table.verticalHeader().length() + self.table.horizontalHeader().height() + frame)
+        header = self.table.horizontalHeader()  # wide enough that no part's name is elided
+        self.table.setMinimumWidth(frame + sum(max(header.sectionSizeHint(c), self.table.sizeHintForColumn(c))
+                                               for c in range(self.table.columnCount())))
         word, color = VERDICTS[estimate.verdict()]
         peak = human_bytes(estimate.peak_bytes)
         self.verdict_label.setText(f"<b style='color:{color}'>{word}</b> — predicted peak {peak}, "

@@ -189,3 +189,17 @@ def test_overwrite_never_offers_to_replace_the_users_own_folder(qtbot, make_stud
     assert not page.jobs.is_running() and asked == []  # refused before any question or worker
     assert "is not an earlier export" in page.status_label.text()
     assert (mine / "thesis.txt").read_text() == "years of work"
+
+
+def test_open_folder_without_a_file_manager_says_so_in_the_status_line(qtbot, make_studio):
+    from PySide6.QtCore import Qt
+
+    studio = make_studio(fake_command("normal"))
+    folder = finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    page.open_url = lambda url: False  # what QDesktopServices.openUrl says when nothing can open a folder
+    page.open_button.click()
+    text = page.status_label.text()
+    assert "No file manager could open" in text and str(folder.path) in text  # no export yet: the run folder
+    assert page.status_label.textInteractionFlags() & Qt.TextInteractionFlag.TextSelectableByMouse

@@ -123,3 +123,32 @@ def test_an_older_runs_index_is_rebuilt_with_the_reasons(qtbot, studio_home):
     index = RunIndex()
     assert [s.reason for s in index.sync()] == ["the worker stopped unexpectedly"]
     index.close()
+
+
+def test_open_folder_without_a_file_manager_shows_the_path_to_copy(qtbot, make_studio):
+    from PySide6.QtCore import Qt
+
+    folder = _run("lonely", 8, [1.0])
+    studio = make_studio()
+    page = studio.pages["runs"]
+    studio.window.show_page("runs")
+    page.open_url = lambda url: False  # what QDesktopServices.openUrl says when nothing can open a folder
+    page.select_runs([folder.run_id])
+    page.open_button.click()
+    assert page.status_label.isVisible()
+    assert "No file manager could open" in page.status_label.text() and str(folder.path) in page.status_label.text()
+    assert page.status_label.textInteractionFlags() & Qt.TextInteractionFlag.TextSelectableByMouse
+    page.open_url = lambda url: True
+    page.open_button.click()
+    assert not page.status_label.isVisible()
+
+
+def test_a_multiple_selection_survives_a_refresh(qtbot, make_studio):
+    a, b = _run("alpha", 8, [1.0]), _run("beta", 8, [1.0])
+    studio = make_studio()
+    page = studio.pages["runs"]
+    page.refresh()
+    page.select_runs([a.run_id, b.run_id])
+    page.refresh()  # as when the page is shown again
+    assert {s.run_id for s in page.selected()} == {a.run_id, b.run_id}
+    assert page.overlay.curve_count() == 2

@@ -1,8 +1,11 @@
-"""The real window on a real X server (Xvfb), page by page: every screenshot must show something.
+"""The real window on a real X server (Xvfb), page by page, at 1024x700 and 1600x1000, light and dark.
 
 Offscreen rendering hides problems a person would see (fonts, the xcb platform plugin, window
 sizes), so this test starts Xvfb itself, runs tests/studio/screenshot_tour.py against it with
-QT_QPA_PLATFORM=xcb, and checks each PNG is a drawn window, not a blank one. Skipped when the
+QT_QPA_PLATFORM=xcb, and checks each PNG is a drawn window of the asked size, not a blank one, and
+that the tour's layout checks (tests/studio/layout_checks.py: no horizontal scroll bar, nothing
+squeezed or cut, combo boxes as wide as their items, the Model page's facts not drawn over each
+other) found nothing. Skipped when the
 `Xvfb` binary is missing (`apt-get install -y xvfb`) or Qt's xcb plugin lacks its libraries
 (`apt-get install -y libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxkbcommon-x11-0`).
 """
@@ -18,9 +21,10 @@ from pathlib import Path
 import pytest
 from PySide6.QtGui import QImage
 
+from tests.studio.screenshot_tour import shot_names
+
 ROOT = Path(__file__).resolve().parents[2]
 TOUR = Path(__file__).resolve().parent / "screenshot_tour.py"
-PAGES = ("model", "data", "techniques", "train", "runs", "export", "chat", "train-dark")
 
 
 def _start_xvfb() -> tuple[subprocess.Popen, str]:
@@ -60,10 +64,13 @@ def test_every_page_draws_on_a_real_x_server(tmp_path):
     if "Could not load the Qt platform plugin" in result.stderr:
         pytest.skip("Qt's xcb plugin cannot load (apt-get install -y libxcb-cursor0 libxcb-icccm4 "
                     "libxcb-keysyms1 libxkbcommon-x11-0)")
+    problems = [line for line in result.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert not problems, "\n".join(problems)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    for page in PAGES:
-        for name in (f"{page}.png", f"{page}-screen.png"):
+    for stem in shot_names():
+        size = tuple(int(n) for n in stem.split("-")[1].split("x"))
+        for name in (f"{stem}.png", f"{stem}-screen.png"):
             image = QImage(str(tmp_path / "shots" / name))
             assert not image.isNull(), f"{name} was not written"
-            assert (image.width(), image.height()) == (1280, 800), f"{name} is {image.width()}x{image.height()}"
+            assert (image.width(), image.height()) == size, f"{name} is {image.width()}x{image.height()}"
             assert _distinct_colours(image) > 16, f"{name} looks blank"

@@ -1,0 +1,41 @@
+"""The smallest supported window, 1024x700 with the log open, offscreen: pages scroll or reflow, never squeeze.
+
+The screenshot test checks every page on a real X server; these run everywhere (no Xvfb needed)
+on the two pages whose layout changes with the size.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QApplication
+
+from tests.fakes.fake_nvml import FakeSampler
+from tests.studio import layout_checks
+
+
+def _show(qtbot, studio, key: str, size: tuple[int, int]):
+    studio.window.resize(*size)
+    studio.window.show_page(key)
+    qtbot.waitExposed(studio.window)
+    for _ in range(3):  # resizes, then the layouts they ask for, then a reflow's own
+        QApplication.processEvents()
+    return studio.pages[key]
+
+
+def test_model_page_scrolls_instead_of_drawing_its_facts_over_each_other(qtbot, make_studio):
+    studio = make_studio(sampler=FakeSampler())
+    page = _show(qtbot, studio, "model", (1024, 700))
+    form = page.facts["architecture"].parentWidget().layout()
+    assert layout_checks.overlapping_rows(form) == []
+    assert layout_checks.page_problems(page) == []
+
+
+def test_techniques_form_is_one_column_when_narrow_and_two_when_wide(qtbot, make_studio):
+    studio = make_studio(sampler=FakeSampler())
+    page = _show(qtbot, studio, "techniques", (1024, 700))
+    assert page.form.column_count == 1
+    assert layout_checks.page_problems(page) == []  # no sideways scroll bar, no cut combo box
+    page = _show(qtbot, studio, "techniques", (1600, 1000))
+    assert page.form.column_count == 2
+    assert layout_checks.page_problems(page) == []
+    method, memory = page.editor("technique.method"), page.editor("technique.offload")
+    assert method.mapTo(page, method.rect().topLeft()).x() < memory.mapTo(page, memory.rect().topLeft()).x()
