@@ -17,7 +17,7 @@ from typing import Any
 
 from backend.calibration import Calibration
 from backend.config import RunConfig
-from backend.cpu_features import native_bf16
+import backend.cpu_features as cpu_features  # looked up at call time, as the worker's plan does
 from backend.device_caps import device_caps
 import backend.estimate as estimator  # looked up at call time: tests spy on backend.estimate.estimate
 from backend.estimate import Breakdown, load_model_config
@@ -82,7 +82,7 @@ def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = 
                                  zero_stage=zero_stage if zero_stage is not None else
                                  ZERO_STAGES.get(config.hardware.strategy, 0),
                                  bf16_supported=caps.bf16 or device != "cuda", target_tokens=target_tokens,
-                                 cpu_bf16=native_bf16(), calibration=calibration)
+                                 cpu_bf16=cpu_features.native_bf16(), calibration=calibration)
         except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return RunEstimate(device, breakdown, tuple(found), calibration, problem)

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QMessageBox
 
 from backend.config import RunConfig
+from backend.memory_record import MemoryRecord
 from backend.paths import runs_dir
 from backend.protocol import WorkerReady
 from backend.runs import RunFolder
@@ -238,9 +239,21 @@ class RunController(QObject):
 
     # --- readouts ---------------------------------------------------------------------------------
     def show_peaks(self) -> None:
-        """Predicted peak (the estimate) beside the measured one (the run's highest report)."""
-        self.page.gpu_panel.set_peaks(self.page.gpu_panel.memory_chart.predicted_peak or self.estimate.peak_bytes,
-                                      self.telemetry.measured_peak, self.telemetry.measured_kind)
+        """Predicted peak beside the measured one: during a run the estimate it started with, else the
+        current one (as the Techniques page shows it), with the last run's memory.json where it wrote one."""
+        running = self.client.is_running()
+        predicted = self.page.gpu_panel.memory_chart.predicted_peak if running else None
+        self.page.gpu_panel.set_peaks(predicted or self.estimate.peak_bytes, self.telemetry.measured_peak,
+                                      self.telemetry.measured_kind, None if running else self.memory_record())
+
+    def memory_record(self) -> MemoryRecord | None:
+        """The last run's predicted and measured memory (None before a run, or when it wrote none)."""
+        return MemoryRecord.read(self.folder.path) if self.folder is not None else None
+
+    def follow_estimate(self) -> None:
+        """Between runs the Train page's predicted peak follows the draft's estimate."""
+        if not self.client.is_running():
+            self.show_peaks()
 
     def update_resume_target(self) -> None:
         folder = self.resume_candidate()

@@ -21,6 +21,9 @@ def test_real_worker_trains_a_few_steps_from_the_window(qtbot, make_studio):
     studio.client.job_failed.connect(failed.append)
     studio.client.worker_crashed.connect(crashed.append)
     studio.config.set("train.max_steps", 5)
+    qtbot.waitUntil(lambda: studio.estimate.longest_answer is not None, timeout=10_000)
+    studio.estimate.recompute()
+    predicted = studio.estimate.total_bytes
     studio.train_page.start_button.click()
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=300_000)
     assert not crashed, crashed
@@ -29,3 +32,9 @@ def test_real_worker_trains_a_few_steps_from_the_window(qtbot, make_studio):
     assert studio.store.count("loss") >= 1
     assert studio.train_page.status_label.text().startswith("Finished")
     assert RunFolder(studio.controller.folder.path).status() == "finished"
+    # memory.json: the worker's measured peak beside the estimate the window showed before Start
+    from backend.memory_record import MemoryRecord
+
+    record = MemoryRecord.read(studio.controller.folder.path)
+    assert record is not None and record.predicted_total_bytes == predicted
+    assert f"last run: {record.comparison()}" in studio.train_page.gpu_panel.peak_label.text()
