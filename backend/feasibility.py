@@ -112,13 +112,14 @@ def verdicts(config: RunConfig, model_config: dict[str, Any] | None, caps: Capab
 
     if t.attention == "flash_attention_2":
         if device != "cuda":
-            no("technique.attention", "flash_attention_2 needs a CUDA GPU", "pick sdpa (or auto) on this machine", "sdpa")
+            no("technique.attention", "flash_attention_2 needs a CUDA GPU", "pick sdpa (or auto) on this machine",
+               "sdpa")
         elif not caps.flash_attn:
             no("technique.attention", "flash_attention_2 needs the flash-attn package, which is not installed",
                "install the gpu extra, or pick sdpa", "sdpa")
         elif precision == "fp32":
-            no("technique.attention", "flash_attention_2 runs only in bf16 or fp16", "set precision bf16, or attention sdpa",
-               "sdpa")
+            no("technique.attention", "flash_attention_2 runs only in bf16 or fp16",
+               "set precision bf16, or attention sdpa", "sdpa")
         elif facts is not None and facts.known and not facts.supports_flash_attn:
             no("technique.attention", f"{facts.name} does not support flash_attention_2 (transformers refuses it)",
                "pick auto, or " + ("sdpa" if facts.supports_sdpa else "eager"), "auto")
@@ -152,8 +153,8 @@ def verdicts(config: RunConfig, model_config: dict[str, Any] | None, caps: Capab
         if device != "cuda":
             no("technique.offload", "DeepSpeed offload needs a CUDA GPU", "set offload: none on this machine", "none")
         elif not caps.deepspeed:
-            no("technique.offload", "DeepSpeed is not installed", "pip install -e '.[gpu]', or set offload: none", "none",
-               "missing_dependency")
+            no("technique.offload", "DeepSpeed is not installed", "pip install -e '.[gpu]', or set offload: none",
+               "none", "missing_dependency")
 
     if t.liger_kernel:
         if device != "cuda":

@@ -76,13 +76,14 @@ def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = 
     found = verdicts(config, model_config, caps, probe=probe, facts=facts, data_problem=data_problem)
     breakdown = None
     if model_config is not None:
+        gpus = num_gpus if num_gpus is not None else config.hardware.num_processes
+        stage = zero_stage if zero_stage is not None else ZERO_STAGES.get(config.hardware.strategy, 0)
+        bf16 = caps.bf16 or device != "cuda"
         try:
-            breakdown = estimator.estimate(model_config, runnable(config, found), device=device,  # type: ignore[arg-type]
-                                 num_gpus=num_gpus if num_gpus is not None else config.hardware.num_processes,
-                                 zero_stage=zero_stage if zero_stage is not None else
-                                 ZERO_STAGES.get(config.hardware.strategy, 0),
-                                 bf16_supported=caps.bf16 or device != "cuda", target_tokens=target_tokens,
-                                 cpu_bf16=cpu_features.native_bf16(), calibration=calibration)
+            breakdown = estimator.estimate(model_config, runnable(config, found), device=device,  # type: ignore
+                                           num_gpus=gpus, zero_stage=stage, bf16_supported=bf16,
+                                           target_tokens=target_tokens, cpu_bf16=cpu_features.native_bf16(),
+                                           calibration=calibration)
         except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return RunEstimate(device, breakdown, tuple(found), calibration, problem)

@@ -274,7 +274,8 @@ def estimate(
         "distributed": dist,
         "runtime": runtime_detail,
         "calibration": None if calibration is None or device != "cpu" else {
-            "baseline_bytes": int(calibration.baseline_bytes), "runs": int(calibration.runs), "note": calibration.note()},
+            "baseline_bytes": int(calibration.baseline_bytes), "runs": int(calibration.runs),
+            "note": calibration.note()},
         "peak_phases": phases,
         "warnings": warnings,
     }

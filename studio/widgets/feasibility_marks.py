@@ -44,8 +44,8 @@ class FeasibilityMarks:
         for verdict in self._estimate.verdicts:
             if verdict.blocks:
                 fix = f" ({verdict.fix})" if verdict.fix else ""
-                lines.append(f"<span style='color:{RED}'>Cannot start here: {html.escape(verdict.message(), quote=False)}"
-                             f"{html.escape(fix, quote=False)}; the estimate leaves it out.</span>")
+                why = html.escape(verdict.message() + fix, quote=False)
+                lines.append(f"<span style='color:{RED}'>Cannot start here: {why}; the estimate leaves it out.</span>")
             elif verdict.downgrade_to:
                 lines.append(f"<span style='color:{AMBER}'>Runs as {html.escape(verdict.downgrade_to, quote=False)}: "
                              f"{html.escape(verdict.reason, quote=False)}.</span>")

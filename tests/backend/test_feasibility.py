@@ -107,4 +107,5 @@ def test_the_estimate_counts_what_will_run():
     assert liger.start_blocker().startswith("technique.liger_kernel: ") and base.start_blocker() == ""
     gpu = GPU.model_copy(update={"liger_kernel": True})  # where Liger runs, its saving is counted
     cuda_plain = estimate_run(plain, "cuda", caps=gpu, calibration=Calibration())
-    assert estimate_run(ticked, "cuda", caps=gpu, calibration=Calibration()).breakdown.logits < cuda_plain.breakdown.logits
+    cuda_liger = estimate_run(ticked, "cuda", caps=gpu, calibration=Calibration())
+    assert cuda_liger.breakdown.logits < cuda_plain.breakdown.logits
