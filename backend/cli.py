@@ -125,28 +125,40 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from backend.estimate import estimate
+    from backend.calibration import Calibration
+    from backend.device_caps import detected_device, device_caps
+    from backend.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
-    answer = None
-    if not args.worst_case:  # as the studio does once its Data page has read the data
-        from backend.training.dataset_profile import DatasetProfile
-
-        answer = DatasetProfile.read(config.data.path, config.model.path, config.data.format, limit=None,
-                                     skip_invalid=config.data.skip_invalid).longest_answer()
-    from backend.cpu_features import native_bf16
-
-    try:
-        breakdown = estimate(config.model.path, config, num_gpus=args.gpus, zero_stage=args.zero_stage,
-                             device=args.device, target_tokens=answer, cpu_bf16=native_bf16())
-    except ValueError as exc:  # an unusable config.json: one line naming the file, the key and the fix
-        raise ConfigError(str(exc).splitlines()[0]) from None
+    found = detected_device()  # torch-free: NVML, as the studio's monitor sees the machine
+    device = args.device or found.kind
+    why = (f"assumed, this machine's: {found.why}; --device chooses" if args.device is None
+           else f"from --device; this machine's would be {found.kind}: {found.why}")
+    # As the studio does once its Data page has read the data (the same reading, the same answer).
+    answer = None if args.worst_case else longest_answer(config)
+    result = estimate_run(config, device, caps=device_caps(device, found.bf16 if found.kind == device else None,
+                                                           found.devices if found.kind == device else ()),
+                          target_tokens=answer, calibration=Calibration.read(), num_gpus=args.gpus,
+                          zero_stage=args.zero_stage)
+    breakdown = result.breakdown
+    if breakdown is None:  # an unusable config.json: one line naming the file, the key and the fix
+        raise ConfigError(result.problem)
+    calibration = result.calibration.note() if device == "cpu" else ""
     if args.json:
-        print(json.dumps(breakdown.to_json()))
-    else:
-        print(breakdown.format_table())
-        print(f"logits counted for the data's longest answer, {answer:,} tokens" if answer is not None else
-              "logits counted at every position (the worst case: data not read, sampled, or --worst-case)")
+        print(json.dumps({**breakdown.to_json(), "device": device, "device_source": why, "calibration": calibration,
+                          "start_blocker": result.start_blocker(),
+                          "verdicts": [v.model_dump(mode="json") for v in result.verdicts]}))
+        return 0
+    print(f"device: {device} ({why})")
+    print(breakdown.format_table())
+    print(f"logits counted for the data's longest answer, {answer:,} tokens" if answer is not None else
+          "logits counted at every position (the worst case: data not read, sampled, or --worst-case)")
+    if calibration:
+        print(f"runtime: {calibration}")
+    for verdict in result.verdicts:
+        print(f"runs as {verdict.downgrade_to}: {verdict.message()}" if verdict.downgrade_to else
+              f"cannot run here: {verdict.message()} ({verdict.fix}); estimated as {verdict.field} = "
+              f"{verdict.estimate_as}")
     return 0
 
 
@@ -165,10 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="predict the memory a run will take, part by part", **fields)
     est.add_argument("config", help="RunConfig YAML; model.path may be a folder holding only config.json")
     est.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
-    est.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the run would train")
-    est.add_argument("--gpus", type=int, default=1, help="number of GPUs (data-parallel processes)")
-    est.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3], help="DeepSpeed ZeRO stage")
-    est.add_argument("--json", action="store_true", help='print {"total_bytes": N, "breakdown": {...}}')
+    est.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                     help="where the run would train (default: this machine's: cuda where NVML finds a GPU, else cpu)")
+    est.add_argument("--gpus", type=int, default=None,
+                     help="number of GPUs (data-parallel processes; default: the config's hardware.num_processes)")
+    est.add_argument("--zero-stage", type=int, default=None, choices=[0, 1, 2, 3],
+                     help="DeepSpeed ZeRO stage (default: the config's hardware.strategy)")
+    est.add_argument("--json", action="store_true",
+                     help='print {"total_bytes": N, "breakdown": {...}, "device": ..., "verdicts": [...]}')
     est.add_argument("--worst-case", action="store_true",
                      help="count logits at every position instead of reading the data for its longest answer")
     est.set_defaults(func=cmd_estimate)

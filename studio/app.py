@@ -161,6 +161,8 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     pages["data"] = DataPage(config, editors, synchronous=synchronous_data)
     def measured(profile: Any) -> None:
         estimate.set_longest_answer(profile.path, profile.longest_answer())
+        hint = f" ({profile.hint})" if profile.hint else ""
+        estimate.set_data_problem(profile.path, f"{profile.problem}{hint}" if profile.problem else "")
 
     pages["data"].profile_ready.connect(measured)
     if pages["data"].profile is not None:  # read while the page was built (synchronously, in tests)
@@ -181,7 +183,8 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
             running = training.folder.load_config()
         except ValueError:
             running = None
-        return memory_warning(running, estimate.device, estimate.limit_bytes, estimate.limit_label)
+        return memory_warning(running, estimate.device, estimate.limit_bytes, estimate.limit_label,
+                              pages["train"].gpu_panel.memory_chart.predicted_peak)
 
     pages["export"] = ExportPage(exporting, evaluating, preferred_run=selected_run)
     pages["chat"] = ChatPage(chatting, training_warning=training_warning, preferred_run=selected_run)
@@ -190,6 +193,7 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     controller = RunController(window, pages["train"], runs_page, training, store, telemetry, state, estimate,
                                config_factory=config.config, parent=window)
     recovery = RecoveryController(controller, config, parent=window)
+    _wire_start_blocker(window, pages["train"], training, estimate, controller)
     monitor.sampled.connect(lambda sample: pages["techniques"].hardware.set_gpu_count(len(sample.devices)))
 
     def size_presets(sample: Any) -> None:  # the first GPU seen sets the preset list's card filter, once
@@ -224,6 +228,33 @@ def build_studio(worker_command: Sequence[str] | None = None, worker_env: dict[s
     """Build and wire everything at once (a QApplication must exist). Tests pass a fake worker and sampler."""
     core = build_core(window, settings)
     return build_rest(core, worker_command, worker_env, sampler, theme, synchronous_data)
+
+
+def _wire_start_blocker(window: MainWindow, train_page: Any, jobs: JobController, estimate: EstimateState,
+                        controller: RunController) -> None:
+    """Start follows the estimate's verdicts (disabled, with the reason, where the worker would refuse);
+    a worker's probed capabilities and each finished run's memory.json feed the estimate back."""
+    from backend.protocol import WorkerReady
+
+    def show() -> None:
+        reason = estimate.start_blocker()
+        window.set_start_blocker(reason)
+        train_page.set_start_blocker("" if jobs.is_running() else reason)
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, WorkerReady):
+            estimate.set_capabilities(event.capabilities)
+
+    def on_running_changed(running: bool) -> None:
+        if not running:
+            estimate.recalibrate()  # the run's memory.json is one more measured baseline
+        show()
+
+    estimate.changed.connect(show)
+    estimate.changed.connect(controller.follow_estimate)
+    jobs.event_received.connect(on_event)
+    jobs.running_changed.connect(on_running_changed)
+    show()
 
 
 def _wire_settings(window: MainWindow, config: Any, settings: Settings, theme: Any, controller: Any) -> None:

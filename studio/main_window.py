@@ -110,6 +110,7 @@ class MainWindow(QMainWindow):
         self.env_label = QLabel("Checking the environment…")
         self.statusBar().addWidget(self.run_status, 1)
         self.statusBar().addPermanentWidget(self.env_label)
+        self._start_blocker = ""
         self._make_actions()
         self.set_running(False)
 
@@ -184,10 +185,17 @@ class MainWindow(QMainWindow):
         self._running = running
         if running:
             self.resume_action.setEnabled(False)
-        self.start_action.setEnabled(not running)
+        self.start_action.setEnabled(not running and not self._start_blocker)
         self.stop_action.setEnabled(running)
         self.cancel_action.setEnabled(running)
         self.save_config_action.setEnabled(not running)
+
+    def set_start_blocker(self, reason: str) -> None:
+        """Why Start cannot go on this machine ("" lets it): Start is disabled and its tooltip says why."""
+        self._start_blocker = reason
+        self.start_action.setEnabled(not self._running and not reason)
+        shortcut = self.start_action.shortcut().toString()
+        self.start_action.setToolTip(f"Cannot start: {reason}" if reason else f"Start training ({shortcut})")
 
     def set_resume_target(self, label: str, tip: str = "") -> None:
         """The Resume button's text, naming the run it acts on ("" disables it: nothing to resume)."""

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication, QInputDialog, QLineEdit, QMessageBox
 
 from backend.config import RunConfig
+from backend.memory_record import MemoryRecord
 from backend.paths import runs_dir
 from backend.protocol import WorkerReady
 from backend.run_continuation import checkpoint_step, continue_run
@@ -52,7 +53,6 @@ class RunController(QObject):
                  config_factory: Callable[[], RunConfig], parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.window, self.page, self.runs_page, self.jobs = window, train_page, runs_page, jobs
-        self.client = jobs.client
         self.store, self.telemetry, self.state, self.estimate = store, telemetry, state, estimate
         self.config_factory = config_factory
         """Builds the validated RunConfig of the window's setup; raises ConfigError naming the field."""
@@ -291,9 +291,21 @@ class RunController(QObject):
 
     # --- readouts ---------------------------------------------------------------------------------
     def show_peaks(self) -> None:
-        """Predicted peak (the estimate) beside the measured one (the run's highest report)."""
-        self.page.gpu_panel.set_peaks(self.page.gpu_panel.memory_chart.predicted_peak or self.estimate.peak_bytes,
-                                      self.telemetry.measured_peak, self.telemetry.measured_kind)
+        """Predicted peak beside the measured one: during a run the estimate it started with, else the
+        current one (as the Techniques page shows it), with the last run's memory.json where it wrote one."""
+        running = self.jobs.is_running()
+        predicted = self.page.gpu_panel.memory_chart.predicted_peak if running else None
+        self.page.gpu_panel.set_peaks(predicted or self.estimate.peak_bytes, self.telemetry.measured_peak,
+                                      self.telemetry.measured_kind, None if running else self.memory_record())
+
+    def memory_record(self) -> MemoryRecord | None:
+        """The last run's predicted and measured memory (None before a run, or when it wrote none)."""
+        return MemoryRecord.read(self.folder.path) if self.folder is not None else None
+
+    def follow_estimate(self) -> None:
+        """Between runs the Train page's predicted peak follows the draft's estimate."""
+        if not self.jobs.is_running():
+            self.show_peaks()
 
     def update_resume_target(self) -> None:
         """Name the run Resume acts on, on the button: "Resume NAME (step K)" or "Train NAME more"."""

@@ -75,7 +75,10 @@ logits
     prompts' share. With Liger every position goes through the fused loss, one chunk at a time.
 runtime
     On CUDA: the CUDA context (outside PyTorch's allocator), cuBLAS workspaces and an allocator
-    allowance for fragmentation. On either device the larger of the transients: the dequantized
+    allowance for fragmentation. On the CPU, given a calibration: the worker process's own
+    resident memory before the model loads (Python, torch, transformers, the tokenized data),
+    which a CPU worker's RSS holds besides the tensors; backend.calibration measures it from this
+    machine's runs (backend.run_estimate passes it in). On either device the larger of the transients: the dequantized
     copy of the largest quantized linear (QLoRA / 8-bit), DoRA's weight-norm buffers (see
     `dora_transient`), and FSDP's foreach AdamW buffer (the worker's fused AdamW has none).
 

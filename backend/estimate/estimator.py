@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from backend.config import RunConfig
 from backend.cpu_features import bf16_base
@@ -17,6 +17,9 @@ from backend.estimate.setup import Setup, resolve_setup
 from backend.estimate.states import (
     idle_adapter_params, optimizer_state, rotary_buffers, storage_bytes, trained_tensor_sizes, weight_storage,
 )
+
+if TYPE_CHECKING:
+    from backend.calibration import Calibration
 
 CUDA_CONTEXT_BYTES = 768 * MIB
 """CUDA context and loaded kernels per GPU, outside PyTorch's allocator: 750-835 MiB measured on an
@@ -40,14 +43,15 @@ def estimate(
     autocast: bool | None = None,
     target_tokens: int | None = None,
     cpu_bf16: bool = False,
+    calibration: Calibration | None = None,
 ) -> Breakdown:
     """Estimate the memory of one training step of `run` on one device.
 
     model_config: config.json as a dict, a model folder (only config.json is read, nothing is
     downloaded), the file itself, or a `bundled:` path. num_gpus / zero_stage: data-parallel GPUs
     and the DeepSpeed ZeRO stage (0-3); technique.offload raises the stage to 2 or 3 and moves
-    state to CPU memory. device: "cpu" resolves precision auto to fp32 and has no runtime part;
-    "cuda" resolves it to bf16 (fp16 when bf16_supported is False).
+    state to CPU memory. device: "cpu" resolves precision auto to fp32; "cuda" resolves it to bf16
+    (fp16 when bf16_supported is False).
 
     autocast (bf16/fp16 only): True is the Hugging Face Trainer's recipe, which the worker runs:
     adapters over a base loaded in bf16/fp16, full tuning over fp32 weights (4 B weights + 4 B
@@ -66,6 +70,12 @@ def estimate(
     cpu_bf16: this CPU multiplies bf16 natively (backend.cpu_features.native_bf16(), which callers
     pass for a CPU run). With device "cpu", precision auto and method lora, the worker then holds
     the adapted linears' frozen weights (and biases) in bf16 (lora_matmul.py): 2 bytes each, not 4.
+
+    calibration (device "cpu" only): the worker process's own resident memory before it loads the
+    model (backend.calibration.Calibration, read from this machine's runs by the caller), added to
+    the runtime part as `process_baseline`: a CPU worker's RSS holds it besides the tensors. None:
+    no baseline, the tensors alone (what bench/estimate_accuracy.py measures). The estimate itself
+    reads no file but config.json, so the same arguments always give the same Breakdown.
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -174,7 +184,10 @@ def estimate(
         "dequant_buffer": 0,
         "dora_weight_norm": 0,
         "optimizer_step_buffer": 0,
+        "process_baseline": 0,
     }
+    if device == "cpu" and calibration is not None:
+        runtime_detail["process_baseline"] = int(calibration.baseline_bytes)
     if device == "cuda":
         runtime_detail["cuda_context"] = CUDA_CONTEXT_BYTES
         runtime_detail["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
@@ -190,7 +203,8 @@ def estimate(
         # for all parameters at once. The worker's single-device and DDP runs use the fused AdamW
         # and DeepSpeed its fused Adam, which update in place (no step buffer; measured on the CPU).
         runtime_detail["optimizer_step_buffer"] = math.ceil(trained * 4 / max(1, num_gpus))
-    fixed = runtime_detail["cuda_context"] + runtime_detail["cublas_workspace"] + runtime_detail["allocator_slack"]
+    fixed = (runtime_detail["cuda_context"] + runtime_detail["cublas_workspace"] + runtime_detail["allocator_slack"]
+             + runtime_detail["process_baseline"])
     fwd_bwd_transient = runtime_detail["dequant_buffer"] + runtime_detail["dora_weight_norm"]
     bwd_transient = runtime_detail["dequant_buffer"]  # DoRA's norm is rebuilt in forward passes only
     step_transient = runtime_detail["optimizer_step_buffer"]
@@ -259,6 +273,9 @@ def estimate(
                    "target_tokens": target_tokens},
         "distributed": dist,
         "runtime": runtime_detail,
+        "calibration": None if calibration is None or device != "cpu" else {
+            "baseline_bytes": int(calibration.baseline_bytes), "runs": int(calibration.runs),
+            "note": calibration.note()},
         "peak_phases": phases,
         "warnings": warnings,
     }

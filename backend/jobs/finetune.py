@@ -26,6 +26,7 @@ from backend.training.capabilities import probe_capabilities
 from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
 from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
+from backend.training.memory_ledger import MemoryLedger
 from backend.training.mfu import forget_peak, peak_flops, token_flops
 from backend.training.model_facts import ModelFacts
 from backend.training.phase import set_phase
@@ -96,6 +97,19 @@ def run_finetune(
     capabilities: Capabilities | None = None,
     params: dict | None = None,
 ) -> None:
+    ledger = MemoryLedger(config, Path(run_dir))
+    try:
+        _finetune(config, run_dir, reporter, stop, ledger, resume=resume, capabilities=capabilities)
+    except BaseException as exc:
+        from backend.worker.failures import is_out_of_memory
+
+        if is_out_of_memory(exc):  # the peak that did not fit, beside what was predicted
+            ledger.write("out_of_memory")
+        raise
+
+
+def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopListener, ledger: MemoryLedger, *,
+              resume: bool, capabilities: Capabilities | None) -> None:
     began = time.monotonic()
     folder = RunFolder(run_dir)
     capabilities = capabilities or probe_capabilities()
@@ -136,6 +150,7 @@ def run_finetune(
     reporter.emit(PhaseChanged(phase="tokenize", detail=detail))
 
     torch.manual_seed(config.train.seed)
+    ledger.start(plan.device, capabilities)  # the process baseline: everything but the model
     model = add_adapters(load_model(model_path, config, plan), config, plan)
 
     collator = PackingCollator() if config.technique.packing else PadCollator(tokenizer.pad_token_id)
@@ -205,6 +220,7 @@ def run_finetune(
     target = folder.path / "model" if full else folder.adapter_dir
     if trainer.is_world_process_zero():  # one writer of the final folder
         save_atomically(model, tokenizer, target)
+        ledger.write("stopped" if callback.stopped else "finished")
     reporter.emit(
         JobFinished(
             run_dir=str(run_dir),

@@ -2,7 +2,8 @@
 
 A combination that cannot run here is refused with one sentence naming the option, why, and what
 to pick instead; where a faithful fallback exists (paged 8-bit Adam without CUDA pages) it is used
-and reported. bitsandbytes is probed by quantizing a small tensor, not assumed from its version.
+and reported. The rules are backend.feasibility's, the same the studio shows before Start; here
+bitsandbytes is probed by quantizing a small tensor, not assumed from its version.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from backend.config import RunConfig
 from backend.cpu_features import bf16_base as cpu_bf16_base
 from backend.cpu_features import native_bf16
 from backend.errors import JobError
+from backend.estimate.families import load_model_config
+from backend.feasibility import blocker, resolved_precision, verdicts
 from backend.protocol import Capabilities
 from backend.training.shortcuts import ShortcutChoice, Situation, choose
 from backend.training.model_facts import ModelFacts
@@ -55,10 +58,6 @@ class TechniquePlan:
         return ", ".join(parts) + ("; " + "; ".join(self.notes) if self.notes else "")
 
 
-def refuse(field_name: str, why: str, instead: str) -> JobError:
-    return JobError("bad_input", f"technique.{field_name}: {why}", instead)
-
-
 @functools.lru_cache(maxsize=4)
 def bnb_can(feature: str, device: str) -> str | None:
     """None when bitsandbytes does `feature` on `device`, else the reason it cannot."""
@@ -92,41 +91,13 @@ def bnb_can(feature: str, device: str) -> str | None:
     return f"unknown feature {feature}"
 
 
-def _precision(config: RunConfig, caps: Capabilities, device: str) -> str:
-    asked = config.technique.precision
-    if asked == "auto":
-        if device == "cuda":
-            return "bf16" if caps.bf16 else "fp16"
-        return "fp32"
-    if asked == "fp16" and device == "cpu":
-        raise refuse("precision", "fp16 with loss scaling needs a CUDA GPU", "pick bf16 or fp32 on the CPU")
-    if asked == "bf16" and device == "cuda" and not caps.bf16:
-        raise refuse("precision", "this GPU has no bf16 support", "pick fp16 (with loss scaling) or fp32")
-    return asked
-
-
 def _attention(config: RunConfig, caps: Capabilities, device: str, precision: str, facts: ModelFacts,
                notes: list[str]) -> str:
-    """The attention kernel, asking the model's class what it supports; "" leaves it to transformers
-    (a class that cannot be resolved before loading: remote code)."""
+    """The attention kernel for `auto`, asking the model's class what it supports; "" leaves it to
+    transformers (a class that cannot be resolved before loading: remote code). An explicit choice
+    that cannot run was refused by backend.feasibility already."""
     asked = config.technique.attention
     flash_ok = device == "cuda" and caps.flash_attn and precision in ("bf16", "fp16")
-    if asked == "flash_attention_2":
-        if device != "cuda":
-            raise refuse("attention", "flash_attention_2 needs a CUDA GPU", "pick sdpa (or auto) on this machine")
-        if not caps.flash_attn:
-            raise refuse("attention", "flash_attention_2 needs the flash-attn package, which is not installed",
-                         "install the gpu extra, or pick sdpa")
-        if precision == "fp32":
-            raise refuse("attention", "flash_attention_2 runs only in bf16 or fp16", "set precision bf16, or attention sdpa")
-        if facts.known and not facts.supports_flash_attn:
-            raise refuse("attention", f"{facts.name} does not support flash_attention_2 (transformers refuses it)",
-                         "pick auto, or " + ("sdpa" if facts.supports_sdpa else "eager"))
-        return asked
-    if asked == "sdpa" and facts.known and not facts.supports_sdpa:
-        raise refuse("attention", f"{facts.name} does not support sdpa (transformers refuses it"
-                     + (", as its attention logits are soft-capped)" if facts.attention_softcapping else ")"),
-                     "pick eager, or auto (which picks eager for it)")
     if asked == "auto":
         if not facts.known:
             notes.append("attention auto -> transformers' default (the model's class is not known before loading)")
@@ -144,6 +115,15 @@ def _attention(config: RunConfig, caps: Capabilities, device: str, precision: st
     return asked
 
 
+def _model_config(config: RunConfig) -> dict | None:
+    """config.json as a dict for the feasibility rules; None where it cannot be read (check_model_folder
+    reports that)."""
+    try:
+        return load_model_config(config.resolved_model_path())
+    except ValueError:
+        return None
+
+
 def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | None = None,
                     world_size: int | None = None, threads: int | None = None) -> TechniquePlan:
     """Decide everything that depends on the machine and the model's class (read from its config.json,
@@ -153,22 +133,15 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
     if facts is None:
         facts = ModelFacts.read(config.resolved_model_path(), config.model.trust_remote_code)
     notes: list[str] = []
-    precision = _precision(config, caps, device)
+    # The rules the studio shows before Start (backend.feasibility), with the real bitsandbytes probe.
+    found = verdicts(config, _model_config(config), caps, probe=bnb_can, facts=facts)
+    first = blocker(found)
+    if first is not None:
+        raise JobError(first.kind, first.message(), first.fix)
+    downgraded = {v.field: v for v in found if v.downgrade_to is not None}
+    precision = resolved_precision(config, caps)
     attention = _attention(config, caps, device, precision, facts, notes)
-
-    quantization = None
-    if t.method == "qlora":
-        reason = bnb_can("nf4", device)
-        if reason:
-            raise refuse("method", f"qlora needs bitsandbytes 4-bit on {device}, and here {reason}",
-                         "pick lora (16-bit base) instead")
-        quantization = "nf4"
-    elif t.method == "lora8":
-        reason = bnb_can("int8", device)
-        if reason:
-            raise refuse("method", f"lora8 needs bitsandbytes LLM.int8 on {device}, and here {reason}",
-                         "pick qlora or lora instead")
-        quantization = "int8"
+    quantization = {"qlora": "nf4", "lora8": "int8"}.get(t.method)
 
     optimizer = OPTIMIZERS[t.optimizer]
     if t.optimizer == "adamw" and config.hardware.strategy in ("single", "ddp"):
@@ -176,39 +149,9 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
         # 56 adapter tensors (1 CPU thread); the Trainer's own default since torch 2.8. Sharded and
         # DeepSpeed strategies keep the per-tensor AdamW their optimizer wrapping expects.
         optimizer = "adamw_torch_fused"
-    if t.optimizer != "adamw":
-        reason = bnb_can("adam8", device)
-        if reason:
-            raise refuse("optimizer", f"{t.optimizer} needs bitsandbytes' 8-bit Adam, and here {reason}",
-                         "pick adamw")
-        if t.optimizer == "paged_adamw_8bit" and device != "cuda":
-            optimizer = OPTIMIZERS["adamw_8bit"]
-            notes.append("paged_adamw_8bit -> adamw_8bit (paging needs CUDA unified memory; same maths)")
-
-    if t.offload != "none":
-        if device != "cuda":
-            raise refuse("offload", "DeepSpeed offload needs a CUDA GPU", "set offload: none on this machine")
-        if importlib.util.find_spec("deepspeed") is None:
-            raise JobError("missing_dependency", "technique.offload: DeepSpeed is not installed",
-                           "pip install -e '.[gpu]', or set offload: none")
-
-    if t.liger_kernel:
-        if device != "cuda":
-            raise refuse("liger_kernel", "Liger's fused kernels are Triton kernels and need a CUDA GPU",
-                         "turn liger_kernel off on this machine")
-        if importlib.util.find_spec("liger_kernel") is None:
-            raise JobError("missing_dependency", "technique.liger_kernel: the liger-kernel package is not installed",
-                           "pip install liger-kernel, or turn liger_kernel off")
-
-    if t.torch_compile and device != "cuda":
-        # Measured here: 140 s to compile the bundled model on the CPU, then ~2 tokens/s as every
-        # new packed-batch length recompiles. Not an option worth offering on the CPU.
-        raise refuse("torch_compile", "torch.compile on the CPU compiles for minutes and recompiles for each new "
-                     "batch shape, so it runs slower than without", "turn torch_compile off on this machine")
-
-    if t.method == "full" and precision == "fp16":
-        raise refuse("precision", "full fine-tuning with fp16 weights cannot take optimizer steps in fp16",
-                     "pick bf16 or fp32 for method full")
+    if "technique.optimizer" in downgraded:  # paged_adamw_8bit without CUDA pages
+        optimizer = OPTIMIZERS[downgraded["technique.optimizer"].downgrade_to or t.optimizer]
+        notes.append(downgraded["technique.optimizer"].reason)
 
     # Weights are loaded in the compute dtype for adapters (the base is frozen), but full tuning
     # keeps fp32 master weights so that small updates are not rounded away (the 16 bytes/param).

@@ -16,6 +16,7 @@ from typing import Any
 
 from backend.config import ConfigError, RunConfig
 from backend.errors import JobError
+from backend.memory_record import MemoryRecord
 from backend.protocol import JobFailed
 from backend.runs import RunFolder
 
@@ -51,8 +52,9 @@ def peak_bytes() -> int:
 
 
 def predicted_bytes(config: RunConfig) -> int | None:
+    """The estimate's total for this run: the same figure the studio and memory.json show."""
     try:
-        from backend.estimate import estimate
+        from backend.run_estimate import estimate_here
 
         device = "cpu"
         try:
@@ -61,9 +63,7 @@ def predicted_bytes(config: RunConfig) -> int | None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         except ImportError:
             pass
-        from backend.cpu_features import native_bf16
-
-        return int(estimate(config.resolved_model_path(), config, device=device, cpu_bf16=native_bf16()).total_bytes)
+        return estimate_here(config, device).total_bytes
     except Exception as exc:  # the estimate must never hide the real failure
         log.warning("no estimate for the out-of-memory report: %s", exc)
         return None
@@ -124,7 +124,9 @@ def classify_failure(exc: BaseException, config: RunConfig | None = None, run_di
     if is_out_of_memory(exc):
         phase = _phase() or "unknown phase"
         peak = peak_bytes()
-        predicted = predicted_bytes(config) if config else None
+        recorded = MemoryRecord.read(run_dir) if run_dir is not None else None  # the job's own, made before it ran
+        predicted = (recorded.predicted_total_bytes if recorded is not None and recorded.predicted_total_bytes
+                     else predicted_bytes(config) if config else None)
         fix, sentence = propose_fix(config) if config else ({}, "lower train.micro_batch_size")
         return JobFailed(
             kind="out_of_memory",

@@ -35,15 +35,18 @@ from studio.widgets.units import human_bytes
 MODELS = (("tuned", "Tuned model"), ("base", "Base model"), ("both", "Both, side by side"))
 
 
-def memory_warning(config: Any, device: str, limit_bytes: int | None, label: str) -> str:
-    """A sentence on the memory a running fine-tune of `config` takes, against the device's limit."""
-    from backend.estimate import estimate
-    from studio.state.estimate_state import predicted_peak
+def memory_warning(config: Any, device: str, limit_bytes: int | None, label: str,
+                   predicted: int | None = None) -> str:
+    """A sentence on the memory a running fine-tune of `config` takes, against the device's limit:
+    `predicted`, the Train page's figure for the run, else the shared estimate of its config."""
+    peak = predicted
+    if not peak:
+        from backend.run_estimate import estimate_run
 
-    try:
-        peak = predicted_peak(estimate(config.model.path, config, device=device))  # type: ignore[arg-type]
-    except (AttributeError, ValueError, OSError, KeyError, TypeError, ZeroDivisionError):
-        peak = None
+        try:
+            peak = estimate_run(config, device).total_bytes
+        except (AttributeError, ValueError, OSError, KeyError, TypeError, ZeroDivisionError):
+            peak = None
     limit = f" of {human_bytes(limit_bytes)} ({label})" if limit_bytes else ""
     taken = f"is predicted to take {human_bytes(peak)}{limit}" if peak else "takes an unknown share of memory"
     return (f"A fine-tune is running and {taken}. Loading a model for chat needs its own memory on top; "

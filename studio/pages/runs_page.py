@@ -1,8 +1,9 @@
 """RunsPage: step 5, every past run: compare curves and configs, open, resume or delete.
 
 The list comes from RunIndex, re-synced from the run folders whenever the page is shown (the
-folders are the truth). Selecting runs overlays their loss curves; selecting two also lists every
-config field in which they differ.
+folders are the truth), with each run's predicted against measured memory from its memory.json.
+Selecting runs overlays their loss curves; selecting two also lists every config field in which
+they differ.
 """
 
 from __future__ import annotations
@@ -27,19 +28,31 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backend.memory_record import MemoryRecord
 from backend.runs import RunFolder, RunIndex, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
 
-COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started")
+COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started", "Memory")
 MAX_OVERLAY = 8
 
 
 def _short(text: str, width: int = 60) -> str:
     line = text.splitlines()[0] if text else ""
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def memory_cell(path: str) -> QTableWidgetItem:
+    """Predicted against measured memory, from the run's memory.json ("—" where it wrote none)."""
+    record = MemoryRecord.read(path)
+    if record is None:
+        return _cell("—")
+    item = _cell(record.comparison())
+    item.setToolTip(f"{record.device}, {record.outcome}: measured as {record.measured_kind}"
+                    + (f"; {record.calibration}" if record.calibration else ""))
+    return item
 
 
 def _cell(text: str, data: object = None, right: bool = False) -> QTableWidgetItem:
@@ -164,6 +177,7 @@ class RunsPage(QWidget):
                 _cell(f"{s.final_loss:.4f}" if s.final_loss is not None else "—", right=True),
                 _cell(f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "—", right=True),
                 _cell(s.method), _cell(s.model), _cell(time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))),
+                memory_cell(s.path),
             )
             cells[0].setToolTip(s.path)
             cells[1].setToolTip(s.reason)

@@ -2,8 +2,9 @@
 
 Every technique option and the batch / length / schedule knobs, each with its description as a
 tooltip (what it saves, what it costs). Beside them the memory estimate follows every change, against
-the detected device's memory, with a plain "fits / does not fit". Below, the command line that runs
-the same setup headless.
+the detected device's memory, with a plain "fits / does not fit"; an option this machine cannot run
+is marked with why (studio/widgets/feasibility_marks.py). Below, the command line that runs the
+same setup headless.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
 from studio.widgets.column_flow_widget import ColumnFlowWidget
 from studio.widgets.command_line_widget import CommandLineWidget
+from studio.widgets.feasibility_marks import FeasibilityMarks
 from studio.widgets.field_editors import FieldEditors
 from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
@@ -85,6 +87,8 @@ class TechniquesPage(QWidget):
         scroll = VerticalScrollArea(form_widget)  # the form reflows to the width instead of scrolling sideways
 
         self.breakdown = MemoryBreakdownWidget(estimate)
+        self.feasibility_label = QLabel()
+        self.marks = FeasibilityMarks(estimate, self.labels, self.editor, self.feasibility_label)
         self.problem_label = QLabel()
         self.problem_label.setWordWrap(True)
         self.problem_label.setStyleSheet("color: #dc2626;")
@@ -97,10 +101,12 @@ class TechniquesPage(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(header)
         layout.addWidget(split, 1)
+        layout.addWidget(self.feasibility_label)
         layout.addWidget(self.problem_label)
         layout.addWidget(self.command_line)
         state.changed.connect(self._on_state_changed)
         self._on_state_changed("")
+        self.marks.refresh()
 
     def editor(self, key: str) -> QWidget:
         """The editor this page made for `key`."""

@@ -80,6 +80,10 @@ class TrainPage(QWidget):
 
         self.status_label = QLabel()
         self.status_label.setWordWrap(True)
+        self.blocker_label = QLabel()
+        self.blocker_label.setWordWrap(True)
+        self.blocker_label.setStyleSheet("color: #dc2626;")
+        self.blocker_label.setVisible(False)
         self.plan_label = QLabel()
         self.plan_label.setWordWrap(True)
         self.plan_label.setStyleSheet("color: palette(placeholder-text);")
@@ -134,6 +138,7 @@ class TrainPage(QWidget):
         layout.addWidget(header)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
+        layout.addWidget(self.blocker_label)
         layout.addWidget(self.plan_label)
         layout.addWidget(self.failure_panel)
         layout.addLayout(readouts)
@@ -160,6 +165,11 @@ class TrainPage(QWidget):
         """One sentence; `details` (a crash report) shows as its tooltip."""
         self.status_label.setText(text)
         self.status_label.setToolTip(details)
+
+    def set_start_blocker(self, reason: str) -> None:
+        """Why Start is disabled, under the status line ("" hides it)."""
+        self.blocker_label.setText(f"Cannot start: {reason}" if reason else "")
+        self.blocker_label.setVisible(bool(reason))
 
     def set_plan(self, text: str) -> None:
         """The worker's resolved techniques (PhaseChanged "plan")."""

@@ -1,8 +1,11 @@
-"""EstimateState: the memory estimate of the draft config on the detected device, kept current.
+"""EstimateState: the memory estimate of the draft config on the detected device, kept current, and
+whether Start may go.
 
 Any change to the draft schedules one recomputation on the next turn of the event loop (several
-changes in a row cost one estimate). The estimator is pure Python and reads only config.json, so
-this stays in the GUI thread: a few milliseconds.
+changes in a row cost one estimate). The estimate is backend.run_estimate's, the one the CLI and
+the worker use: the feasibility verdicts for this machine first (a choice that cannot run here is
+estimated as what will run), then the estimator with this machine's CPU calibration. It is pure
+Python and reads only config.json, so this stays in the GUI thread: a few milliseconds.
 """
 
 from __future__ import annotations
@@ -12,21 +15,24 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from backend.config import ConfigError
+from backend.protocol import Capabilities
 from studio.state.config_state import ConfigState
+
+FEASIBILITY_KEYS = ("technique.method", "technique.precision", "technique.attention", "technique.optimizer",
+                    "technique.offload", "technique.liger_kernel", "technique.torch_compile")
+"""The choices whose other values the Techniques page marks when they cannot run here."""
 
 
 def predicted_peak(breakdown: Any) -> int:
-    """The estimator's tighter phase-by-phase peak when it gives one, else its total."""
-    phases = (getattr(breakdown, "details", None) or {}).get("peak_phases") or {}
-    peak = phases.get("peak")
-    return int(peak) if isinstance(peak, (int, float)) and peak > 0 else int(breakdown.total_bytes)
+    """The one predicted total of a Breakdown: its step peak plus the fixed runtime (`total_bytes`)."""
+    return int(breakdown.total_bytes)
 
 
 class EstimateState(QObject):
-    """Breakdown of the draft (or the reason there is none), the device limit, and the verdict."""
+    """Breakdown of the draft (or the reason there is none), the verdicts, the device limit."""
 
     changed = Signal()
-    """Emitted after the estimate or the device limit changed."""
+    """Emitted after the estimate, the verdicts or the device limit changed."""
 
     def __init__(self, config: ConfigState, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -35,12 +41,24 @@ class EstimateState(QObject):
         """The last Breakdown (backend.estimate), None when it could not be computed."""
         self.problem = ""
         """Why there is no estimate, in one line."""
+        self.config_problem = ""
+        """Why the draft is not a valid config ("" when it is)."""
+        self.verdicts: tuple[Any, ...] = ()
+        """backend.feasibility Verdicts of the draft on this machine: what does not run as asked."""
         self.device = "cpu"
         self.limit_bytes: int | None = None
         self.limit_label = ""
         """What the limit is, e.g. "GPU 0 (NVIDIA H200): 139.8 GiB" or "System RAM: 15.6 GiB"."""
+        self.calibration: Any = None
+        """backend.calibration.Calibration of this machine's runs (read once, again after each run)."""
+        self._confirmed: Capabilities | None = None
+        self._caps: dict[str, Capabilities] = {}
         self._answers: tuple[str, int | None] = ("", None)
         """(data path, its longest answer in tokens) from the Data page's measurement."""
+        self._data_problem: tuple[str, str] = ("", "")
+        """(data path, why the Data page could not read it)."""
+        self._model_config: tuple[str, dict[str, Any] | None] | None = None
+        """(model path, its config.json) for this round of verdicts; read again at each recompute."""
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(0)
@@ -59,11 +77,30 @@ class EstimateState(QObject):
         else:
             self.changed.emit()
 
+    def set_capabilities(self, caps: Capabilities) -> None:
+        """What a worker probed (bf16, bitsandbytes, flash-attn, ...): it replaces the studio's guess."""
+        if caps != self._confirmed:
+            self._confirmed = caps
+            self._timer.start()
+
     def set_longest_answer(self, data_path: str, tokens: int | None) -> None:
         """The Data page measured the data: logits are counted for its longest answer, not every position."""
         if (data_path, tokens) != self._answers:
             self._answers = (data_path, tokens)
             self._timer.start()
+
+    def set_data_problem(self, data_path: str, problem: str) -> None:
+        """The Data page could not read `data_path` (or "" once it could): Start waits for a fix."""
+        if (data_path, problem) != self._data_problem:
+            self._data_problem = (data_path, problem)
+            self._timer.start()
+
+    def recalibrate(self) -> None:
+        """Read this machine's runs again (a run just wrote its memory.json)."""
+        from backend.calibration import Calibration
+
+        self.calibration = Calibration.read()
+        self._timer.start()
 
     @property
     def longest_answer(self) -> int | None:
@@ -71,43 +108,101 @@ class EstimateState(QObject):
         path, tokens = self._answers
         return tokens if path and path == self._config.get("data.path") else None
 
+    @property
+    def data_problem(self) -> str:
+        """The Data page's problem with the draft's data path ("" when none)."""
+        path, problem = self._data_problem
+        return problem if path == self._config.get("data.path") else ""
+
+    def caps(self) -> Capabilities:
+        """The machine as the verdicts see it: the worker's probe once one ran, else found torch-free."""
+        from backend.device_caps import device_caps
+
+        if self._confirmed is not None:
+            return self._confirmed.model_copy(update={"cuda": self.device == "cuda"})
+        if self.device not in self._caps:
+            self._caps[self.device] = device_caps(self.device)
+        return self._caps[self.device]
+
     def _on_config_changed(self, key: str) -> None:
         if key != "name" and not key.startswith("export."):
             self._timer.start()
 
     def recompute(self) -> None:
-        from backend.cpu_features import native_bf16
-        from backend.estimate import estimate  # pure Python; imported when first needed
+        from backend.run_estimate import estimate_run  # pure Python; imported when first needed
 
         self._timer.stop()
+        if self.calibration is None:
+            self.recalibrate()
+            self._timer.stop()
         try:
             config = self._config.config()
-            hardware = config.hardware
-            zero_stage = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}.get(hardware.strategy, 0)
-            self.breakdown = estimate(config.model.path, config, device=self.device,  # type: ignore[arg-type]
-                                      num_gpus=hardware.num_processes, zero_stage=zero_stage,
-                                      target_tokens=self.longest_answer, cpu_bf16=native_bf16())
-            self.problem = ""
-        except (ConfigError, ValueError, OSError, KeyError, TypeError, ZeroDivisionError) as exc:
-            self.breakdown, self.problem = None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        except (ConfigError, ValueError) as exc:
+            self.breakdown, self.verdicts = None, ()
+            self.problem = self.config_problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.changed.emit()
+            return
+        self.config_problem = ""
+        self._model_config = None
+        result = estimate_run(config, self.device, caps=self.caps(), target_tokens=self.longest_answer,
+                              calibration=self.calibration, data_problem=self.data_problem,
+                              model_config=self.model_config(config.model.path))
+        self.breakdown, self.verdicts, self.problem = result.breakdown, result.verdicts, result.problem
         self.changed.emit()
 
     # --- outputs ------------------------------------------------------------------------------
     @property
     def total_bytes(self) -> int | None:
-        """The sum of the parts (the Breakdown's total_bytes is its peak, `peak_bytes` here)."""
-        return None if self.breakdown is None else int(self.breakdown.sum_bytes)
+        """The one predicted total (the step's peak plus the fixed runtime), as the CLI and the Train page show it."""
+        return None if self.breakdown is None else predicted_peak(self.breakdown)
 
     @property
     def peak_bytes(self) -> int | None:
-        return None if self.breakdown is None else predicted_peak(self.breakdown)
+        """The same total (the Train page's name for it)."""
+        return self.total_bytes
+
+    @property
+    def sum_bytes(self) -> int | None:
+        """The sum of the parts: an upper bound that holds every part at its own peak at once."""
+        return None if self.breakdown is None else int(self.breakdown.sum_bytes)
 
     def verdict(self) -> str:
-        """fits | tight (the tighter peak fits, the sum of parts does not) | too_big | unknown."""
+        """fits | tight (the total fits, the sum of parts does not) | too_big | unknown."""
         if self.breakdown is None or not self.limit_bytes:
             return "unknown"
-        if self.total_bytes is not None and self.total_bytes <= self.limit_bytes:
+        if self.sum_bytes is not None and self.sum_bytes <= self.limit_bytes:
             return "fits"
-        if self.peak_bytes is not None and self.peak_bytes <= self.limit_bytes:
+        if self.total_bytes is not None and self.total_bytes <= self.limit_bytes:
             return "tight"
         return "too_big"
+
+    def start_blocker(self) -> str:
+        """Why Start may not go, in one sentence ("" when it may): an invalid form, or what the
+        worker's plan would refuse on this machine (the Data page's problem included)."""
+        if self.config_problem:
+            return self.config_problem
+        return next((v.message() for v in self.verdicts if v.blocks), "")
+
+    def model_config(self, path: str) -> dict[str, Any] | None:
+        """config.json of `path` (None when unreadable: the estimate says why), read once per recompute."""
+        from backend.estimate import load_model_config
+
+        if self._model_config is None or self._model_config[0] != path:
+            try:
+                self._model_config = (path, load_model_config(path))
+            except ValueError:
+                self._model_config = (path, None)
+        return self._model_config[1]
+
+    def would_refuse(self, key: str, value: Any) -> str:
+        """Why `key` set to `value` could not run here ("" if it could): the Techniques page marks it."""
+        from backend.feasibility import verdicts
+
+        try:
+            config = self._config.config()
+        except (ConfigError, ValueError):
+            return ""
+        section, name = key.split(".", 1)
+        changed = config.model_copy(update={section: getattr(config, section).model_copy(update={name: value})})
+        found = verdicts(changed, self.model_config(config.model.path), self.caps())
+        return next((v.reason for v in found if v.field == key and v.blocks), "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
+from backend.memory_record import MemoryRecord
 from studio.services.nvml_sampler import TelemetrySample
 from studio.state.telemetry_store import TelemetryStore
 from studio.widgets.memory_chart import ElapsedAxis, MemoryChart
@@ -83,10 +84,14 @@ class GpuPanelWidget(QWidget):
             self.util_chart.set_series("utilization" if nvml else "cpu",
                                        "GPU utilisation" if nvml else "Worker CPU (psutil)")
 
-    def set_peaks(self, predicted: int | None, measured: int | None, measured_kind: str) -> None:
-        """Predicted (estimate) beside measured (the run's highest report)."""
+    def set_peaks(self, predicted: int | None, measured: int | None, measured_kind: str,
+                  record: MemoryRecord | None = None) -> None:
+        """Predicted (estimate) beside measured: the last run's memory.json where it wrote one, else
+        the run's highest report."""
         text = f"Predicted peak {human_bytes(predicted)}" if predicted else "Predicted peak: no estimate"
-        if measured:
+        if record is not None:
+            text += f" · last run: {record.comparison()}, {record.measured_kind}"
+        elif measured:
             ratio = f" ({measured / predicted:.0%} of predicted)" if predicted else ""
             text += f" · measured {human_bytes(measured)} ({measured_kind}){ratio}"
         else:

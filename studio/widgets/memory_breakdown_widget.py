@@ -37,6 +37,7 @@ PART_WORDS = {
     "master_weights": "Master weights", "activations": "Activations", "logits": "Logits / loss",
     "runtime": "Runtime (CUDA, slack)",
 }
+CPU_RUNTIME_WORDS = "Runtime (process baseline)"
 VERDICTS = {
     "fits": ("Fits", "#16a34a"),
     "tight": ("Tight: the peak fits, the sum of all parts does not", "#d97706"),
@@ -66,6 +67,23 @@ def weights_note(details: dict) -> str:
     return (f"The adapted layers' frozen weights are held in bf16 ({human_bytes(weights.get('bf16', 0))}), the rest "
             f"in fp32 ({human_bytes(weights.get('fp32', 0))}): this CPU multiplies bf16 natively, so with precision "
             "auto the base's products run in bf16. Precision fp32 keeps every weight in fp32.")
+
+
+def runtime_note(details: dict) -> str:
+    """What the runtime part holds: on the CPU the worker process itself, and how that was calibrated."""
+    calibration = details.get("calibration") or {}
+    if calibration.get("note"):
+        return (f"The worker process itself, before the model loads (Python, torch, transformers, the tokenized "
+                f"data): {calibration['note']}.")
+    if (details.get("setup") or {}).get("device") == "cuda":
+        return "The CUDA context and cuBLAS workspaces (outside torch's allocator) and an allowance for fragmentation."
+    return ""
+
+
+def total_note(total: int, parts_sum: int) -> str:
+    """Why the total is not the sum of the parts."""
+    return (f"The step's peak plus the fixed runtime: the same total the Train page and `finetune-studio estimate` "
+            f"show. The parts peak at different moments of a step, so they sum to more ({human_bytes(parts_sum)}).")
 
 
 def _swatch(color: str) -> QIcon:
@@ -169,15 +187,22 @@ class MemoryBreakdownWidget(QWidget):
             self.bar.update()
             return
         parts = breakdown.breakdown()
+        details = breakdown.details or {}
         self.bar.parts = [(name, value) for name, value in parts.items() if name in PART_COLORS]
         total = breakdown.sum_bytes or 1
+        cpu = (details.get("setup") or {}).get("device") == "cpu"
         self.table.setRowCount(len(parts) + 1)
-        for row, (name, value) in enumerate([*parts.items(), ("total", breakdown.sum_bytes)]):
-            label = QTableWidgetItem(PART_WORDS.get(name, name) if name in PART_COLORS else "Total")
+        for row, (name, value) in enumerate([*parts.items(), ("total", estimate.total_bytes or 0)]):
+            words = CPU_RUNTIME_WORDS if name == "runtime" and cpu else PART_WORDS.get(name, name)
+            label = QTableWidgetItem(words if name in PART_COLORS else "Total")
             if name == "logits":
-                label.setToolTip(logits_note(breakdown.details or {}))
+                label.setToolTip(logits_note(details))
             elif name == "weights":
-                label.setToolTip(weights_note(breakdown.details or {}))
+                label.setToolTip(weights_note(details))
+            elif name == "runtime":
+                label.setToolTip(runtime_note(details))
+            elif name == "total":
+                label.setToolTip(total_note(value, breakdown.sum_bytes))
             if name in PART_COLORS:
                 label.setIcon(_swatch(PART_COLORS[name]))
             else:
@@ -197,9 +222,13 @@ class MemoryBreakdownWidget(QWidget):
         self.table.setMinimumWidth(frame + sum(max(header.sectionSizeHint(c), self.table.sizeHintForColumn(c))
                                                for c in range(self.table.columnCount())))
         word, color = VERDICTS[estimate.verdict()]
-        peak = human_bytes(estimate.peak_bytes)
-        self.verdict_label.setText(f"<b style='color:{color}'>{word}</b> — predicted peak {peak}, "
+        peak = human_bytes(estimate.total_bytes or 0)
+        self.verdict_label.setText(f"<b style='color:{color}'>{word}</b> — predicted total {peak} (the step's peak), "
                                    f"sum of parts {human_bytes(breakdown.sum_bytes)}")
-        warnings = (breakdown.details or {}).get("warnings") or []
+        warnings = list(details.get("warnings") or [])
+        if details.get("calibration"):
+            warnings.append(f"runtime: {details['calibration']['note']}")
+        warnings += [f"{v.field} is estimated as {v.estimate_as} (what runs here)" for v in estimate.verdicts
+                     if not v.allowed and v.estimate_as is not None]
         self.notes_label.setText("\n".join(f"Note: {w}" for w in warnings))
         self.bar.update()

@@ -22,7 +22,12 @@ def test_json_contract_on_cpu():
     data = json.loads(done.stdout)
     assert set(data["breakdown"]) == PARTS
     assert data["sum_of_parts_bytes"] == sum(data["breakdown"].values()) >= data["total_bytes"] > 0
-    assert data["breakdown"]["runtime"] == 0
+    from backend.calibration import DEFAULT_BASELINE_BYTES
+
+    # A fresh studio home has no runs: the CPU runtime is the stated default process baseline.
+    assert data["breakdown"]["runtime"] == DEFAULT_BASELINE_BYTES and "not calibrated yet" in data["calibration"]
+    assert data["device"] == "cpu" and data["device_source"].startswith("from --device")
+    assert data["start_blocker"] == "" and data["verdicts"] == []
 
 
 def test_table_for_a_config_only_folder(tmp_path):
@@ -51,3 +56,42 @@ def test_logits_follow_the_data_as_in_the_studio():
     studio = estimate(config.resolved_model_path(), config, device="cpu", target_tokens=answer)
     assert measured["breakdown"]["logits"] == studio.logits < worst["breakdown"]["logits"]
     assert "longest answer, " in run("estimate", str(PRESET), "--device", "cpu").stdout
+
+
+def test_the_device_defaults_to_this_machines_and_is_said():
+    from backend.device_caps import detected_device
+
+    here = detected_device()
+    done = run("estimate", str(PRESET))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"device: {here.kind} (assumed, this machine's: {here.why}")
+    assert json.loads(run("estimate", str(PRESET), "--json").stdout)["device"] == here.kind
+
+
+def test_nvml_decides_the_device_without_torch():
+    from backend.device_caps import detected_device
+    from tests.fakes.fake_nvml import fake_pynvml
+
+    gpu = fake_pynvml()
+    gpu.nvmlDeviceGetCudaComputeCapability = lambda handle: (9, 0)
+    found = detected_device(gpu)
+    assert found.kind == "cuda" and found.bf16 is True and found.devices[0].name == "NVIDIA Fake H100"
+    assert "NVIDIA Fake H100" in found.why
+    none = detected_device(fake_pynvml(fail_init=True))
+    assert none.kind == "cpu" and "Driver Not Loaded" in none.why
+    empty = fake_pynvml()
+    empty.nvmlDeviceGetCount = lambda: 0
+    assert detected_device(empty).kind == "cpu"
+
+
+def test_what_cannot_run_here_is_said_and_not_counted():
+    done = run("estimate", str(PRESET), "--device", "cpu", "--set", "technique.liger_kernel=true",
+               "--set", "technique.optimizer=paged_adamw_8bit")
+    assert done.returncode == 0, done.stderr
+    assert "cannot run here: technique.liger_kernel: Liger's fused kernels" in done.stdout
+    assert "runs as adamw_8bit: technique.optimizer: paged_adamw_8bit -> adamw_8bit" in done.stdout
+    ticked = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu",
+                            "--set", "technique.liger_kernel=true").stdout)
+    plain = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu").stdout)
+    assert ticked["total_bytes"] == plain["total_bytes"]  # Liger's saving is not counted where it cannot run
+    assert ticked["start_blocker"].startswith("technique.liger_kernel:")

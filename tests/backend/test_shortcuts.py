@@ -19,6 +19,7 @@ from tests.families import FAMILIES, MOE, tiny_config
 CPU = Capabilities(cuda=False, bitsandbytes="0.50.2")
 GPU = Capabilities(cuda=True, bf16=True, flash_attn=False)
 GPU_FLASH = Capabilities(cuda=True, bf16=True, flash_attn=True)
+GPU_LIGER = Capabilities(cuda=True, bf16=True, flash_attn=False, liger_kernel=True)  # as probe_capabilities finds it
 
 
 def facts(family: str, **overrides) -> ModelFacts:
@@ -106,7 +107,7 @@ def test_shortcuts_chosen_per_family(family, expected):
     (["technique.attention=eager"], CPU, "sdpa_packed", "attention eager"),
     (["technique.torch_compile=true"], GPU, "loss_positions", "torch.compile"),
     (["technique.torch_compile=true"], GPU, "sdpa_packed", "torch.compile"),
-    (["technique.liger_kernel=true"], GPU, "loss_positions", "Liger"),
+    (["technique.liger_kernel=true"], GPU_LIGER, "loss_positions", "Liger"),
     (["hardware.strategy=fsdp", "hardware.num_processes=2"], GPU, "last_layer_rows", "fsdp wraps"),
     (["technique.method=dora"], CPU, "rank_first_lora", "dora runs peft's forward"),
     (["technique.precision=bf16"], CPU, "rank_first_lora", "precision bf16"),
@@ -114,11 +115,6 @@ def test_shortcuts_chosen_per_family(family, expected):
 ])
 def test_conditions_turn_a_shortcut_off_and_say_why(monkeypatch, overrides, caps, gone, why):
     monkeypatch.setattr("backend.training.techniques.bnb_can", lambda feature, device: None)
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr("importlib.util.find_spec",  # liger "installed"; everything else as it is
-                        lambda name, *a: object() if name == "liger_kernel" else real(name, *a))
     p = plan("llama", overrides, caps=caps, threads=4)
     assert gone not in p.shortcuts.applied
     assert why in dict(p.shortcuts.skipped)[gone]

@@ -39,6 +39,20 @@ def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(bundled_model):
     assert (folder.adapter_dir / "tokenizer.json").is_file()
     assert folder.status() == "finished"
 
+    # memory.json: the estimate the studio shows for this config beside the worker's measured peak
+    from backend.calibration import Calibration
+    from backend.memory_record import MemoryRecord
+    from backend.run_estimate import estimate_run, longest_answer
+
+    record = MemoryRecord.read(folder.path)
+    assert record is not None and (record.device, record.outcome) == ("cpu", "finished")
+    shown = estimate_run(config, "cpu", target_tokens=longest_answer(config), calibration=Calibration())
+    assert record.predicted_total_bytes == shown.total_bytes and record.predicted_parts == shown.breakdown.breakdown()
+    assert "not calibrated yet" in record.calibration  # a fresh studio home: no run measured before
+    assert record.measured_kind == "worker peak RSS (VmHWM)" and record.measured_peak_bytes == record.peak_rss_bytes
+    assert 100 << 20 < record.process_baseline_bytes < record.measured_peak_bytes
+    assert Calibration.read().runs == 1 and Calibration.read().baseline_bytes == record.process_baseline_bytes
+
 
 def test_stop_and_save_mid_run_leaves_a_complete_checkpoint(bundled_model):
     config = RunConfig.load(PRESET, ["train.max_steps=2000", "train.save_steps=1000", "name=stop"])
@@ -59,6 +73,9 @@ def test_stop_and_save_mid_run_leaves_a_complete_checkpoint(bundled_model):
     assert (latest / "optimizer.pt").is_file() and (latest / "trainer_state.json").is_file()
     assert (folder.adapter_dir / "adapter_model.safetensors").is_file()
     assert folder.status() == "stopped"
+    from backend.memory_record import MemoryRecord
+
+    assert MemoryRecord.read(folder.path).outcome == "stopped"
 
 
 def test_cancel_saves_nothing(bundled_model):

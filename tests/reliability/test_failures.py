@@ -53,6 +53,13 @@ def test_injected_out_of_memory_names_phase_peak_prediction_and_fix(bundled_mode
     assert failure.predicted_bytes and failure.predicted_bytes > 0
     assert failure.fix == {"train.micro_batch_size": 2, "train.gradient_accumulation_steps": 2}
     assert "same effective batch" in failure.hint
+    from backend.memory_record import MemoryRecord
+
+    record = MemoryRecord.read(tmp_path / "run")  # the peak that did not fit, beside the prediction
+    if phase == "load":
+        assert record is None  # injected as the load phase begins, before the ledger takes its baseline
+    else:
+        assert record.outcome == "out_of_memory" and record.predicted_total_bytes == failure.predicted_bytes
 
 
 def test_fix_ladder_when_the_batch_is_already_one():

@@ -21,6 +21,9 @@ def test_real_worker_stops_resumes_and_finishes_from_the_window(qtbot, make_stud
     jobs.ended.connect(outcomes.append)
     studio.config.set("name", "real-resume")
     studio.config.set("train.max_steps", 12)
+    qtbot.waitUntil(lambda: studio.estimate.longest_answer is not None, timeout=10_000)
+    studio.estimate.recompute()
+    predicted = studio.estimate.total_bytes
     page.start_button.click()
     qtbot.waitUntil(lambda: studio.store.count("loss") >= 2, timeout=300_000)
     page.stop_button.click()
@@ -40,3 +43,9 @@ def test_real_worker_stops_resumes_and_finishes_from_the_window(qtbot, make_stud
     assert page.status_label.text().startswith("Finished")
     assert folder.status() == "finished"
     assert studio.window.resume_action.text() == "Train real-resume more…"
+    # memory.json: the worker's measured peak beside the estimate the window showed before Start
+    from backend.memory_record import MemoryRecord
+
+    record = MemoryRecord.read(folder.path)
+    assert record is not None and record.predicted_total_bytes == predicted
+    assert f"last run: {record.comparison()}" in page.gpu_panel.peak_label.text()
