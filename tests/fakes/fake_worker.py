@@ -158,7 +158,7 @@ class FakeWorker:
                 self.raw(half[:17])
                 time.sleep(0.05)
                 self.raw(half[17:])
-                self.raw('{"type": "NoSuchEvent", "v": 1}\n')
+                self.raw('{"type": "NoSuchEvent", "v": 2}\n')
             if self.scenario in ("crash", "sigkill") and step == 3:
                 try:
                     raise RuntimeError("simulated CUDA error")
