@@ -61,13 +61,15 @@ class ChatSession:
             self._tokenizer = self.models.tokenizer()
         prompt = prompt_ids(self._tokenizer, request.messages)
         generated = 0
-        for which in request.which:
-            if self._cut():
-                break  # cut before this model began: it does not answer
+        for position, which in enumerate(request.which):
+            if position and self._cut():
+                break  # cut before this model began: it does not answer (nor load)
             if self.models.will_load(which):  # type: ignore[arg-type]
                 set_phase("load")
                 self.reporter.emit(PhaseChanged(phase="load_model", detail=which))
             with self.models.use(which) as model:  # type: ignore[arg-type]
+                if self._cut():
+                    break  # cut while loading: the session keeps the model, the answer is empty
                 set_phase("generate")
                 self.reporter.emit(PhaseChanged(phase="generate", detail=which))
                 if request.seed is not None:
