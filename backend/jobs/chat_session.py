@@ -23,7 +23,6 @@ from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
 
 
-
 class ChatRequest(Protocol):
     """What an answer needs from a parsed request (backend.jobs.chat.ChatRequest)."""
 
