@@ -5,6 +5,10 @@ its stdout. Every message carries ``type`` (the discriminator) and ``v`` (the pr
 that a studio never silently misreads a worker from another release: a mismatch is refused at the
 first line, with a sentence naming both versions.
 
+Version 2 added the chat session: a chat StartJob with ``params.session`` keeps its worker (and the
+loaded model) for ChatMessage commands, each answered with the same streamed events and closed by
+AnswerFinished; StopAnswer cuts one answer, StopJob (or stdin closing) ends the session.
+
 Standard library and pydantic only: the studio imports this module and must stay torch-free.
 """
 
@@ -15,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 JobKind = Literal["finetune", "export", "evaluate", "chat"]
 FailureKind = Literal["bad_input", "out_of_memory", "disk_full", "missing_dependency", "crashed", "cancelled"]
@@ -34,7 +38,7 @@ class _Message(BaseModel):
 
 
 class StartJob(_Message):
-    """Start one job; a worker runs exactly one job and then exits."""
+    """Start one job; a worker runs exactly one job and then exits (a chat session once it is ended)."""
 
     type: Literal["StartJob"] = "StartJob"
     job: JobKind = "finetune"
@@ -51,7 +55,31 @@ class StopJob(_Message):
     save: bool = True
 
 
-Command = Annotated[Union[StartJob, StopJob], Field(discriminator="type")]
+class ChatMessage(_Message):
+    """The next message of a chat session: the whole conversation and how to sample its answer.
+
+    Ranges are checked by the worker, which refuses a bad message with MessageRefused and goes on."""
+
+    type: Literal["ChatMessage"] = "ChatMessage"
+    messages: list[dict[str, Any]] = Field(description="{role, content} turns, ending with the user's message.")
+    model: str = Field(default="tuned", description="base, tuned, or both (base then tuned).")
+    temperature: float = 0.7
+    top_p: float = 0.9
+    max_new_tokens: int = 256
+    seed: int | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The same options as a chat StartJob's params, so one parser checks both."""
+        return self.model_dump(exclude={"type", "v", "seed"} if self.seed is None else {"type", "v"})
+
+
+class StopAnswer(_Message):
+    """Cut the chat answer being generated at the next token; the session and its model stay."""
+
+    type: Literal["StopAnswer"] = "StopAnswer"
+
+
+Command = Annotated[Union[StartJob, StopJob, ChatMessage, StopAnswer], Field(discriminator="type")]
 
 
 # --- events (past tense) ---------------------------------------------------------------------
@@ -148,6 +176,23 @@ class TokensGenerated(_Message):
     done: bool = False
 
 
+class AnswerFinished(_Message):
+    """One chat answer is complete (every model asked has answered); a session waits for the next message."""
+
+    type: Literal["AnswerFinished"] = "AnswerFinished"
+    stopped: bool = Field(default=False, description="True when StopAnswer or StopJob cut the answer.")
+    tokens: int = Field(default=0, description="Tokens generated, summed over the models that answered.")
+    seconds: float = Field(default=0.0, description="From the message to its last token, loading included.")
+
+
+class MessageRefused(_Message):
+    """A chat message the session cannot answer (bad options, no tuned model); the session goes on."""
+
+    type: Literal["MessageRefused"] = "MessageRefused"
+    message: str = Field(description="One line a person can act on.")
+    hint: str = ""
+
+
 class JobFinished(_Message):
     type: Literal["JobFinished"] = "JobFinished"
     run_dir: str
@@ -184,6 +229,8 @@ Event = Annotated[
         CheckpointSaved,
         EvalFinished,
         TokensGenerated,
+        AnswerFinished,
+        MessageRefused,
         JobFinished,
         JobFailed,
     ],
@@ -194,10 +241,11 @@ TERMINAL_EVENTS = ("JobFinished", "JobFailed")
 
 _command_adapter: TypeAdapter[Any] = TypeAdapter(Command)
 _event_adapter: TypeAdapter[Any] = TypeAdapter(Event)
-_COMMAND_TYPES = {"StartJob", "StopJob"}
+_COMMAND_TYPES = {"StartJob", "StopJob", "ChatMessage", "StopAnswer"}
 _EVENT_TYPES = {
     "WorkerReady", "JobStarted", "PhaseChanged", "MetricsLogged", "TelemetrySampled",
-    "CheckpointSaved", "EvalFinished", "TokensGenerated", "JobFinished", "JobFailed",
+    "CheckpointSaved", "EvalFinished", "TokensGenerated", "AnswerFinished", "MessageRefused", "JobFinished",
+    "JobFailed",
 }
 
 

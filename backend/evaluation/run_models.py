@@ -69,8 +69,15 @@ class RunModels:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def _wanted(self, which: Which) -> str:
+        return which if self.full or not self.has_tuned else "adapter"
+
+    def will_load(self, which: Which) -> bool:
+        """Whether `use(which)` has to load weights (a chat session says so before it waits on them)."""
+        return self._loaded != self._wanted(which)
+
     def _load(self, which: Which) -> None:
-        want = which if self.full or not self.has_tuned else "adapter"
+        want = self._wanted(which)
         if self._loaded == want:
             return
         self._drop()

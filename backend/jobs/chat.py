@@ -1,10 +1,11 @@
-"""run_chat: one request, one streamed answer (or two: base then tuned), then JobFinished.
+"""run_chat: a chat job, one answer (the CLI's one-shot) or a session that answers message after message.
 
-A one-shot job, like every other: the studio starts a fresh worker per message and sends the whole
-conversation each time (the worker keeps no state between messages). Each answer streams as
-TokensGenerated events while it is generated, preceded by PhaseChanged(phase="generate",
-detail="base"|"tuned") and closed by TokensGenerated(text="", done=True). A StopJob cuts the answer
-at the next token; what was generated so far stands and the job finishes with stopped=True.
+Each answer streams as TokensGenerated events while it is generated, preceded by
+PhaseChanged(phase="generate", detail="base"|"tuned") and closed by TokensGenerated(text="", done=True);
+AnswerFinished closes the whole answer (both models for "both"). Without `session` the job answers
+StartJob.params' messages and finishes. With `session: true` the models stay loaded and every
+ChatMessage command is answered the same way (see chat_session.py), until StopJob or stdin closing
+ends the job; StopAnswer cuts one answer at the next token and keeps the session.
 """
 
 from __future__ import annotations
@@ -14,15 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from backend.config import RunConfig
 from backend.errors import bad_input
-from backend.evaluation.generation import prompt_ids, stream_answer
 from backend.evaluation.run_models import RunModels
-from backend.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged, TokensGenerated
+from backend.jobs.chat_session import ChatSession
+from backend.protocol import Capabilities, JobFinished, JobStarted
 from backend.training.capabilities import probe_capabilities
-from backend.training.phase import set_phase
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
 
@@ -32,7 +30,7 @@ ROLES = {"system", "user", "assistant"}
 
 
 class ChatRequest:
-    """The options of one chat request, parsed from StartJob.params; each refusal names the option."""
+    """The options of one chat request (StartJob.params or a ChatMessage); each refusal names the option."""
 
     def __init__(self, params: dict[str, Any]):
         unknown = set(params) - KNOWN
@@ -89,32 +87,21 @@ def run_chat(
     params: dict | None = None,
 ) -> None:
     began = time.monotonic()
-    request = ChatRequest(params or {})
+    params = dict(params or {})
+    session = params.pop("session", False)
+    if not isinstance(session, bool):
+        raise bad_input(f"chat option session must be true or false, got {session!r}")
+    first = ChatRequest(params) if params.get("messages") is not None or not session else None
     reporter.emit(JobStarted(job="chat", run_dir=str(run_dir)))
     models = RunModels(run_dir, config, capabilities or probe_capabilities())
-    if "tuned" in request.which:
-        models.require_tuned()
-
-    set_phase("load")
-    reporter.emit(PhaseChanged(phase="load_model", detail=" and ".join(request.which)))
-    tokenizer = models.tokenizer()
-    prompt = prompt_ids(tokenizer, request.messages)
-    generated = 0
-    for which in request.which:
-        with models.use(which) as model:  # type: ignore[arg-type]
-            set_phase("generate")
-            reporter.emit(PhaseChanged(phase="generate", detail=which))
-            if request.seed is not None:
-                torch.manual_seed(request.seed)
-            _, count = stream_answer(
-                model, tokenizer, prompt, lambda piece: reporter.emit(TokensGenerated(text=piece)),
-                max_new_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
-                should_stop=lambda: stop.requested,
-            )
-            generated += count
-            reporter.emit(TokensGenerated(text="", done=True))
-        if stop.requested:
-            break
-    models.close()
-    log.info("chat: %d tokens generated (%s)", generated, request.model)
-    reporter.emit(JobFinished(run_dir=str(run_dir), stopped=stop.requested, seconds=time.monotonic() - began))
+    chat = ChatSession(models, reporter, stop)
+    try:
+        if first is not None:
+            chat.answer(first)  # a refusal here ends the job: nothing is loaded yet to keep
+        if session:
+            chat.serve(ChatRequest)
+    finally:
+        models.close()
+    log.info("chat: %d answers, %d tokens generated", chat.answers, chat.tokens)
+    reporter.emit(JobFinished(run_dir=str(run_dir), stopped=stop.requested, steps=chat.answers,
+                              seconds=time.monotonic() - began))

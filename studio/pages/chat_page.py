@@ -1,9 +1,12 @@
 """ChatPage: step 7, talk to a finished run's model: the base, the tuned one, or both side by side.
 
-Each message starts a fresh chat worker with the whole conversation (the worker keeps no state);
-the answer streams into its pane token by token, and Stop cuts it short. Loading a model while a
-fine-tune runs competes for the same memory, so Send first says how much the running config is
-predicted to take against the device's memory and asks to continue.
+Loading the model is what makes a message slow on a CPU, so the page keeps one chat session: the
+first Send starts a worker with the first message and the worker keeps the model loaded; every later
+Send is a ChatMessage to the same worker (the whole conversation each time). Each answer streams into
+its pane token by token; Stop cuts the answer and keeps the session; New conversation clears the
+history and keeps the model; Unload, or picking another run, ends the session and frees its memory.
+Loading a model while a fine-tune runs competes for the same memory, so starting a session first says
+how much the running config is predicted to take against the device's memory and asks to continue.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.protocol import PhaseChanged, TokensGenerated
+from backend.protocol import AnswerFinished, ChatMessage, MessageRefused, PhaseChanged, StopAnswer, TokensGenerated
+from backend.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
 from studio.widgets.units import human_bytes
 
 MODELS = (("tuned", "Tuned model"), ("base", "Base model"), ("both", "Both, side by side"))
+LOADED = "Model loaded; answers come without reloading."
 
 
 def memory_warning(config: Any, device: str, limit_bytes: int | None, label: str,
@@ -68,8 +73,17 @@ class ChatPage(QWidget):
         """The conversation sent with each message (the tuned answers when both models answer)."""
         self._target = "tuned"
         self._answers: dict[str, str] = {}
+        self.answering = False
+        """True from Send until the answer is complete (or refused, or the session ended)."""
+        self._session: RunFolder | None = None
+        """The run whose model the live session holds (None when no session runs)."""
+        self._session_full = False
+        """The session's run is a full fine-tune: base and tuned are two models, loaded in turn."""
+        self._ending = ""
+        """What to say when the session we asked to end has ended ("" when it ended on its own)."""
         header = PageHeaderWidget("Chat", "Try the tuned model, or compare it with the base model on the same "
-                                          "conversation. Each message loads the model afresh.")
+                                          "conversation. The model loads with the first message and stays "
+                                          "loaded until you unload it.")
         self.picker = RunPickerWidget(preferred_run)
         self.model_combo = QComboBox()
         for key, title in MODELS:
@@ -106,12 +120,17 @@ class ChatPage(QWidget):
         self.send_button = QPushButton("Send")
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(self.jobs.cancel)
+        self.stop_button.setToolTip("Cut the answer here; the model stays loaded")
+        self.stop_button.clicked.connect(self.stop_answer)
         self.clear_button = QPushButton("New conversation")
+        self.clear_button.setToolTip("Forget the conversation; the model stays loaded")
         self.clear_button.clicked.connect(self.clear_conversation)
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setToolTip("End the chat session and free the model's memory (before a fine-tune, say)")
+        self.unload_button.clicked.connect(self.unload)
         send_row = QHBoxLayout()
         send_row.addWidget(self.message_edit, 1)
-        for button in (self.send_button, self.stop_button, self.clear_button):
+        for button in (self.send_button, self.stop_button, self.clear_button, self.unload_button):
             send_row.addWidget(button)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
@@ -123,7 +142,7 @@ class ChatPage(QWidget):
         layout.addLayout(panes, 1)
         layout.addLayout(send_row)
         layout.addWidget(self.status_label)
-        self.picker.run_changed.connect(lambda _path: self.clear_conversation())
+        self.picker.run_changed.connect(self._on_picker_run_changed)
         jobs.event_received.connect(self._on_jobs_event_received)
         jobs.ended.connect(self._on_jobs_ended)
         jobs.running_changed.connect(lambda _running: self._update_buttons())
@@ -131,7 +150,7 @@ class ChatPage(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
-        if not self.jobs.is_running():
+        if not self.answering:
             self.picker.refresh()
 
     def model(self) -> str:
@@ -140,63 +159,144 @@ class ChatPage(QWidget):
     def set_model(self, key: str) -> None:
         self.model_combo.setCurrentIndex(self.model_combo.findData(key))
 
+    def session_live(self) -> bool:
+        """A session worker holds the picked run's model and takes messages (not ending, not ended)."""
+        return (self._session is not None and self.jobs.is_running() and not self._ending
+                and self.jobs.status in ("starting", "running"))
+
     def clear_conversation(self) -> None:
-        if self.jobs.is_running():
+        """Forget the conversation; a live session keeps its model for the next one."""
+        if self.answering:
             return
         self.history = []
         for pane in self.panes.values():
             pane.clear()
-        self._say("")
+        self._say(LOADED if self.session_live() else "")
         self._update_buttons()
 
     def send(self) -> None:
-        """Start a chat worker with the conversation plus the typed message."""
+        """Send the conversation plus the typed message: to the live session, or to a new one."""
         text = self.message_edit.text().strip()
         folder = self.picker.folder()
-        if not text or folder is None or self.jobs.is_running():
+        if not text or folder is None or self.answering:
             return
-        warning = self.training_warning()
-        if warning and not self.confirm_memory(warning):
-            return
-        try:
-            config = folder.load_config()
-        except ValueError as exc:
-            self._say(f"cannot read {folder.config_path}: {exc}", True)
-            return
-        self.history.append({"role": "user", "content": text})
+        messages = self.history + [{"role": "user", "content": text}]
+        if self.session_live() and self._session is not None and self._session.path == folder.path:
+            if not self.jobs.send(ChatMessage(messages=messages, **self._sampling())):
+                self._say("The chat session is not taking messages; try again in a moment.", True)
+                return
+        else:
+            if self.jobs.is_running():
+                return  # the previous session is still closing
+            warning = self.training_warning()
+            if warning and not self.confirm_memory(warning):
+                return
+            try:
+                config = folder.load_config()
+            except ValueError as exc:
+                self._say(f"cannot read {folder.config_path}: {exc}", True)
+                return
+            self._session, self._session_full, self._ending = folder, config.technique.method == "full", ""
+            self._say("Loading the model…")
+            self.jobs.start(folder, config, job="chat", params={"session": True, "messages": messages,
+                                                                 **self._sampling()})
+        self.history = messages
         self.message_edit.clear()
         which = ["base", "tuned"] if self.model() == "both" else [self.model()]
         self._answers = {key: "" for key in which}
         self._target = which[0]
         for key in which:
             self._append(key, ("\n\n" if self.panes[key].toPlainText() else "") + f"You: {text}\n\n{key.capitalize()}: ")
-        params = {"model": self.model(), "temperature": self.temperature.value(), "top_p": self.top_p.value(),
-                  "max_new_tokens": self.max_tokens.value(), "messages": list(self.history)}
-        self._say("Loading the model…")
-        self.jobs.start(folder, config, job="chat", params=params)
+        self.answering = True
+        self._update_buttons()
+
+    def stop_answer(self) -> None:
+        """Cut the answer at the next token; the session stays (before the worker is ready: end it)."""
+        if not self.answering:
+            return
+        if not self.jobs.send(StopAnswer()):
+            self._end_session("Stopped before the model loaded; the next message loads it.")
+            return
+        self._say("Stopping the answer…")
+
+    def unload(self) -> None:
+        """End the session: the worker exits and the model's memory is free again."""
+        self._end_session("Model unloaded: the next message loads it again.")
+
+    def _end_session(self, note: str) -> None:
+        if self._session is None or not self.jobs.is_running() or self._ending:
+            return
+        self._ending = note
+        self._say("Unloading the model…")
+        self.jobs.stop()
+        self._update_buttons()
+
+    def _sampling(self) -> dict[str, Any]:
+        return {"model": self.model(), "temperature": self.temperature.value(), "top_p": self.top_p.value(),
+                "max_new_tokens": self.max_tokens.value()}
+
+    def _on_picker_run_changed(self, _path: str) -> None:
+        self.clear_conversation()
+        self._end_session("The chat session ended with the change of run; the next message loads its model.")
 
     def _on_model_combo_current_index_changed(self, _index: int) -> None:
         model = self.model()
         self.boxes["base"].setVisible(model in ("base", "both"))
         self.boxes["tuned"].setVisible(model in ("tuned", "both"))
+        if self.session_live() and not self.answering:
+            self._say("A full fine-tune keeps one model in memory: the next answer loads the base or tuned weights "
+                      "it needs, in the same session." if self._session_full else
+                      "The base model is the tuned one with its adapter switched off: the loaded model answers "
+                      "for both, without reloading.")
 
     def _on_jobs_event_received(self, event: Any) -> None:
-        if isinstance(event, PhaseChanged) and event.phase == "generate" and event.detail in self.panes:
+        if isinstance(event, PhaseChanged) and event.phase == "load_model":
+            self._say(f"Loading the {event.detail} model…")
+        elif isinstance(event, PhaseChanged) and event.phase == "generate" and event.detail in self.panes:
             self._target = event.detail
             self._say(f"The {event.detail} model is answering…")
         elif isinstance(event, TokensGenerated) and event.text and self._target in self._answers:
             self._answers[self._target] += event.text
             self._append(self._target, event.text)
+        elif isinstance(event, AnswerFinished) and self.answering:
+            self._on_answer_finished(event)
+        elif isinstance(event, MessageRefused) and self.answering:
+            self._unanswered()
+            for key in self._answers:
+                self._append(key, "(refused)")
+            hint = f" Hint: {event.hint}" if event.hint else ""
+            self._say(f"Message refused: {event.message}.{hint} The model stays loaded.", True)
+            self._update_buttons()
 
-    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
-        if outcome.ok:
+    def _on_answer_finished(self, event: AnswerFinished) -> None:
+        if event.stopped and not event.tokens:
+            self._unanswered()
+            stopped = "Stopped before the answer began. "
+        else:
             answer = self._answers.get("tuned", next(iter(self._answers.values()), ""))
             self.history.append({"role": "assistant", "content": answer})
-            self._say("Stopped: the answer so far is kept." if outcome.status == "stopped" else "")
-            return
-        if self.history and self.history[-1]["role"] == "user":
-            self.history.pop()  # the message was not answered: it is not part of the conversation
-        self._say(failure_text("Chat", outcome), True)
+            self.answering = False
+            stopped = "Stopped: the answer so far is kept. " if event.stopped else ""
+        took = f" (answered in {event.seconds:.1f} s)" if event.seconds and not event.stopped else ""
+        self._say(stopped + LOADED + took)
+        self._update_buttons()
+
+    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        note, self._session, self._ending = self._ending, None, ""
+        self._unanswered()
+        if note and (outcome.ok or outcome.status == "cancelled"):
+            self._say(note)
+        elif outcome.ok:
+            self._say("The chat session ended; the next message loads the model again.")
+        else:
+            self._say(failure_text("Chat", outcome), True)
+        self._update_buttons()
+
+    def _unanswered(self) -> None:
+        """The message in flight got no answer: it is not part of the conversation."""
+        if self.answering and self.history and self.history[-1]["role"] == "user":
+            self.history.pop()
+        self.answering = False
 
     def _append(self, key: str, text: str) -> None:
         pane = self.panes[key]
@@ -213,11 +313,12 @@ class ChatPage(QWidget):
         return box.exec() == QMessageBox.StandardButton.Ok
 
     def _update_buttons(self) -> None:
-        running = self.jobs.is_running()
-        self.send_button.setEnabled(not running and bool(self.picker.path()))
-        self.stop_button.setEnabled(running)
-        self.clear_button.setEnabled(not running)
-        self.picker.setEnabled(not running)
+        closing = self.jobs.is_running() and not self.session_live()  # a session ending, or the first starting
+        self.send_button.setEnabled(not self.answering and not closing and bool(self.picker.path()))
+        self.stop_button.setEnabled(self.answering)
+        self.clear_button.setEnabled(not self.answering)
+        self.unload_button.setEnabled(self.session_live())
+        self.picker.setEnabled(not self.answering)
 
     def _say(self, text: str, error: bool = False) -> None:
         self.status_label.setText(text)

@@ -1,16 +1,23 @@
 """Chat with a short real run: tokens stream as they are generated, base and tuned both answer, the
-prompt is the model's chat template, a stop cuts the answer, bad requests are refused."""
+prompt is the model's chat template, a stop cuts the answer, bad requests are refused, and a session
+worker answers message after message with the model loaded once."""
 
 from __future__ import annotations
 
+import json
+import queue
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
 
 from backend.config import RunConfig
 from backend.errors import JobError
+from backend.launch import start_line, worker_command, worker_env
+from backend.protocol import ChatMessage, StopJob, encode
 from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
@@ -28,11 +35,13 @@ class Collect:
 
 
 class Stop:
+    """StopListener's face to the chat job: a StopAnswer after `after_tokens` streamed events."""
+
     def __init__(self, after_tokens: int | None = None, collect: Collect | None = None):
-        self.after_tokens, self.collect, self.save = after_tokens, collect, True
+        self.after_tokens, self.collect, self.save, self.requested = after_tokens, collect, True, False
 
     @property
-    def requested(self) -> bool:
+    def cut_requested(self) -> bool:
         if self.after_tokens is None:
             return False
         return sum(e.type == "TokensGenerated" for e in self.collect.events) >= self.after_tokens
@@ -74,7 +83,7 @@ def answers(events) -> dict[str, list[dict]]:
 
 def test_tokens_stream_and_match_a_greedy_answer_through_the_chat_template(trained, monkeypatch):
     folder, config = trained
-    import backend.jobs.chat as job
+    import backend.jobs.chat_session as job
     from backend.evaluation.generation import greedy_answers
 
     seen = {}
@@ -88,7 +97,7 @@ def test_tokens_stream_and_match_a_greedy_answer_through_the_chat_template(train
     events = chat(folder, config, model="base")
     stream = answers(events)["base"]
     assert len([e for e in stream if not e["done"]]) > 1, stream  # piece by piece, not one block
-    assert stream[-1] == {"v": 1, "type": "TokensGenerated", "text": "", "done": True}
+    assert stream[-1] == {"v": 2, "type": "TokensGenerated", "text": "", "done": True}
     assert "".join(e["text"] for e in stream).strip() == seen["greedy"]
 
     tokenizer = seen["tokenizer"]
@@ -96,7 +105,8 @@ def test_tokens_stream_and_match_a_greedy_answer_through_the_chat_template(train
     assert tokenizer.decode(seen["prompt"]) == rendered
     assert rendered.startswith("<|bos|><|user|>\n") and rendered.endswith("<|assistant|>\n")
     assert events[0]["type"] == "JobStarted" and events[0]["job"] == "chat"
-    assert events[-1]["type"] == "JobFinished" and events[-1]["stopped"] is False
+    assert events[-2]["type"] == "AnswerFinished" and not events[-2]["stopped"] and events[-2]["tokens"] > 1
+    assert events[-1]["type"] == "JobFinished" and events[-1]["stopped"] is False and events[-1]["steps"] == 1
 
 
 def test_both_answers_base_then_tuned_from_the_cli(trained):
@@ -119,14 +129,64 @@ def test_a_stop_cuts_the_answer(trained):
     streams = answers(events)
     assert list(streams) == ["base"]  # stopped before the tuned model began
     assert len(streams["base"]) <= 4 and streams["base"][-1]["done"]
-    assert events[-1]["type"] == "JobFinished" and events[-1]["stopped"] is True
+    assert events[-2]["type"] == "AnswerFinished" and events[-2]["stopped"] is True
+    assert events[-1]["type"] == "JobFinished" and events[-1]["stopped"] is False  # the answer, not the job
 
 
-def test_sampling_with_a_seed_repeats(trained):
+class Worker:
+    """A real `python -m backend.worker` spoken to line by line, as the studio does."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(worker_command(), cwd=ROOT, env=worker_env(), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stdout], daemon=True).start()
+
+    def send(self, text: str) -> None:
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def until(self, kind: str, timeout: float = 120) -> list[dict]:
+        """Events up to and including the next one of type `kind`."""
+        events, deadline = [], time.monotonic() + timeout
+        while not events or events[-1]["type"] != kind:
+            events.append(json.loads(self.lines.get(timeout=max(0.1, deadline - time.monotonic()))))
+            assert events[-1]["type"] != "JobFailed", events[-1]
+        return events
+
+
+def test_a_session_worker_loads_once_and_answers_message_after_message(trained):
     folder, config = trained
-    first = answers(chat(folder, config, model="tuned", temperature=1.0, top_p=0.95, seed=7))["tuned"]
-    second = answers(chat(folder, config, model="tuned", temperature=1.0, top_p=0.95, seed=7))["tuned"]
-    assert first == second and first[-1]["done"]
+    sampling = {"model": "tuned", "temperature": 1.0, "top_p": 0.95, "max_new_tokens": 12, "seed": 7}
+    worker = Worker()
+    try:
+        ready = worker.until("WorkerReady")[-1]
+        began = time.monotonic()
+        worker.send(start_line(folder, config, job="chat", params={"session": True, "messages": QUESTION, **sampling}))
+        first = worker.until("AnswerFinished")
+        first_s = time.monotonic() - began
+        began = time.monotonic()
+        worker.send(encode(ChatMessage(messages=QUESTION, **sampling)))  # same seed: the same answer
+        second = worker.until("AnswerFinished")
+        second_s = time.monotonic() - began
+        worker.send(encode(ChatMessage(messages=[{"role": "robot", "content": "x"}])))
+        refused = worker.until("MessageRefused")[-1]
+        worker.send(encode(ChatMessage(messages=QUESTION, model="base", max_new_tokens=3, temperature=0)))
+        third = worker.until("AnswerFinished")
+        worker.send(encode(StopJob()))
+        finished = worker.until("JobFinished")[-1]
+        assert worker.proc.wait(timeout=60) == 0
+    finally:
+        worker.proc.kill()
+    loads = [e for e in first + second + third if e["type"] == "PhaseChanged" and e["phase"] == "load_model"]
+    assert len(loads) == 1 and loads[0] in first  # adapter on base: "base" reuses the loaded model
+    assert answers(first)["tuned"] == answers(second)["tuned"] and len(answers(first)["tuned"]) > 2
+    assert first[-1]["tokens"] > 1 and not first[-1]["stopped"]
+    assert list(answers(third)) == ["base"] and third[-1]["tokens"] <= 3
+    assert "role 'robot'" in refused["message"]
+    assert finished["stopped"] is True and finished["steps"] == 3
+    assert ready["pid"] == worker.proc.pid
+    print(f"\nchat session: first message {first_s:.2f} s (loading), second {second_s:.2f} s")
 
 
 @pytest.mark.parametrize("params, match", [

@@ -4,7 +4,10 @@ export: stages as PhaseChanged with MetricsLogged(step, max_steps) progress, a f
 file and export_report.json (scenario `export_fail`: the perplexity check fails, JobFailed bad_input);
 an existing folder without `overwrite` is refused like the real job. evaluate: eval_report.json with
 base vs tuned perplexity and exact match. chat: the answer streams as TokensGenerated pieces (base
-then tuned for "both", each after PhaseChanged generate), cut short by a StopJob.
+then tuned for "both", each after PhaseChanged generate) and ends with AnswerFinished; a StopAnswer
+or StopJob cuts it. With `session` the fake "loads" once (PhaseChanged load_model) and answers
+ChatMessage after ChatMessage until StopJob or stdin closing; a message whose text is "refuse me"
+is refused with MessageRefused and the session goes on.
 """
 
 from __future__ import annotations
@@ -14,7 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.protocol import JobFailed, JobFinished, JobStarted, MetricsLogged, PhaseChanged, TokensGenerated
+from backend.protocol import (
+    AnswerFinished,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    MessageRefused,
+    MetricsLogged,
+    PhaseChanged,
+    TokensGenerated,
+)
 
 STAGES = ("check", "load_model", "measure", "write", "verify", "report")
 
@@ -83,19 +95,47 @@ def evaluate(worker: Any, run_dir: Path, params: dict[str, Any]) -> int:
 
 def chat(worker: Any, run_dir: Path, params: dict[str, Any]) -> int:
     worker.emit(JobStarted(job="chat", run_dir=str(run_dir)))
+    params = dict(params)
+    session = params.pop("session", False)
+    answered = 0
+    if params.get("messages") is not None or not session:
+        answer(worker, params, load=True)
+        answered += 1
+    while session and not worker.stop.is_set():
+        message = worker.inbox.get()
+        if message is None:
+            break
+        worker.cut.clear()
+        if message.messages and message.messages[-1].get("content") == "refuse me":
+            worker.emit(MessageRefused(message="the fake refuses this message", hint="send another"))
+            continue
+        answer(worker, message.params(), load=answered == 0)
+        answered += 1
+    worker.emit(JobFinished(run_dir=str(run_dir), stopped=worker.stop.is_set(), steps=answered, seconds=0.1))
+    return 0
+
+
+def answer(worker: Any, params: dict[str, Any], load: bool) -> None:
+    """One answer: pieces per model, "[model on 'last message'] model1 model2 ...", cut by a stop."""
     model = params.get("model", "tuned")
     which = ["base", "tuned"] if model == "both" else [model]
     last = next((m["content"] for m in reversed(params.get("messages", [])) if m.get("role") == "user"), "")
     pieces = int(params.get("max_new_tokens", 8))
-    stopped = False
+    if load:
+        worker.emit(PhaseChanged(phase="load_model", detail=" and ".join(which)))
+        time.sleep(worker.delay)
+    stopped, tokens = False, 0
     for name in which:
+        if worker.stop.is_set() or worker.cut.is_set():
+            stopped = True
+            break
         worker.emit(PhaseChanged(phase="generate", detail=name))
         for index in range(pieces):
-            if worker.stop.is_set():
+            if worker.stop.is_set() or worker.cut.is_set():
                 stopped = True
                 break
             worker.emit(TokensGenerated(text=f"{name}{index} " if index else f"[{name} on {last!r}] "))
+            tokens += 1
             time.sleep(worker.delay)
         worker.emit(TokensGenerated(text="", done=True))
-    worker.emit(JobFinished(run_dir=str(run_dir), stopped=stopped, seconds=0.1))
-    return 0
+    worker.emit(AnswerFinished(stopped=stopped, tokens=tokens, seconds=0.1))

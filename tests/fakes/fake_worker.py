@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import queue
 import signal
 import sys
 import threading
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from backend.protocol import (  # noqa: E402 (after the sys.path line, so the script runs anywhere)
     Capabilities,
+    ChatMessage,
     CheckpointSaved,
     DeviceInfo,
     EvalFinished,
@@ -45,6 +47,7 @@ from backend.protocol import (  # noqa: E402 (after the sys.path line, so the sc
     MemorySample,
     MetricsLogged,
     PhaseChanged,
+    StopAnswer,
     StopJob,
     TelemetrySampled,
     TokensGenerated,
@@ -79,6 +82,10 @@ class FakeWorker:
         self.run_dir = Path(".")
         self.stop = threading.Event()
         self.save_on_stop = True
+        self.cut = threading.Event()
+        """A StopAnswer arrived: a chat session cuts its answer and goes on."""
+        self.inbox: queue.Queue[ChatMessage | None] = queue.Queue()
+        """A chat session's next messages; None once StopJob came or stdin closed."""
         self._events = None
         self.pace = 1.0
 
@@ -94,12 +101,19 @@ class FakeWorker:
         sys.stdout.write(data)
         sys.stdout.flush()
 
-    def listen_for_stop(self) -> None:
+    def listen(self) -> None:
+        """Commands after the StartJob: StopJob, and a chat session's StopAnswer and ChatMessage."""
         for line in sys.stdin:
-            if line.strip() and isinstance(decode_command(line), StopJob):
-                self.save_on_stop = decode_command(line).save
+            command = decode_command(line) if line.strip() else None
+            if isinstance(command, StopJob):
+                self.save_on_stop = command.save
                 self.stop.set()
-                return
+                self.inbox.put(None)
+            elif isinstance(command, StopAnswer):
+                self.cut.set()
+            elif isinstance(command, ChatMessage):
+                self.inbox.put(command)
+        self.inbox.put(None)
 
     def save_checkpoint(self, step: int) -> str:
         path = self.run_dir / "checkpoints" / f"checkpoint-{step}"
@@ -127,7 +141,7 @@ class FakeWorker:
         self._events = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (lives to exit)
         log = open(self.run_dir / "worker.log", "a", encoding="utf-8")  # noqa: SIM115 (lives to exit)
         os.dup2(log.fileno(), 2)
-        threading.Thread(target=self.listen_for_stop, daemon=True).start()
+        threading.Thread(target=self.listen, daemon=True).start()
         if start.job != "finetune":
             from tests.fakes.fake_jobs import run_job
 
@@ -158,7 +172,7 @@ class FakeWorker:
                 self.raw(half[:17])
                 time.sleep(0.05)
                 self.raw(half[17:])
-                self.raw('{"type": "NoSuchEvent", "v": 1}\n')
+                self.raw('{"type": "NoSuchEvent", "v": 2}\n')
             if self.scenario in ("crash", "sigkill") and step == 3:
                 try:
                     raise RuntimeError("simulated CUDA error")

@@ -1,0 +1,102 @@
+"""ChatSession: one set of loaded models answering chat request after request.
+
+Loading is what makes a chat message slow on a CPU (seconds), so a session loads once and keeps the
+models until it ends; PhaseChanged(load_model) is emitted only when an answer really has to load
+(the first one, or a full fine-tune switching between its base and tuned weights). A message that
+cannot be answered is refused with one MessageRefused line and the session waits for the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Protocol
+
+import torch
+
+from backend.errors import JobError
+from backend.evaluation.generation import prompt_ids, stream_answer
+from backend.evaluation.run_models import RunModels
+from backend.protocol import AnswerFinished, MessageRefused, PhaseChanged, TokensGenerated
+from backend.training.phase import set_phase
+from backend.worker.reporter import Reporter
+from backend.worker.stop_listener import StopListener
+
+
+class ChatRequest(Protocol):
+    """What an answer needs from a parsed request (backend.jobs.chat.ChatRequest)."""
+
+    which: list[str]
+    messages: list[dict[str, str]]
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int | None
+
+
+log = logging.getLogger(__name__)
+
+
+class ChatSession:
+    """Answers ChatRequests with the same RunModels, streaming each answer through the reporter."""
+
+    def __init__(self, models: RunModels, reporter: Reporter, stop: StopListener):
+        self.models = models
+        self.reporter = reporter
+        self.stop = stop
+        self.answers = 0
+        self.tokens = 0
+        self._tokenizer: Any = None
+
+    def _cut(self) -> bool:
+        return self.stop.cut_requested
+
+    def answer(self, request: ChatRequest) -> AnswerFinished:
+        """Stream one answer per model asked; a refusal (JobError) comes before any event."""
+        began = time.monotonic()
+        if "tuned" in request.which:
+            self.models.require_tuned()
+        if self._tokenizer is None:
+            self._tokenizer = self.models.tokenizer()
+        prompt = prompt_ids(self._tokenizer, request.messages)
+        generated = 0
+        for position, which in enumerate(request.which):
+            if position and self._cut():
+                break  # cut before this model began: it does not answer (nor load)
+            if self.models.will_load(which):  # type: ignore[arg-type]
+                set_phase("load")
+                self.reporter.emit(PhaseChanged(phase="load_model", detail=which))
+            with self.models.use(which) as model:  # type: ignore[arg-type]
+                if self._cut():
+                    break  # cut while loading: the session keeps the model, the answer is empty
+                set_phase("generate")
+                self.reporter.emit(PhaseChanged(phase="generate", detail=which))
+                if request.seed is not None:
+                    torch.manual_seed(request.seed)
+                _, count = stream_answer(
+                    model, self._tokenizer, prompt, lambda piece: self.reporter.emit(TokensGenerated(text=piece)),
+                    max_new_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
+                    should_stop=self._cut,
+                )
+                generated += count
+                self.reporter.emit(TokensGenerated(text="", done=True))
+        self.answers += 1
+        self.tokens += generated
+        finished = AnswerFinished(stopped=self._cut(), tokens=generated, seconds=time.monotonic() - began)
+        self.reporter.emit(finished)
+        return finished
+
+    def serve(self, parse: Callable[[dict[str, Any]], ChatRequest]) -> None:
+        """Answer each ChatMessage from the listener (its options read by `parse`) until StopJob or EOF."""
+        while True:
+            item = self.stop.next_message()
+            if item is None:
+                return
+            if isinstance(item, str):
+                self.reporter.emit(MessageRefused(message=item, hint="send a ChatMessage this release knows"))
+                continue
+            try:
+                self.answer(parse(item.params()))
+            except JobError as exc:
+                log.info("message refused: %s", exc.message)
+                self.reporter.emit(MessageRefused(message=exc.message, hint=exc.hint))
