@@ -66,7 +66,7 @@ def fill(app: QApplication, studio) -> None:
     studio.config.set("name", "tiny-lora-r16")
     studio.config.set("technique.lora_rank", 16)
     studio.config.set("train.learning_rate", 0.001)
-    studio.controller.worker_command = fake_command("stream", None, "--steps", "1200", "--rate", "400",
+    studio.jobs["train"].worker_command = fake_command("stream", None, "--steps", "1200", "--rate", "400",
                                                     "--logging-steps", "3", "--cuda")
     studio.train_page.start_button.click()
     wait(app, lambda: not studio.jobs.is_running(), timeout=120)
