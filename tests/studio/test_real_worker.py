@@ -22,8 +22,6 @@ def test_real_worker_stops_resumes_and_finishes_from_the_window(qtbot, make_stud
     studio.config.set("name", "real-resume")
     studio.config.set("train.max_steps", 12)
     qtbot.waitUntil(lambda: studio.estimate.longest_answer is not None, timeout=10_000)
-    studio.estimate.recompute()
-    predicted = studio.estimate.total_bytes
     page.start_button.click()
     qtbot.waitUntil(lambda: studio.store.count("loss") >= 2, timeout=300_000)
     page.stop_button.click()
@@ -34,6 +32,8 @@ def test_real_worker_stops_resumes_and_finishes_from_the_window(qtbot, make_stud
     assert folder.status() == "stopped" and checkpoint is not None
     step = int(checkpoint.name.rsplit("-", 1)[1])
     assert studio.window.resume_action.text() == f"Resume real-resume (step {step})"
+    studio.estimate.recompute()  # calibrated now with the stopped attempt's measured baseline too
+    predicted = studio.estimate.total_bytes
     page.resume_button.click()
     qtbot.waitUntil(lambda: not jobs.is_running(), timeout=300_000)
     assert [o.status for o in outcomes] == ["stopped", "finished"], outcomes[-1]
