@@ -62,14 +62,14 @@ def fill(app: QApplication, studio) -> None:
     window = studio.window
     window.show_page("train")
     studio.train_page.start_button.click()
-    wait(app, lambda: not studio.jobs.is_running(), timeout=120)
+    wait(app, lambda: not studio.jobs["train"].is_running(), timeout=120)
     studio.config.set("name", "tiny-lora-r16")
     studio.config.set("technique.lora_rank", 16)
     studio.config.set("train.learning_rate", 0.001)
     studio.jobs["train"].worker_command = fake_command("stream", None, "--steps", "1200", "--rate", "400",
                                                     "--logging-steps", "3", "--cuda")
     studio.train_page.start_button.click()
-    wait(app, lambda: not studio.jobs.is_running(), timeout=120)
+    wait(app, lambda: not studio.jobs["train"].is_running(), timeout=120)
     window.show_page("runs")
     runs = studio.pages["runs"]
     runs.select_runs([s.run_id for s in runs.summaries[:2]])
