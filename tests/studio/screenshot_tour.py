@@ -141,6 +141,8 @@ def main() -> int:
                 screen.save(str(out / f"{name}-screen.png"))
                 shots.append(path)
                 print(f"SHOT {path}", flush=True)
+    for jobs in studio.jobs.values():
+        jobs.shutdown()  # the chat session keeps its worker until the studio quits
     QTimer.singleShot(0, window.close)
     settle(app, 0.2)
     return 0 if len(shots) == len(shot_names()) and not faults else 1
