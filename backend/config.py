@@ -175,6 +175,8 @@ class HardwareSection(_Section):
     """Address of machine 0 in a multi-node run (every machine must reach it)."""
     main_process_port: int = Field(default=29500, ge=1024, le=65535)
     """Port of the rendezvous on machine 0."""
+    rendezvous_timeout_s: int = Field(default=600, ge=5, le=86400)
+    """Multi-node: seconds machine 0 waits for the other machines to join before it gives up."""
 
     @model_validator(mode="after")
     def _processes(self) -> "HardwareSection":

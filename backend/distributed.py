@@ -110,3 +110,19 @@ export MAIN_IP
 srun bash -c 'finetune-studio train {shlex.quote(config_path)} --machine-rank "$SLURM_NODEID" \\
   --set hardware.main_process_ip="$MAIN_IP"'
 """
+
+
+def rendezvous_wait(config: RunConfig) -> tuple[str, str]:
+    """(what machine 0 says while it waits, the one-line failure when nobody came) for a multi-node run."""
+    hw = config.hardware
+    others = ", ".join(str(n) for n in range(2, hw.num_machines + 1))
+    where = f"{hw.main_process_ip}:{hw.main_process_port}"
+    notice = (f"waiting for machine {others} of {hw.num_machines} to join at {where} "
+              f"(giving up after {hw.rendezvous_timeout_s} s: hardware.rendezvous_timeout_s)")
+    failure = (f"machine {others} of {hw.num_machines} did not join at {where} within "
+               f"{hw.rendezvous_timeout_s} s (hardware.rendezvous_timeout_s)")
+    return notice, failure
+
+
+RENDEZVOUS_HINT = ("start the same command with --machine-rank N on every other machine first, "
+                   "or set hardware.num_machines: 1")

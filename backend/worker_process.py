@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import signal
 import subprocess
+import sys
 import threading
 from typing import Any, Callable
 
@@ -32,6 +34,7 @@ class WorkerProcess:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._proc: subprocess.Popen[str] | None = None
         self._interrupts = 0
+        self._gave_up = ""
 
     def _drain_stderr(self) -> None:
         assert self._proc and self._proc.stderr
@@ -85,6 +88,7 @@ class WorkerProcess:
             stderr=subprocess.PIPE, text=True, encoding="utf-8", start_new_session=True,
         )
         threading.Thread(target=self._drain_stderr, daemon=True).start()
+        watchdog = self._rendezvous_watchdog(config)
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_sigint)
@@ -107,17 +111,50 @@ class WorkerProcess:
                     self._proc.stdin.write(start_line(folder, config, resume, self.job, self.params))
                     self._proc.stdin.flush()
                     continue
+                if event.type == "JobStarted" and watchdog is not None:
+                    watchdog.cancel()  # every machine joined: the job runs
                 if on_event:
                     on_event(data)
                 if event.type in ("JobFinished", "JobFailed"):
                     terminal = data
             code = self._proc.wait()
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        if terminal is None and self._gave_up:
+            from backend.distributed import RENDEZVOUS_HINT
+
+            failure = JobFailed(kind="bad_input", message=self._gave_up, hint=RENDEZVOUS_HINT)
+            terminal = json.loads(failure.model_dump_json())
+            folder.append_event(terminal)
         if terminal is None:
             terminal = self._crashed(folder, code)
         return terminal
+
+    def _rendezvous_watchdog(self, config: RunConfig) -> threading.Timer | None:
+        """Multi-node: say whom machine 0 waits for, and give up after hardware.rendezvous_timeout_s."""
+        hw = config.hardware
+        if hw.num_machines <= 1 or self.machine_rank != 0:
+            return None
+        from backend.distributed import rendezvous_wait
+
+        notice, failure = rendezvous_wait(config)
+        print(notice, file=sys.stderr, flush=True)
+
+        def give_up() -> None:
+            self._gave_up = failure
+            if self._proc is not None and self._proc.poll() is None:
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)  # the launcher and anything it started
+                except OSError:
+                    self._proc.kill()
+
+        timer = threading.Timer(hw.rendezvous_timeout_s, give_up)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def _crashed(self, folder: RunFolder, code: int) -> dict[str, Any]:
         how = f"signal {-code}" if code < 0 else f"exit code {code}"

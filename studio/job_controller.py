@@ -104,6 +104,10 @@ class JobController(QObject):
         """End the worker now; the job ends cancelled."""
         self.client.kill()
 
+    def give_up(self, message: str, hint: str = "") -> None:
+        """End the job as failed (bad input) with `message`: the studio's own verdict, not the worker's."""
+        self.client.give_up("bad_input", message, hint)
+
     def send(self, command: _Message) -> bool:
         """Write one more command to the running worker (a chat message); False when none runs."""
         return self.client.send(command)

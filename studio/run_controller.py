@@ -17,6 +17,7 @@ from backend.config import RunConfig
 from backend.memory_record import MemoryRecord
 from backend.paths import runs_dir
 from backend.protocol import WorkerReady
+from backend.distributed import RENDEZVOUS_HINT, rendezvous_wait
 from backend.run_continuation import checkpoint_step, continue_run
 from backend.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome
@@ -69,6 +70,10 @@ class RunController(QObject):
         self._details = ""
         self._history: tuple[RunFolder, int | None] | None = None
         """(folder, step) whose past metrics a resumed run's charts start with."""
+        self._rendezvous = ""
+        self._rendezvous_timer = QTimer(self)
+        self._rendezvous_timer.setSingleShot(True)
+        self._rendezvous_timer.timeout.connect(self._on_rendezvous_timer_timeout)
         self._readout_timer = QTimer(self)
         self._readout_timer.setSingleShot(True)
         self._readout_timer.timeout.connect(self._show_state)
@@ -189,6 +194,15 @@ class RunController(QObject):
         self._details = ""
         self.state.begin(str(folder.path), config.train.max_steps)
         self.jobs.start(folder, config, job="finetune", resume=resume)
+        if config.hardware.num_machines > 1:
+            notice, failure = rendezvous_wait(config)
+            self.state.note(notice[0].upper() + notice[1:])
+            self._rendezvous = failure
+            self._rendezvous_timer.start(config.hardware.rendezvous_timeout_s * 1000)
+
+    def _on_rendezvous_timer_timeout(self) -> None:
+        if self.jobs.is_running() and self.jobs.status == "starting":  # no JobStarted: nobody joined
+            self.jobs.give_up(self._rendezvous, RENDEZVOUS_HINT)
 
     def _on_jobs_started(self, folder: RunFolder) -> None:
         """A new run: nothing the previous one showed stays on the Train page."""
@@ -253,6 +267,7 @@ class RunController(QObject):
         self.window.set_running(running)
 
     def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        self._rendezvous_timer.stop()
         self.runs_page.set_running_dir("")
         if outcome.status == "crashed" or self.state.running:
             # A crash (or an exit without a last word): the report's log tails go to the status tooltip.

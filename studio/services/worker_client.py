@@ -147,6 +147,11 @@ class WorkerClient(QObject):
         self._write(encode(command))
         return True
 
+    def give_up(self, kind: str, message: str, hint: str = "") -> None:
+        """End the worker with a failure the studio found (a multi-node run nobody joined), recorded as such."""
+        if self._running and not self._terminal_seen:
+            self._fail_locally(kind, message, hint)
+
     def _on_stop_timer_timeout(self) -> None:
         """The worker ignored the stop request: ask the OS to terminate it."""
         if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:

@@ -34,8 +34,9 @@ from studio.widgets.field_editors import FieldEditors
 FIELDS = (("hardware.strategy", "Strategy"), ("hardware.num_processes", "Processes per machine"),
           ("hardware.gpu_ids", "GPU ids"), ("hardware.fsdp_cpu_offload", "FSDP CPU offload"),
           ("hardware.num_machines", "Machines"), ("hardware.main_process_ip", "Main machine IP"),
-          ("hardware.main_process_port", "Main machine port"))
-MULTINODE_KEYS = ("hardware.main_process_ip", "hardware.main_process_port")
+          ("hardware.main_process_port", "Main machine port"),
+          ("hardware.rendezvous_timeout_s", "Wait for machines (s)"))
+MULTINODE_KEYS = ("hardware.main_process_ip", "hardware.main_process_port", "hardware.rendezvous_timeout_s")
 FILES = (("accelerate", "accelerate config", "accelerate_config.yaml"),
          ("commands", "Per-machine commands", "commands.sh"), ("slurm", "SLURM script", "finetune.sbatch"))
 

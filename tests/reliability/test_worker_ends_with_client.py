@@ -98,3 +98,23 @@ def test_sigterm_asks_for_a_stop_with_a_checkpoint_and_a_gone_client_does_too():
     ParentWatch(stop, client_pid=gone.pid, poll_s=0.05).start()
     _wait(lambda: stop.requested, 5, "the watch to notice")
     assert stop.save
+
+
+def test_a_multi_node_run_says_whom_it_waits_for_and_gives_up(tmp_path, capsys):
+    from backend.config import RunConfig
+    from backend.worker_process import WorkerProcess
+
+    config = RunConfig.from_dict({"name": "two", "hardware": {
+        "strategy": "ddp", "num_machines": 2, "main_process_ip": "10.0.0.7", "main_process_port": 29511,
+        "rendezvous_timeout_s": 5}})
+    folder = RunFolder.create(config, root=tmp_path)
+    began = time.monotonic()
+    hung = [sys.executable, "-c", "import time; time.sleep(120)"]  # a launcher waiting for machine 2
+    terminal = WorkerProcess(command=hung).run(folder, config)
+    assert time.monotonic() - began < 30
+    said = capsys.readouterr().err
+    assert "waiting for machine 2 of 2 to join at 10.0.0.7:29511 (giving up after 5 s" in said
+    assert terminal["type"] == "JobFailed" and terminal["kind"] == "bad_input"
+    assert terminal["message"] == ("machine 2 of 2 did not join at 10.0.0.7:29511 within 5 s "
+                                   "(hardware.rendezvous_timeout_s)")
+    assert "--machine-rank" in terminal["hint"] and folder.status() == "failed"

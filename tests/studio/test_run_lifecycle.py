@@ -98,3 +98,21 @@ def test_cancel_says_which_checkpoint_is_kept(qtbot, make_studio):
     qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
     assert studio.state.status == "cancelled"
     assert "nothing saved since checkpoint-5, which is kept" in studio.train_page.status_label.text()
+
+
+def test_a_multi_node_run_nobody_joins_says_whom_it_waited_for_and_gives_up(qtbot, make_studio):
+    import sys
+
+    studio = make_studio([sys.executable, "-c", "import time; time.sleep(120)"])  # a launcher waiting
+    for key, value in (("hardware.strategy", "ddp"), ("hardware.num_machines", 2),
+                       ("hardware.main_process_ip", "10.0.0.7"), ("hardware.rendezvous_timeout_s", 5)):
+        studio.config.set(key, value)
+    studio.estimate.recompute()
+    studio.window.start_action.trigger()
+    assert studio.jobs["train"].is_running(), studio.train_page.status_label.text()
+    assert "Waiting for machine 2 of 2 to join at 10.0.0.7:29500" in studio.window.log_text()
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+    text = studio.train_page.status_label.text()
+    assert text == "Failed: machine 2 of 2 did not join at 10.0.0.7:29500 within 5 s (hardware.rendezvous_timeout_s)"
+    folder = RunFolder(studio.controller.folder.path)
+    assert folder.status() == "failed" and "did not join" in folder.summary().reason
