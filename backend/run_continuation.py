@@ -30,6 +30,18 @@ def checkpoint_step(checkpoint: Path) -> int:
     return int(tail)
 
 
+def how_to_finish(folder: RunFolder, then: str = "") -> str:
+    """The hint for a run without a tuned model: resume when it left a checkpoint, else train it again
+    (never send a person to --resume for a run that has nothing to resume from)."""
+    after = f", then {then}" if then else ""
+    checkpoint = folder.latest_checkpoint()
+    if checkpoint is not None:
+        return (f"resume it with `finetune-studio train --resume {folder.path}` (it continues from "
+                f"{checkpoint.name}){after}")
+    return (f"it left no checkpoint to resume from: train it again with "
+            f"`finetune-studio train {folder.config_path}`{after}")
+
+
 def continue_run(source: RunFolder, more_steps: int, root: Path | None = None) -> RunFolder:
     """A new run that trains `more_steps` past `source`'s newest complete checkpoint; `source` is unchanged."""
     if more_steps < 1:

@@ -18,6 +18,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.run_continuation import how_to_finish
 from backend.protocol import Capabilities
 from backend.runs import RunFolder
 from backend.training.loading import check_model_folder, load_model, load_tokenizer
@@ -56,7 +57,7 @@ class RunModels:
             what = "model/ (the fully tuned weights)" if self.full else "adapter/"
             raise bad_input(
                 f"{self.folder.path} has no complete {what}: the run never finished, so there is no tuned model",
-                f"resume it with `finetune-studio train --resume {self.folder.path}`, or use the base model",
+                how_to_finish(self.folder, "try again") + ", or use the base model",
             )
 
     def tokenizer(self) -> Any:

@@ -21,6 +21,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.run_continuation import how_to_finish
 from backend.export.adapter_weights import AdapterWeights
 from backend.export.checkpoint_files import CheckpointFiles, read_config
 from backend.export.merged_source import MergedSource
@@ -71,7 +72,7 @@ class TrainedRun:
             what = "model/ (the fully tuned weights)" if full else "adapter/"
             raise bad_input(
                 f"{folder.path} has no {what}: the run never finished or its folder is damaged, so there is nothing to export",
-                f"resume it with `{resume}` (it continues from the newest complete checkpoint), then export",
+                how_to_finish(folder, "export"),
             )
         if full:
             if fmt == "adapter":

@@ -52,3 +52,18 @@ def test_continue_run_refuses_what_it_cannot_do(tmp_path):
     empty = RunFolder.create(RunConfig(name="empty"), root=tmp_path)
     with pytest.raises(ValueError, match="no complete checkpoint"):
         continue_run(empty, 5)
+
+
+def test_a_run_without_a_tuned_model_is_sent_to_resume_only_when_it_can(tmp_path):
+    from backend.errors import JobError
+    from backend.export.merge import TrainedRun
+    from backend.run_continuation import how_to_finish
+
+    cancelled = RunFolder.create(RunConfig(name="cancelled-early"), root=tmp_path)
+    assert "left no checkpoint to resume from: train it again with `finetune-studio train " in how_to_finish(cancelled)
+    with pytest.raises(JobError) as caught:
+        TrainedRun.check(cancelled.path, cancelled.load_config(), "adapter")
+    assert "--resume" not in caught.value.hint and str(cancelled.config_path) in caught.value.hint
+    stopped = _finished(tmp_path)
+    assert how_to_finish(stopped, "export").startswith(f"resume it with `finetune-studio train --resume {stopped.path}`")
+    assert how_to_finish(stopped, "export").endswith("(it continues from checkpoint-10), then export")
