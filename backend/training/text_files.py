@@ -99,7 +99,9 @@ def _whole_json(path: Path, text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        first = next(line for line in text.splitlines() if line.strip())
+        start = _SPACE.match(text, 0).end()
+        end = text.find("\n", start)
+        first = text[start:end if end >= 0 else len(text)]  # the first line with text, without copying the rest
         if exc.msg == "Extra data" or _parses(first) or _mend(first)[1]:
             return None  # several values (JSONL): each line is read, and a bad one named, on its own
         comma = exc.msg == "Expecting value" and text[exc.pos:exc.pos + 1] in ("]", "}")
