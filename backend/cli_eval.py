@@ -74,6 +74,10 @@ def format_report(report: dict[str, Any]) -> str:
     if em:
         notes.append(f"exact match: {em['n']} prompts from {em['prompts_file']}, greedy, "
                      f"{em['max_new_tokens']} new tokens at most")
+        if em.get("in_training"):  # the prompts are (partly) the training data: say it, whatever the score
+            itself = " (the prompts file is the training data itself)" if em.get("same_file") else ""
+            notes.append(f"warning: {em['in_training']} of {em['n']} prompts are also in the training data{itself}, "
+                         "so exact match is not held out")
     notes += report.get("skipped", [])
     return "\n".join(rows + [""] + notes)
 

@@ -23,7 +23,7 @@ from backend.config import RunConfig
 from backend.errors import JobError, bad_input
 from backend.evaluation.exact_match import ExactMatchResult, exact_match, is_match
 from backend.evaluation.perplexity import PerplexityResult, perplexity
-from backend.evaluation.prompts import HeldOutPrompt, default_prompts_file, read_prompts
+from backend.evaluation.prompts import HeldOutPrompt, default_prompts_file, read_prompts, training_overlap
 from backend.evaluation.run_models import RunModels
 from backend.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged
 from backend.training.capabilities import probe_capabilities
@@ -129,10 +129,13 @@ def run_evaluate(
     for note in stats.notes:  # skipped examples (data.skip_invalid), as the fine-tune says them
         reporter.emit(PhaseChanged(phase="data_warning", detail=note))
     prompts: list[HeldOutPrompt] = read_prompts(request.prompts_file, request.limit) if request.prompts_file else []
+    overlap = training_overlap(prompts, config, request.prompts_file) if prompts else None
     ppl_skipped = None if eval_set is not None else (
         "perplexity skipped: the run has no validation split (data.validation_split is 0)")
+    held = f"prompts from {request.prompts_file.name}: {overlap.sentence()}" if overlap and overlap.count else (
+        f"held-out prompts from {request.prompts_file.name}" if prompts else "")
     detail = (f"{stats.eval_examples} validation examples" if eval_set is not None else ppl_skipped) + "; " + (
-        f"{len(prompts)} held-out prompts from {request.prompts_file.name}" if prompts else str(request.skipped))
+        f"{len(prompts)} {held}" if prompts else str(request.skipped))
     reporter.emit(PhaseChanged(phase="tokenize", detail=detail))
 
     batch = request.batch_size or config.train.micro_batch_size
@@ -172,11 +175,15 @@ def run_evaluate(
         report["exact_match"] = {
             "prompts_file": str(request.prompts_file), "n": len(prompts), "max_new_tokens": request.max_new_tokens,
             "base": em["base"].to_json(), "tuned": em["tuned"].to_json(),
+            # Prompts the training data holds too: their scores are not held out, and the report says so.
+            "in_training": overlap.count if overlap else 0, "same_file": bool(overlap and overlap.same_file),
+            "held_out": not (overlap and overlap.count), "overlap": overlap.sentence() if overlap else "",
         }
         report["examples"] = [
             {"prompt": p.shown, "expected": p.expected,
              "base": em["base"].answers[i], "base_match": is_match(em["base"].answers[i], p.expected),
-             "tuned": em["tuned"].answers[i], "tuned_match": is_match(em["tuned"].answers[i], p.expected)}
+             "tuned": em["tuned"].answers[i], "tuned_match": is_match(em["tuned"].answers[i], p.expected),
+             "in_training": bool(overlap and overlap.flags[i])}
             for i, p in enumerate(prompts[:EXAMPLES])
         ]
     report["seconds"] = round(time.monotonic() - began, 2)

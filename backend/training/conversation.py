@@ -90,7 +90,8 @@ def _sharegpt(record: dict[str, Any], layout: Layout) -> list[Message]:
         tag = turn.get(layout.role_tag)
         role = layout.role_of(tag)
         if role is None:
-            raise InvalidExample(f"a turn with the unknown role {tag!r}" if tag is not None
+            known = f" (known: {', '.join(dict(layout.roles))})" if layout.roles else ""
+            raise InvalidExample(f"a turn with the unknown role {tag!r}{known}" if tag is not None
                                  else f"a turn without {layout.role_tag!r}")
         content = _content(turn, layout.content_tag, role)
         if role == "system":
@@ -112,11 +113,13 @@ def _content(turn: dict[str, Any], tag: str, role: str) -> str | None:
         calls = turn["tool_calls"]  # OpenAI: the call replaces the text
         return json.dumps([c.get("function", c) if isinstance(c, dict) else c for c in calls], ensure_ascii=False)
     if isinstance(content, list):
-        return _parts(content)
+        return part_text(content)
+    if isinstance(content, dict) and ("type" in content or "text" in content):
+        return part_text([content])  # one part, not in a list
     return _optional(content, tag)
 
 
-def _parts(parts: list[Any]) -> str:
+def part_text(parts: list[Any]) -> str:
     """OpenAI content parts -> their text (one part a line); a picture or sound is refused."""
     texts = []
     for part in parts:
@@ -148,7 +151,7 @@ def _optional(value: Any, column: str | None) -> str | None:
         return None  # NaN: what pandas writes for a missing cell
     if isinstance(value, (bool, int, float)):
         return str(value)
-    raise InvalidExample(f"a {column} that is not text")
+    raise InvalidExample(f"{_article(column or 'value')} {column} that is not text")
 
 
 def _tools(value: Any) -> str | None:
@@ -171,6 +174,10 @@ def _list(value: Any, column: str) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise InvalidExample(f"a {column} that is not a list")
     return list(value)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def _filled(text: str | None) -> bool:

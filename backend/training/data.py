@@ -16,10 +16,12 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from jinja2 import TemplateError
 
 from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.training.examples import DatasetReader, Example
+from backend.training.lengths import LengthFacts
 from backend.training.records import Message
 from backend.training.token_cache import TokenCache, cache_key
 
@@ -33,13 +35,14 @@ class DataStats:
     train_examples: int
     eval_examples: int
     truncated: int
+    """Examples cut to train.seq_len that still hold answer tokens (the dropped ones are in `notes`)."""
     format: str
     trained_tokens: int
     from_cache: bool = False
     skipped: int = 0
     """Invalid examples left out (data.skip_invalid)."""
     notes: tuple[str, ...] = ()
-    """Sentences the person should see (what was skipped and why)."""
+    """Sentences the person should see: how an odd file was read, what was skipped or dropped and why."""
 
 
 def _render(tokenizer: Any, messages: list[Message], generation_prompt: bool = False) -> str:
@@ -81,8 +84,6 @@ def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset 
     path: Path = config.resolved_data_path()
     reader = DatasetReader(path, config.data.format, config.data.skip_invalid, config.data.max_examples)
     examples = reader.examples()  # before the cache: a file with invalid examples is refused every time
-    for note in reader.notes:
-        log.warning("%s", note)
     fmt = reader.format
     if reader.needs_chat_template and not getattr(tokenizer, "chat_template", None):
         raise bad_input(
@@ -92,43 +93,45 @@ def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset 
     seq_len = config.train.seq_len
     cache = TokenCache(cache_key(config, tokenizer, path, f"{fmt} {reader.cache_tag()}"))
     cached = cache.load()
-    if cached is not None:
-        rows, truncated = cached
+    lengths = LengthFacts.from_json(cached[1]) if cached is not None else None
+    if cached is not None and lengths is not None:
+        rows = cached[0]
         log.info("tokenized examples reused from %s", cache.path)
     else:
-        rows, truncated = _tokenize(config, tokenizer, examples, reader)
-        cache.save(rows, truncated)
-    if truncated:
-        log.warning("%d of %d examples were truncated to %d tokens", truncated, len(rows), seq_len)
-    train, evaluation, stats = _split(config, rows, truncated, fmt, cached is not None)
-    stats.skipped, stats.notes = reader.skipped, tuple(reader.notes)
+        cached = None
+        rows, lengths = _tokenize(config, tokenizer, examples, reader)
+        cache.save(rows, lengths.to_json())
+    if lengths.truncated:
+        log.warning("%d of %d examples were truncated to %d tokens", lengths.truncated, len(rows), seq_len)
+    train, evaluation, stats = _split(config, rows, lengths.truncated, fmt, cached is not None)
+    stats.skipped, stats.notes = reader.skipped, tuple(reader.notes + lengths.notes(reader))
+    for note in stats.notes:
+        log.warning("%s", note)
     return train, evaluation, stats
 
 
 def _tokenize(config: RunConfig, tokenizer: Any, examples: list[Example],
-              reader: DatasetReader) -> tuple[list[dict[str, list[int]]], int]:
+              reader: DatasetReader) -> tuple[list[dict[str, list[int]]], LengthFacts]:
     seq_len = config.train.seq_len
     rows: list[dict[str, list[int]]] = []
-    truncated = 0
+    lengths = LengthFacts(seq_len)
     for example in examples:
         try:
             ids, labels = encode_conversation(tokenizer, example.messages)
-        except ValueError as exc:
-            raise bad_input(f"{reader.where(example.index)}: {exc}") from None
-        if len(ids) > seq_len:
-            if not config.data.truncate:
-                raise bad_input(
-                    f"{reader.where(example.index)}: {len(ids)} tokens, longer than train.seq_len={seq_len}",
-                    "raise train.seq_len, or set data.truncate: true",
-                )
-            truncated += 1
-            ids, labels = ids[:seq_len], labels[:seq_len]
-        if all(label == IGNORE for label in labels):
-            continue  # truncation cut every answer token: nothing to learn from this example
-        rows.append({"input_ids": ids, "labels": labels})
+        except (ValueError, TemplateError) as exc:  # the chat template's own refusal (a role it has no place for)
+            raise bad_input(f"{reader.where(example.index)}: {exc}",
+                            "fix the example, or pick a model whose chat template takes it") from None
+        prompt = next((i for i, label in enumerate(labels) if label != IGNORE), len(labels))
+        if not lengths.see(example.index, len(ids), prompt) or (len(ids) > seq_len and not config.data.truncate):
+            continue  # dropped (its prompt alone fills seq_len), or counted for the refusal below
+        rows.append({"input_ids": ids[:seq_len], "labels": labels[:seq_len]})
+    if lengths.longer and not config.data.truncate:
+        raise lengths.refusal(reader)
     if not rows:
+        if lengths.dropped:
+            raise lengths.nothing_left(reader)
         raise bad_input(f"{reader.path}: no example has tokens to train on", "check the format and train.seq_len")
-    return rows, truncated
+    return rows, lengths
 
 
 def _split(config: RunConfig, rows: list[dict[str, list[int]]], truncated: int, fmt: str,

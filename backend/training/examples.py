@@ -17,7 +17,7 @@ from backend.training.conversation import InvalidExample, Message, convert
 from backend.training.layouts import BUILTIN, Layout, detect_format, entry_layout
 from backend.training.record_files import Part, read_parts
 
-READER_VERSION = 2
+READER_VERSION = 3
 """Goes into the token cache key: bump it when the same record converts to different messages."""
 SHOWN_PROBLEMS = 3
 
@@ -43,8 +43,9 @@ class DatasetReader:
         self.total = min(size, limit) if limit else size
         """Records read: all of them, or the first data.max_examples."""
         self.skipped = 0
-        self.notes: list[str] = []
-        """Sentences for the person (what was skipped), filled by examples()."""
+        self._read_notes = [note for part in self.parts for note in part.notes]
+        self.notes: list[str] = list(self._read_notes)
+        """Sentences for the person: how odd files were read, and (after examples()) what was skipped."""
 
     @staticmethod
     def _layout(part: Part, fmt: str, folder: Path | None) -> Layout:
@@ -70,7 +71,8 @@ class DatasetReader:
         part, local = self._find(index)
         return f"{part.path} {part.locate(local)}"
 
-    def _short(self, index: int) -> str:
+    def short(self, index: int) -> str:
+        """Dataset index -> "line 7", with the file's name when data.path is a folder."""
         part, local = self._find(index)
         return part.locate(local) if part.path == self.path else f"{part.path.name} {part.locate(local)}"
 
@@ -102,20 +104,21 @@ class DatasetReader:
                         kept.append(Example(index, messages))
                 index += 1
         self.skipped = sum(count for count, _ in problems.values())
+        self.notes = list(self._read_notes)
         if not problems:
             return kept
         listed = list(problems.items())[:SHOWN_PROBLEMS]
         more = (f"; {len(problems) - SHOWN_PROBLEMS} more kinds of problem" if len(problems) > SHOWN_PROBLEMS else "")
         if self.skipped == self.total or not self.skip_invalid:
-            said = "; ".join(f"{count} of {self.total} examples {_have(count)} {problem} (first: {self._short(first)})"
+            said = "; ".join(f"{count} of {self.total} examples {_have(count)} {problem} (first: {self.short(first)})"
                              for problem, (count, first) in listed) + more
             if self.skipped == self.total:
                 raise bad_input(f"{self.path}: no example can be trained on: {said}",
                                 "check data.format and the field names")
             raise bad_input(f"{self.path}: {said}; fix them or set data.skip_invalid: true")
-        said = "; ".join(f"{count} {_have(count)} {problem} (first: {self._short(first)})"
+        said = "; ".join(f"{count} {_have(count)} {problem} (first: {self.short(first)})"
                          for problem, (count, first) in listed)
-        self.notes = [f"{self.path}: skipped {self.skipped} of {self.total} examples (data.skip_invalid): {said}{more}"]
+        self.notes.append(f"{self.path}: skipped {self.skipped} of {self.total} examples (data.skip_invalid): {said}{more}")
         return kept
 
 

@@ -57,7 +57,9 @@ BUILTIN = {
                      history="history", system="system"),
     "sharegpt": Layout("sharegpt", "sharegpt", messages="conversations", system="system", tools="tools",
                        roles=tuple(SHAREGPT_ROLES.items())),
-    "messages": Layout("sharegpt", "messages", messages="messages", role_tag="role", content_tag="content"),
+    "messages": Layout("sharegpt", "messages", messages="messages", role_tag="role", content_tag="content",
+                       roles=tuple({**SHAREGPT_ROLES, "developer": "system", "function": "tool",
+                                    "ipython": "ipython"}.items())),
     "text": Layout("text", "text", prompt="text"),
 }
 
@@ -79,11 +81,29 @@ def detect_format(records: Sequence[dict[str, Any]], path: Path) -> str:
         return "alpaca"
     if "text" in keys:
         return "text"
+    table = path.is_dir() or path.suffix.lower() in (".csv", ".parquet", ".arrow")
+    what = "columns" if table else "fields"
     raise bad_input(
-        f"{path}: cannot tell the format from the fields {sorted(keys)}",
-        "use alpaca {instruction, input, output}, sharegpt {conversations}, messages, or {text}; "
-        "or set data.format, or describe the file in a LLaMA-Factory dataset_info.json beside it",
+        f"{path}: cannot tell the format from the {what} {sorted(keys)}; expected the {what} instruction and "
+        "output (alpaca), conversations (sharegpt), messages, or text",
+        _mapping_hint(keys, path) or "rename them, or set data.format, or describe the file in a LLaMA-Factory "
+        "dataset_info.json beside it",
     )
+
+
+_PROMPTS = ("instruction", "question", "prompt", "query", "input", "problem", "human")
+_ANSWERS = ("output", "answer", "response", "completion", "target", "solution", "assistant")
+
+
+def _mapping_hint(keys: set[str], path: Path) -> str:
+    """For a question/answer pair under other names: the dataset_info.json entry that reads it."""
+    prompt = next((k for k in _PROMPTS if k in keys), None)
+    answer = next((k for k in _ANSWERS if k in keys), None)
+    if prompt is None or answer is None:
+        return ""
+    entry = {path.stem: {"file_name": path.name, "columns": {"prompt": prompt, "response": answer}}}
+    return (f"rename {prompt!r} to 'instruction' and {answer!r} to 'output', or put a {INFO_NAME} beside it "
+            f"holding {json.dumps(entry)}")
 
 
 def entry_layout(path: Path, folder: Path | None = None) -> Layout | None:

@@ -6,7 +6,6 @@ every refusal is one sentence naming the folder and the switch that allows it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.paths import not_downloaded
+from backend.training.model_check import check_files, read_config
 from backend.training.moe import enable_aux_loss, keep_experts_dtype, peft_targets
 from backend.training.techniques import TechniquePlan
 
@@ -38,10 +38,7 @@ def check_model_folder(config: RunConfig) -> Path:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise bad_input(f"{field}: {path} has no config.json; it is not a Hugging Face model folder")
-    try:
-        model_config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_input(f"{config_file}: not valid JSON ({exc})") from None
+    model_config = read_config(config_file)  # an object, or one line saying why not
     if model_config.get("auto_map") and not config.model.trust_remote_code:
         raise bad_input(
             f"{field}: {path} needs code shipped with the model (auto_map in config.json)",
@@ -60,6 +57,8 @@ def check_model_folder(config: RunConfig) -> Path:
             raise bad_input(f"{field}: {path} has no weights (*.safetensors)")
     if not any(n in files for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")):
         raise bad_input(f"{field}: {path} has no tokenizer files", "copy the tokenizer into the model folder")
+    # The files' contents, still without loading a weight: sizes, headers, shards, vocabulary, remote code.
+    check_files(path, model_config, config.model.trust_remote_code, config.model.allow_pickle and has_pickle)
     return path
 
 

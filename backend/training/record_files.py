@@ -1,6 +1,7 @@
 """Dataset files -> rows (dicts), each row able to say where it came from.
 
-JSON, JSONL and .txt are read here, stdlib only, with errors that name the file line. CSV, Parquet,
+JSON, JSONL and .txt are read by backend.training.text_files, stdlib only, with errors that name the
+file line. CSV (comma-separated, or semicolons or tabs said in a note), Parquet,
 Arrow files and `datasets.save_to_disk` folders are read by the `datasets` library, imported only for
 them (it costs a second or two and pulls in pandas, never torch): CSV and Parquet are converted in a
 scratch folder under the studio home that is deleted at once (the rows stay in memory), Arrow and
@@ -14,33 +15,22 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import logging
-import re
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from backend.errors import bad_input
 from backend.paths import studio_home
+from backend.training.text_files import Part, decode, read_text_file
+
+__all__ = ["NOT_RECORDS", "READABLE", "ArrowRows", "Part", "read_file", "read_parts"]
 
 TEXT_SUFFIXES = (".jsonl", ".json", ".txt")
 TABLE_SUFFIXES = (".csv", ".parquet", ".arrow")
 READABLE = TEXT_SUFFIXES + TABLE_SUFFIXES
 NOT_RECORDS = ("dataset_info.json", "state.json", "dataset_dict.json")
 """Metadata files of LLaMA-Factory and of `datasets`: never read as examples."""
-_SPACE = re.compile(r"[ \t\n\r]*")
-
-
-@dataclass
-class Part:
-    """The rows of one file (or one save_to_disk folder)."""
-
-    path: Path
-    rows: Sequence[dict[str, Any]]
-    locate: Callable[[int], str] = field(repr=False)
-    """Row index -> "line 7" (JSONL, JSON, TXT, CSV) or "row 7" (Parquet, Arrow; counted from 1)."""
 
 
 def read_parts(path: Path) -> list[Part]:
@@ -69,101 +59,7 @@ def read_file(path: Path) -> Part:
             str(path), cache_dir=scratch, keep_in_memory=True))
     if suffix == ".arrow":
         return _read_table(path, "Arrow", lambda datasets, scratch: datasets.Dataset.from_file(str(path)))
-    return _read_text(path)
-
-
-# --- JSON, JSONL, text ----------------------------------------------------------------------------
-
-def _read_text(path: Path) -> Part:
-    text = _decode(path, path.read_bytes())
-    if path.suffix.lower() == ".txt":
-        records, lines = _text_blocks(text)
-        locate: Callable[[int], str] = lambda i: f"line {lines[i]}"
-    elif text.lstrip().startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise bad_input(f"{path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
-        starts = _LazyStarts(text)  # found only when a message needs one: parsing stays json.loads
-        locate = lambda i: f"line {starts[i]}"
-    else:
-        records, lines = _read_jsonl(path, text)
-        locate = lambda i: f"line {lines[i]}"
-    if not records:
-        raise bad_input(f"{path}: the dataset is empty", "add at least one example")
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise bad_input(f"{path} {locate(index)}: expected a JSON object, got {type(record).__name__}")
-    return Part(path, records, locate)
-
-
-def _decode(path: Path, raw: bytes) -> str:
-    if b"\x00" in raw[:4096]:
-        raise bad_input(f"{path}: looks like a binary file, not text",
-                        "pick a .jsonl, .json, .csv, .parquet or .txt dataset")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise bad_input(f"{path} line {line}: not UTF-8 text", "re-save the file as UTF-8") from None
-
-
-def _text_blocks(text: str) -> tuple[list[dict[str, Any]], list[int]]:
-    """One document per blank-line-separated block, with the line it starts on."""
-    records, lines, line = [], [], 1
-    for chunk in text.split("\n\n"):
-        block = chunk.strip()
-        if block:
-            records.append({"text": block})
-            lines.append(line + chunk[: len(chunk) - len(chunk.lstrip())].count("\n"))
-        line += chunk.count("\n") + 2
-    return records, lines
-
-
-def _read_jsonl(path: Path, text: str) -> tuple[list[Any], list[int]]:
-    records, lines = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise bad_input(
-                f"{path} line {number}: not valid JSON ({exc.msg} at column {exc.colno})",
-                "fix or delete that line; each line must be one JSON object",
-            ) from None
-        lines.append(number)
-    return records, lines
-
-
-class _LazyStarts:
-    """The line each element of a (valid) JSON array starts on, found by one scan on first use."""
-
-    def __init__(self, text: str):
-        self._text = text
-        self._starts: list[int] | None = None
-
-    def __getitem__(self, index: int) -> int:
-        if self._starts is None:
-            self._starts = _array_starts(self._text)
-        return self._starts[index]
-
-
-def _array_starts(text: str) -> list[int]:
-    decoder = json.JSONDecoder()
-    at = _SPACE.match(text, 0).end() + 1  # past the "["
-    starts, line, counted = [], 1, 0
-    while True:
-        at = _SPACE.match(text, at).end()
-        if at >= len(text) or text[at] == "]":
-            return starts
-        line += text.count("\n", counted, at)
-        counted = at
-        starts.append(line)
-        _, at = decoder.raw_decode(text, at)
-        at = _SPACE.match(text, at).end()
-        if at < len(text) and text[at] == ",":
-            at += 1
+    return read_text_file(path)
 
 
 # --- CSV, Parquet, Arrow, save_to_disk (through `datasets`) ---------------------------------------
@@ -218,58 +114,67 @@ def _read_csv(path: Path) -> Part:
     datasets = _datasets()
     with path.open("rb") as handle:
         head = handle.read(4096)
-    if b"\x00" in head:
-        raise bad_input(f"{path}: looks like a binary file, not CSV text", "save the data as UTF-8 CSV")
-    header = _csv_header(path)
+    if b"\x00" in head or head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        kind = "UTF-16 text" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else "a binary file"
+        raise bad_input(f"{path}: looks like {kind}, not UTF-8 CSV text", "save the data as UTF-8 CSV")
+    header, sep = _csv_header(path)
     # Every column as text, "" as "": pandas would read "007" as 7 and "None" or "NA" as a null.
     features = datasets.Features({name: datasets.Value("string") for name in header})
     try:
         with _scratch() as scratch:
             table = datasets.Dataset.from_csv(str(path), cache_dir=scratch, keep_in_memory=True, features=features,
-                                              keep_default_na=False, encoding="utf-8-sig")
+                                              keep_default_na=False, encoding="utf-8-sig", sep=sep)
     except Exception as exc:
         if isinstance(_innermost(exc), UnicodeDecodeError):
-            _decode(path, path.read_bytes())  # raises with the line
+            decode(path, path.read_bytes())  # raises with the line
         raise bad_input(f"{path}: not readable as CSV ({_cause(exc)})",
                         "check the quoting and that every row has the header's columns") from None
-    lines = _LazyCsvLines(path)
-    return _table_part(path, table, lambda i: f"line {lines[i]}")
+    lines = _LazyCsvLines(path, sep)
+    notes = () if sep == "," else (f"{path}: the columns are separated by {sep!r}, not commas: read that way",)
+    return _table_part(path, table, lambda i: f"line {lines[i]}", notes)
 
 
-def _csv_header(path: Path) -> list[str]:
-    """The header row, once it is known that a row follows it."""
+def _csv_header(path: Path) -> tuple[list[str], str]:
+    """The header row, once it is known that a row follows it, and the separator: a comma, or the
+    semicolon or tab of a header that is one column otherwise (Excel's CSV in many locales)."""
     header: list[str] | None = None
+    sep = ","
     try:
         with path.open(encoding="utf-8-sig", newline="") as handle:
-            for row in csv.reader(handle):
+            first = handle.readline()
+            if first.count(",") == 0:
+                sep = next((c for c in (";", "\t") if c in first), ",")
+            handle.seek(0)
+            for row in csv.reader(handle, delimiter=sep):
                 if row and header is not None:
                     break
                 header = header or row or None
             else:
                 raise bad_input(f"{path}: the dataset is empty", "add a header row and at least one example")
     except UnicodeDecodeError:
-        _decode(path, path.read_bytes())
+        decode(path, path.read_bytes())
     except csv.Error as exc:
         raise bad_input(f"{path}: not readable as CSV ({exc})") from None
     repeated = sorted({name for name in header if header.count(name) > 1})
     if repeated:
         raise bad_input(f"{path} line 1: the header names {', '.join(map(repr, repeated))} more than once",
                         "give every column its own name")
-    return header
+    return header, sep
 
 
 class _LazyCsvLines:
     """The line each CSV row starts on (a quoted cell may span lines), scanned on first use."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, sep: str = ","):
         self._path = path
+        self._sep = sep
         self._starts: list[int] | None = None
 
     def __getitem__(self, index: int) -> int:
         if self._starts is None:
             starts, end = [], 0
             with self._path.open(encoding="utf-8-sig", newline="") as handle:
-                reader = csv.reader(handle)
+                reader = csv.reader(handle, delimiter=self._sep)
                 for row in reader:
                     start, end = end + 1, reader.line_num
                     if row:  # pandas skips blank lines too
@@ -295,10 +200,11 @@ def _read_saved(folder: Path) -> Part:
     return _table_part(folder, loaded)
 
 
-def _table_part(path: Path, table: Any, locate: Callable[[int], str] | None = None) -> Part:
+def _table_part(path: Path, table: Any, locate: Callable[[int], str] | None = None,
+                notes: tuple[str, ...] = ()) -> Part:
     if len(table) == 0:
         raise bad_input(f"{path}: the dataset is empty", "add at least one example")
-    return Part(path, ArrowRows(table.with_format(None)), locate or (lambda i: f"row {i + 1}"))
+    return Part(path, ArrowRows(table.with_format(None)), locate or (lambda i: f"row {i + 1}"), notes)
 
 
 class ArrowRows(Sequence[dict[str, Any]]):

@@ -20,7 +20,7 @@ from backend.config import RunConfig
 from backend.paths import studio_home
 
 log = logging.getLogger(__name__)
-VERSION = 1
+VERSION = 2
 
 
 def cache_key(config: RunConfig, tokenizer: Any, path: Path, fmt: str) -> str:
@@ -42,24 +42,27 @@ class TokenCache:
     def __init__(self, key: str, root: Path | None = None):
         self.path = (root or studio_home() / "cache" / "tokenized") / f"{key}.json.gz"
 
-    def load(self) -> tuple[list[dict[str, list[int]]], int] | None:
+    def load(self) -> tuple[list[dict[str, list[int]]], dict[str, Any]] | None:
+        """The rows and the length facts saved with them (backend.training.lengths), or None."""
         try:
             with gzip.open(self.path, "rt", encoding="utf-8") as handle:
                 data = json.load(handle)
-            return data["rows"], int(data["truncated"])
+            if not isinstance(data["lengths"], dict):
+                raise ValueError("lengths is not an object")
+            return data["rows"], data["lengths"]
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError) as exc:
             log.warning("ignoring unreadable token cache %s: %s", self.path, exc)
             return None
 
-    def save(self, rows: list[dict[str, list[int]]], truncated: int) -> None:
+    def save(self, rows: list[dict[str, list[int]]], lengths: dict[str, Any]) -> None:
         """Written to a temporary name and renamed: a reader never sees half a cache."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
             with gzip.open(tmp, "wt", encoding="utf-8") as handle:
-                json.dump({"rows": rows, "truncated": truncated}, handle)
+                json.dump({"rows": rows, "lengths": lengths}, handle)
             os.replace(tmp, self.path)
         except OSError as exc:  # a full or read-only home only costs re-tokenizing next time
             log.warning("could not write the token cache %s: %s", self.path, exc)
