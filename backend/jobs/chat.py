@@ -73,6 +73,8 @@ def _messages(raw: Any) -> list[dict[str, str]]:
         messages.append({"role": message["role"], "content": message["content"]})
     if messages[-1]["role"] != "user":
         raise bad_input("the last chat message must be the user's (it is what the model answers)")
+    if not messages[-1]["content"].strip():
+        raise bad_input("the message is empty: type something for the model to answer")
     return messages
 
 

@@ -8,13 +8,16 @@ cannot be answered is refused with one MessageRefused line and the session waits
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
 
-from backend.errors import JobError
+from backend.errors import JobError, bad_input
+from backend.feasibility import context_length
 from backend.evaluation.generation import prompt_ids, stream_answer
 from backend.evaluation.run_models import RunModels
 from backend.protocol import AnswerFinished, MessageRefused, PhaseChanged, TokensGenerated
@@ -47,6 +50,7 @@ class ChatSession:
         self.answers = 0
         self.tokens = 0
         self._tokenizer: Any = None
+        self._context: int | None = None
 
     def _cut(self) -> bool:
         return self.stop.cut_requested
@@ -59,6 +63,7 @@ class ChatSession:
         if self._tokenizer is None:
             self._tokenizer = self.models.tokenizer()
         prompt = prompt_ids(self._tokenizer, request.messages)
+        room = self._room(len(prompt), request.max_new_tokens)
         generated = 0
         for position, which in enumerate(request.which):
             if position and self._cut():
@@ -75,7 +80,7 @@ class ChatSession:
                     torch.manual_seed(request.seed)
                 _, count = stream_answer(
                     model, self._tokenizer, prompt, lambda piece: self.reporter.emit(TokensGenerated(text=piece)),
-                    max_new_tokens=request.max_new_tokens, temperature=request.temperature, top_p=request.top_p,
+                    max_new_tokens=room, temperature=request.temperature, top_p=request.top_p,
                     should_stop=self._cut,
                 )
                 generated += count
@@ -85,6 +90,25 @@ class ChatSession:
         finished = AnswerFinished(stopped=self._cut(), tokens=generated, seconds=time.monotonic() - began)
         self.reporter.emit(finished)
         return finished
+
+    def _room(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """New tokens the answer may take; refuses a conversation the model cannot read (past its context
+        it answers garbage, or fails on a learned position table)."""
+        if self._context is None:
+            try:
+                raw = json.loads((Path(self.models.base_path) / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                raw = None
+            found = context_length(raw if isinstance(raw, dict) else None)
+            self._context = found[0] if found else 0
+        if self._context and prompt_tokens >= self._context:
+            raise bad_input(f"the conversation is {prompt_tokens:,} tokens and the model reads at most "
+                            f"{self._context:,}: start a new conversation, or send a shorter message")
+        if self._context and prompt_tokens + max_new_tokens > self._context:
+            log.info("answer capped by the context: %d prompt + %d new > %d", prompt_tokens, max_new_tokens,
+                     self._context)
+            return self._context - prompt_tokens
+        return max_new_tokens
 
     def serve(self, parse: Callable[[dict[str, Any]], ChatRequest]) -> None:
         """Answer each ChatMessage from the listener (its options read by `parse`) until StopJob or EOF."""

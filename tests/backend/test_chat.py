@@ -196,12 +196,21 @@ def test_a_session_worker_loads_once_and_answers_message_after_message(trained):
     ({"messages": QUESTION, "model": "other"}, "not one of base, tuned, both"),
     ({"messages": QUESTION, "temperature": -1}, "temperature must be a number"),
     ({"messages": QUESTION, "colour": 1}, "unknown chat option"),
+    ({"messages": [{"role": "user", "content": "  \n "}]}, "the message is empty"),
 ])
 def test_bad_requests_are_refused(params, match):
     from backend.jobs.chat import ChatRequest
 
     with pytest.raises(JobError, match=match):
         ChatRequest(params)
+
+
+def test_a_conversation_longer_than_the_models_context_is_refused(tmp_path):
+    config = RunConfig.load(PRESET, ["name=long-chat"])
+    folder = RunFolder.create(config, root=tmp_path)
+    long = [{"role": "user", "content": "tuple " * 1500}]  # the bundled model reads 1024 positions
+    with pytest.raises(JobError, match=r"the conversation is [\d,]+ tokens and the model reads at most 1,024"):
+        chat(folder, config, model="base", messages=long)
 
 
 def test_tuned_needs_a_finished_run(tmp_path):
