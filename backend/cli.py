@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 
+from backend.cli_checks import non_negative_int, open_run_folder, positive_int
+from backend.cli_errors import OneLineParser, run_guarded
 from backend.config import ConfigError, RunConfig
 from backend.config_help import fields_epilog
 from backend.errors import JobError
+from backend.paths import not_downloaded, usable_home
 from backend.runs import RunFolder, RunIndex
 from backend.worker_process import WorkerProcess
 
@@ -61,24 +65,14 @@ def _progress(event: dict, out, printer: ProgressPrinter) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.resume:
-        folder = RunFolder(args.resume)
-        if not folder.config_path.exists():
-            raise ConfigError(f"{folder.path}: not a run folder (no config.yaml)")
-        config = RunConfig.load(folder.config_path, args.set)
-    elif args.config:
-        config = RunConfig.load(args.config, args.set)
-        folder = RunFolder.create(config)
-    else:
-        raise ConfigError("give a config file (e.g. resources/presets/tiny_lora.yaml) or --resume RUN_DIR")
+    folder, config = _train_target(args)
+    args.run_folder = folder.path  # an internal error's traceback goes to its worker.log
     err = sys.stderr
     err.write(f"run folder: {folder.path}\n")
     worker = WorkerProcess(machine_rank=args.machine_rank)
     terminal = worker.run(folder, config, resume=bool(args.resume), on_event=ProgressPrinter(err))
     err.write("\n" if err.isatty() else "")
-    index = RunIndex()
-    index.update(folder)
-    index.close()
+    _index_run(folder)
     if terminal["type"] == "JobFinished":
         _summary(terminal)
         return 0
@@ -86,6 +80,78 @@ def cmd_train(args: argparse.Namespace) -> int:
     if terminal.get("hint"):
         print(f"hint: {terminal['hint']}", file=sys.stderr)
     return 1
+
+
+def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
+    """The run folder and config `train` was asked for: a new run, a resumed one, or a finished one
+    trained more steps as a new run; anything ambiguous is refused before a folder is made."""
+    if args.more_steps is not None and not args.resume:
+        raise ConfigError("--more-steps N trains a finished run further: give that run with --resume RUN_DIR")
+    if args.resume and args.config:
+        raise ConfigError("give a config file or --resume RUN_DIR, not both: a resumed run trains with its own "
+                          "config.yaml (change a field with --set KEY=VALUE), a config file starts a new run")
+    if not args.resume:
+        if not args.config:
+            raise ConfigError("give a config file (e.g. resources/presets/tiny_lora.yaml) or --resume RUN_DIR")
+        config = RunConfig.load(args.config, args.set)
+        _check_rank(args.machine_rank, config)
+        usable_home()  # a home that is a file is said before any folder is made
+        return RunFolder.create(config), config
+    source = open_run_folder(args.resume)
+    config = RunConfig.load(source.config_path, args.set)
+    _check_rank(args.machine_rank, config)
+    if args.more_steps is not None:
+        return _more_steps(source, args.more_steps, args.set)
+    if source.status() == "finished":
+        raise ConfigError(f"{source.path} has finished; resuming would train it again and rewrite its results. "
+                          f"Train it for more steps as a new run: --resume {source.path} --more-steps N")
+    if source.latest_checkpoint() is None:
+        raise ConfigError(f"{source.path}: no complete checkpoint to resume from; start a new run with "
+                          f"`finetune-studio train {source.config_path}`")
+    return source, config
+
+
+def _check_rank(rank: int, config: RunConfig) -> None:
+    machines = config.hardware.num_machines
+    if rank >= machines:
+        raise ConfigError(f"--machine-rank {rank}: this run has hardware.num_machines {machines}, "
+                          f"so its ranks are 0 to {machines - 1}")
+
+
+def _more_steps(source: RunFolder, steps: int, overrides: list[str]) -> tuple[RunFolder, RunConfig]:
+    """A new run that trains `steps` past `source`'s newest checkpoint (run_continuation); source is kept."""
+    from backend.run_continuation import continue_run
+
+    try:
+        folder = continue_run(source, steps)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"--resume {source.path}: {exc}") from None
+    config = RunConfig.load(folder.config_path, overrides)
+    if overrides:
+        config.save(folder.config_path)  # the new run's folder records what it trains with
+    checkpoint = folder.latest_checkpoint()
+    sys.stderr.write(f"training {source.run_id} for {steps} more steps as a new run from its "
+                     f"{checkpoint.name if checkpoint else 'checkpoint'}; the finished run is kept as it is\n")
+    return folder, config
+
+
+def _index_run(folder: RunFolder) -> None:
+    """Record the run in the index; the index is a cache, so a failure there is a note, never an error."""
+    try:
+        index = RunIndex()
+        try:
+            index.update(folder)
+            if index.rebuilt:
+                print(f"note: {index.rebuilt}", file=sys.stderr)
+                index.sync()
+        finally:
+            index.close()
+    except (OSError, sqlite3.Error, JobError) as exc:
+        reason = getattr(exc, "message", None) or str(exc)
+        print(f"note: the run list was not updated ({reason}); the run itself is saved in {folder.path}",
+              file=sys.stderr)
 
 
 def _summary(event: dict) -> None:
@@ -108,8 +174,12 @@ def _summary(event: dict) -> None:
 
 def cmd_runs_list(args: argparse.Namespace) -> int:
     index = RunIndex()
-    runs = index.sync()
-    index.close()
+    try:
+        runs = index.sync()
+    finally:
+        index.close()
+    for note in ([index.rebuilt] if index.rebuilt else []) + [f"skipped {u}" for u in index.unreadable]:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps([r.__dict__ for r in runs], indent=2))
         return 0
@@ -130,6 +200,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
+    _check_estimate_paths(config, args.worst_case)
     found = detected_device()  # torch-free: NVML, as the studio's monitor sees the machine
     device = args.device or found.kind
     why = (f"assumed, this machine's: {found.why}; --device chooses" if args.device is None
@@ -162,16 +233,38 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_estimate_paths(config: RunConfig, worst_case: bool) -> None:
+    """A model folder or data file that is not there is said, not estimated as something else."""
+    missing = not_downloaded(config.model.path)
+    if missing:
+        raise ConfigError(missing)
+    model = config.resolved_model_path()
+    if not model.exists():
+        raise ConfigError(f"model.path {config.model.path}: {model} does not exist; point it at a Hugging Face "
+                          "model folder (config.json alone is enough to estimate) or bundled:tiny")
+    if model.is_dir() and not (model / "config.json").exists():
+        raise ConfigError(f"model.path {config.model.path}: the folder {model} has no config.json; point it at a "
+                          "Hugging Face model folder, or copy the model's config.json into it")
+    data = config.resolved_data_path()
+    if not worst_case and not data.exists():
+        raise ConfigError(f"data.path {config.data.path}: {data} does not exist; fix the path, or add "
+                          "--worst-case to estimate without reading the data")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="finetune-studio", description="Fine-tune a language model.")
+    parser = OneLineParser(prog="finetune-studio", description="Fine-tune a language model.")
     sub = parser.add_subparsers(dest="command", required=True)
     fields = {"epilog": fields_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
     train = sub.add_parser("train", help="run a fine-tune headless, with a progress bar", **fields)
     train.add_argument("config", nargs="?", help="RunConfig YAML (the studio saves the same file)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a field, e.g. --set train.max_steps=10 (repeatable)")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint")
-    train.add_argument("--machine-rank", type=int, default=0,
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue a stopped run from its newest complete checkpoint (a path or a run id)")
+    train.add_argument("--more-steps", type=positive_int, metavar="N",
+                       help="with --resume of a finished run: train N more steps as a new run "
+                            "(the finished one is kept)")
+    train.add_argument("--machine-rank", type=non_negative_int, default=0,
                        help="this machine's rank in a multi-node run (hardware.num_machines > 1)")
     train.set_defaults(func=cmd_train)
     est = sub.add_parser("estimate", help="predict the memory a run will take, part by part", **fields)
@@ -179,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field")
     est.add_argument("--device", choices=["cuda", "cpu"], default=None,
                      help="where the run would train (default: this machine's: cuda where NVML finds a GPU, else cpu)")
-    est.add_argument("--gpus", type=int, default=None,
+    est.add_argument("--gpus", type=positive_int, default=None,
                      help="number of GPUs (data-parallel processes; default: the config's hardware.num_processes)")
     est.add_argument("--zero-stage", type=int, default=None, choices=[0, 1, 2, 3],
                      help="DeepSpeed ZeRO stage (default: the config's hardware.strategy)")
@@ -204,16 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ConfigError, JobError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    """Every subcommand runs through run_guarded: whatever it raises becomes one line and an exit code."""
+    return run_guarded(list(sys.argv[1:] if argv is None else argv), build_parser)
 
 
 if __name__ == "__main__":

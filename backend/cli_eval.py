@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import IO, Any
 
+from backend.cli_checks import existing_file, non_negative_float, open_run_folder, positive_int, probability
 from backend.config import ConfigError
 from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess
@@ -20,10 +20,9 @@ from backend.worker_process import WorkerProcess
 REPORT = "eval_report.json"  # the name backend.jobs.evaluate writes (kept here: the CLI never imports torch)
 
 
-def _run_folder(path: str) -> RunFolder:
-    folder = RunFolder(Path(path).expanduser().absolute())
-    if not folder.config_path.is_file():
-        raise ConfigError(f"{folder.path}: not a run folder (no config.yaml)")
+def _run_folder(args: argparse.Namespace) -> RunFolder:
+    folder = open_run_folder(args.run_dir)
+    args.run_folder = folder.path  # an internal error's traceback goes to its worker.log
     return folder
 
 
@@ -83,12 +82,12 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    folder = _run_folder(args.run_dir)
+    folder = _run_folder(args)
     config = folder.load_config()
     params: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
     if args.prompts:
-        params["prompts"] = str(Path(args.prompts).expanduser().absolute())
-    if args.limit:
+        params["prompts"] = str(existing_file(args.prompts, "--prompts"))
+    if args.limit is not None:
         params["limit"] = args.limit
     err = sys.stderr
     worker = WorkerProcess(job="evaluate", params=params)
@@ -108,8 +107,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--prompts", metavar="FILE",
                         help='held-out JSONL of {"prompt", "expected"} or alpaca records '
                              "(default: the eval file beside the training data, e.g. demo_eval.jsonl)")
-    parser.add_argument("--limit", type=int, metavar="N", help="score only the first N prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="longest answer generated (32)")
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="score only the first N prompts (at least 1)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
+                        help="longest answer generated (32)")
     parser.add_argument("--json", action="store_true", help="print eval_report.json instead of the table")
     parser.set_defaults(func=cmd_eval)
     return parser
@@ -136,7 +136,9 @@ class _ChatPrinter:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    folder = _run_folder(args.run_dir)
+    if not args.message.strip():
+        raise ConfigError("the message is empty; give the text to ask, e.g. chat RUN_DIR \"What is LoRA?\"")
+    folder = _run_folder(args)
     config = folder.load_config()
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": args.message}]
@@ -155,9 +157,10 @@ def add_chat_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("message", help="what to ask")
     parser.add_argument("--model", choices=["base", "tuned", "both"], default="tuned",
                         help="answer with the base model, the tuned one, or both in turn (tuned)")
-    parser.add_argument("--temperature", type=float, default=0.7, metavar="T", help="0 for greedy answers (0.7)")
-    parser.add_argument("--top-p", type=float, default=0.9, metavar="P", help="nucleus sampling mass (0.9)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="longest answer (256)")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.7, metavar="T",
+                        help="0 for greedy answers (0.7)")
+    parser.add_argument("--top-p", type=probability, default=0.9, metavar="P", help="nucleus sampling mass (0.9)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="longest answer (256)")
     parser.add_argument("--system", metavar="TEXT", help="a system message before yours")
     parser.add_argument("--seed", type=int, help="seed for sampling (same seed, same answer)")
     parser.set_defaults(func=cmd_chat)

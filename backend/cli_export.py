@@ -13,12 +13,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
-from backend.config import ConfigError
+from backend.cli_checks import open_run_folder, output_folder
 from backend.export.formats import DTYPES, FORMATS
-from backend.runs import RunFolder
 
 REPORT = "export_report.json"
 
@@ -97,11 +95,10 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from backend.worker_process import WorkerProcess
 
-    folder = RunFolder(Path(args.run_dir).expanduser().absolute())
-    if not folder.config_path.is_file():
-        raise ConfigError(f"{folder.path}: not a run folder (no config.yaml)")
+    folder = open_run_folder(args.run_dir)
+    args.run_folder = folder.path  # an internal error's traceback goes to its worker.log
     config = folder.load_config()
-    out = Path(args.out).expanduser().absolute() if args.out else folder.path / "exports" / args.format
+    out = output_folder(args.out, "--out") if args.out else folder.path / "exports" / args.format
     params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite)}
     if args.dtype:
         params["dtype"] = args.dtype

@@ -9,23 +9,38 @@ studio imports this module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
-from backend.config_errors import describe_error, is_cross_field, override_for, yaml_line
+from backend.config_errors import ConfigError, describe_error, is_cross_field, override_for, short_item, yaml_line
+from backend.config_file import parse_config_yaml, read_config_text
 from backend.paths import resolve_resource
 
 SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = range(1, SCHEMA_VERSION + 1)
+"""The schema versions this studio reads (older ones are migrated on load)."""
 
-
-class ConfigError(ValueError):
-    """A config that cannot run, with a one-line message naming the field and the fix."""
+def _numeric(annotation: Any) -> bool:
+    """Whether a field holds a number (int, float, or either or None)."""
+    return annotation in (int, float) or any(a in (int, float) for a in get_args(annotation))
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_yes_no_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 for a number, so `max_steps: yes` (YAML's true) would run one step
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _numeric(field.annotation):
+            example = field.default if isinstance(field.default, (int, float)) else 1
+            raise ValueError(f"{str(value).lower()} is a yes/no value, not a number (YAML reads yes, no, on "
+                             f"and off as true and false); write a number such as {example}")
+        return value
 
 
 class ModelSection(_Section):
@@ -211,6 +226,9 @@ class RunConfig(_Section):
     def _known_version(cls, value: int) -> int:
         if value > SCHEMA_VERSION:
             raise ValueError(f"schema_version {value} is newer than this studio ({SCHEMA_VERSION}); upgrade it")
+        if value not in SUPPORTED_VERSIONS:
+            raise ValueError(f"schema_version {value} is not a version of this file; this studio reads "
+                             f"{', '.join(map(str, SUPPORTED_VERSIONS))}: set schema_version: {SCHEMA_VERSION}")
         return value
 
     @model_validator(mode="after")
@@ -245,20 +263,8 @@ class RunConfig(_Section):
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not UTF-8 text; save the config as UTF-8 YAML") from None
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections (model:, data:, train:, ...)")
+        text = read_config_text(path)
+        raw = parse_config_yaml(text, str(path))
         overrides = overrides or []
         apply_overrides(raw, overrides)
         return cls._validate(raw, str(path), text, overrides)
@@ -275,7 +281,7 @@ class RunConfig(_Section):
             if not is_cross_field(err):
                 item = override_for(err["loc"], overrides or [])
                 line = yaml_line(text, err["loc"]) if text and item is None else None
-                where = f"--set {item}" if item else f"{source} line {line}" if line else source
+                where = f"--set {short_item(item)}" if item else f"{source} line {line}" if line else source
             raise ConfigError(f"{where}: {describe_validation_error(exc)}") from None
 
 
@@ -317,14 +323,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
     """Apply `dotted.key=value` strings in place; values are parsed as YAML scalars."""
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected dotted.key=value, for example train.max_steps=10")
+        shown = short_item(item)
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {shown!r}: expected dotted.key=value, for example train.max_steps=10")
         node = raw
         parts = key.strip().split(".")
+        if not all(part.strip() for part in parts):
+            raise ConfigError(f"--set {shown!r}: a part of the key is empty; write it as section.field, "
+                              "for example train.max_steps=10")
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: {part} is not a section")
+                raise ConfigError(f"--set {shown!r}: {part} is not a section")
             node = child
         node[parts[-1]] = parse_scalar(value)
 

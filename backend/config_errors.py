@@ -8,11 +8,21 @@ backend.config (which passes in the known field paths), so there is no import cy
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable, Sequence
 from difflib import get_close_matches
 from typing import Any
 
 import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot run, with a one-line message naming the field and the fix."""
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxstring, _SHORT.maxother = 2, 4, 57, 57
+"""A value's repr that stays short however big the value (a YAML alias bomb's list is 10^7 items)."""
 
 HELP_POINTER = "every field: `finetune-studio train --help`"
 """Where the list of fields is, said at the end of every unknown-key error."""
@@ -39,8 +49,13 @@ def short_value(value: Any) -> str:
     """The offending value as a person reads it: never a dump of a whole section or config."""
     if isinstance(value, dict):
         return "a mapping"
-    text = repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def short_item(item: str, limit: int = 80) -> str:
+    """A `--set key=value` as the error names it: the key whole, a long value cut."""
+    return item if len(item) <= limit else item[:limit - 3] + "..."
 
 
 def describe_error(err: dict[str, Any], paths: Sequence[str], sections: Iterable[str]) -> str:
@@ -53,6 +68,11 @@ def describe_error(err: dict[str, Any], paths: Sequence[str], sections: Iterable
         guess = did_you_mean(field, paths, sections)
         fix = f"did you mean {guess}?" if guess else "check the spelling"
         return f"unknown {what} {field}; {fix} ({HELP_POINTER})"
+    if err.get("input") is None and len(loc) == 1 and field in set(sections):
+        return f"section {field} is empty; give its fields indented under it, or remove the line"
+    if kind in ("model_type", "dict_type") and len(loc) == 1 and field in set(sections):
+        return (f"section {field} must hold its fields, indented under `{field}:` (got "
+                f"{short_value(err.get('input'))})")
     if kind == "value_error":  # our own validators: their sentence names the fields and the fix
         text = str(err.get("ctx", {}).get("error", err["msg"]))
         return text if field in text or isinstance(err.get("input"), dict) else f"field {field}: {text}"

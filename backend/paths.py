@@ -59,6 +59,29 @@ def studio_home() -> Path:
     return root
 
 
+def usable_home() -> Path:
+    """The studio home, created if missing; one that cannot be (a file, inside a file, not writable)
+    is a bad-input JobError naming it and the fix, not an OSError deep inside a command."""
+    from backend.errors import bad_input
+
+    root = studio_home()
+    override = os.environ.get("FINETUNE_STUDIO_HOME")
+    fix = ("point FINETUNE_STUDIO_HOME at a folder you can write, or unset it" if override else
+           "check its permissions, or set FINETUNE_STUDIO_HOME to a folder you can write")
+    named = f"FINETUNE_STUDIO_HOME={override}" if override else f"the data directory {root}"
+    blocker = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "is a file" if blocker == root else f"is inside a file ({blocker})"
+        raise bad_input(f"{named} {where}, not a folder", fix)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad_input(f"{named} cannot be created ({exc.strerror or exc})", fix) from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise bad_input(f"{named} cannot be written (permission denied)", fix)
+    return root
+
+
 def runs_dir() -> Path:
     return studio_home() / "runs"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from backend.config import RunConfig
-from backend.paths import runs_dir, studio_home
+from backend.paths import usable_home
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"
 """Written last, after an fsync of everything else: a checkpoint without it does not count."""
@@ -78,7 +78,7 @@ class RunFolder:
     # --- creation ---------------------------------------------------------------------------
     @classmethod
     def create(cls, config: RunConfig, root: Path | None = None) -> "RunFolder":
-        root = root or runs_dir()
+        root = root or usable_home() / "runs"
         root.mkdir(parents=True, exist_ok=True)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name).strip("-")[:40] or "run"
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -96,7 +96,7 @@ class RunFolder:
     def iter_events(self) -> Iterator[dict[str, Any]]:
         """Events as dicts; a torn last line (the worker died mid-write) is skipped."""
         try:
-            with self.events_path.open(encoding="utf-8") as handle:
+            with self.events_path.open(encoding="utf-8", errors="replace") as handle:
                 for line in handle:
                     try:
                         item = json.loads(line)
@@ -236,30 +236,86 @@ def mark_checkpoint_complete(path: Path, step: int) -> None:
 
 
 class RunIndex:
-    """SQLite cache of run summaries under the studio home; rebuilt from folders by sync()."""
+    """SQLite cache of run summaries under the studio home; rebuilt from folders by sync().
+
+    Being a cache, an unreadable file (garbage bytes, a half-written page, a folder in its place) is
+    moved aside to runs.sqlite.corrupt and rebuilt from the run folders; `rebuilt` says so."""
 
     def __init__(self, home: Path | None = None):
-        self.home = home or studio_home()
+        self.home = home or usable_home()
         self.root = self.home / "runs"
         self.home.mkdir(parents=True, exist_ok=True)
         self.db_path = self.home / "runs.sqlite"
         self._seen: dict[str, tuple[float, int]] = {}
-        self._db = sqlite3.connect(self.db_path)
-        existing = tuple(row[1] for row in self._db.execute("PRAGMA table_info(runs)"))
-        if existing and existing != COLUMNS:  # an older studio's cache: rebuilt from the folders
-            with self._db:
-                self._db.execute("DROP TABLE runs")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, path TEXT, name TEXT,"
-            " created REAL, status TEXT, steps INTEGER, final_loss REAL, tokens_per_s REAL,"
-            " model TEXT, method TEXT, reason TEXT)"
-        )
+        self.rebuilds = 0
+        self.rebuilt = ""
+        """Why the index file was unreadable and rebuilt from the folders ("" when it was fine)."""
+        self.unreadable: list[str] = []
+        """Run folders the last sync() could not read (each `path: reason`); they are left alone."""
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:
+            self._db = self._rebuild(exc)
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.db_path)
+        try:
+            existing = tuple(row[1] for row in db.execute("PRAGMA table_info(runs)"))
+            if existing and existing != COLUMNS:  # an older studio's cache: rebuilt from the folders
+                with db:
+                    db.execute("DROP TABLE runs")
+            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError(f"damaged: {problems[0]}")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, path TEXT, name TEXT,"
+                " created REAL, status TEXT, steps INTEGER, final_loss REAL, tokens_per_s REAL,"
+                " model TEXT, method TEXT, reason TEXT)"
+            )
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _rebuild(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
+        """Move the unreadable index (and its journals) aside and start an empty one; sync() refills it."""
+        if "locked" in str(exc):  # another studio is writing it: not damage, nothing to rebuild
+            raise exc
+        aside = self.db_path.with_name(self.db_path.name + ".corrupt")
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            source, target = Path(f"{self.db_path}{suffix}"), Path(f"{aside}{suffix}")
+            if not source.exists() and not source.is_symlink():
+                continue
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            os.replace(source, target)
+        self._seen.clear()
+        self.rebuilds += 1
+        self.rebuilt = (f"the run index {self.db_path} was unreadable ({exc}); rebuilt it from the run "
+                        f"folders (the old file is kept as {aside.name})")
+        return self._open()
+
+    def _guarded(self, action: Any) -> Any:
+        """Run one query; on damage found mid-session, rebuild the index once and run it again."""
+        try:
+            return action()
+        except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc):
+                raise
+            self._db.close()
+            self._db = self._rebuild(exc)
+            return action()
 
     def close(self) -> None:
         self._db.close()
 
     def update(self, folder: RunFolder) -> RunSummary:
         s = folder.summary()
+        return self._guarded(lambda: self._write(s))
+
+    def _write(self, s: RunSummary) -> RunSummary:
         with self._db:
             self._db.execute(
                 "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
@@ -270,21 +326,39 @@ class RunIndex:
 
     def sync(self) -> list[RunSummary]:
         """Re-read the folders whose events changed since the last sync; drop rows whose folder is
-        gone. Unchanged runs cost one stat, so a page that syncs on every show stays quick."""
-        ids = set()
-        if self.root.is_dir():
-            for child in self.root.iterdir():
-                if child.is_dir() and (child / "config.yaml").exists():
-                    ids.add(child.name)
-                    stamp = self._stamp(child)
-                    if self._seen.get(child.name) != stamp:
-                        self.update(RunFolder(child))
-                        self._seen[child.name] = stamp
+        gone. Unchanged runs cost one stat, so a page that syncs on every show stays quick. A folder
+        that cannot be read is listed in `unreadable` and its row (if any) kept."""
+        rebuilds = self.rebuilds
+        ids = self._sync_folders()
+        if self.rebuilds != rebuilds:  # the index was rebuilt halfway: the folders read before are missing
+            ids = self._sync_folders()
+        self._guarded(lambda: self._drop_missing(ids))
+        return self.list()
+
+    def _sync_folders(self) -> set[str]:
+        ids: set[str] = set()
+        self.unreadable = []
+        if not self.root.is_dir():
+            return ids
+        for child in self.root.iterdir():
+            try:
+                if not (child.is_dir() and (child / "config.yaml").exists()):
+                    continue
+                ids.add(child.name)
+                stamp = self._stamp(child)
+                if self._seen.get(child.name) != stamp:
+                    self.update(RunFolder(child))
+                    self._seen[child.name] = stamp
+            except OSError as exc:
+                ids.add(child.name)
+                self.unreadable.append(f"{child}: {exc.strerror or exc}")
+        return ids
+
+    def _drop_missing(self, ids: set[str]) -> None:
         with self._db:
             for (run_id,) in self._db.execute("SELECT run_id FROM runs").fetchall():
                 if run_id not in ids:
                     self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
-        return self.list()
 
     @staticmethod
     def _stamp(path: Path) -> tuple[float, int]:
@@ -295,7 +369,8 @@ class RunIndex:
             return 0.0, -1
 
     def list(self) -> list[RunSummary]:
-        rows = self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC").fetchall()
+        rows = self._guarded(
+            lambda: self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC").fetchall())
         return [RunSummary(*row) for row in rows]
 
     def delete(self, run_id: str) -> None:

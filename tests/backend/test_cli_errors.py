@@ -96,6 +96,8 @@ CROSS_FIELD = [
      ["technique.offload", "hardware.strategy"]),
     (["train.warmup_steps=60"], ["train.warmup_steps", "train.max_steps"]),
     (["schema_version=99"], ["schema_version"]),
+    (["schema_version=0"], ["schema_version 0", "schema_version: 1"]),
+    (["train.max_steps=yes"], ["train.max_steps", "not a number"]),
 ]
 
 

@@ -16,7 +16,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 VALID = [
-    ("", {}),
+    ("name: x\n", {}),
     ("train:\n  max_steps: 3\n", {"train.max_steps": 3}),
     ("technique:\n  lora_rank: 16\n  lora_targets: q_proj,v_proj\n", {"technique.lora_rank": 16}),
     ("data:\n  path: /x.jsonl\n  format: sharegpt\n", {"data.format": "sharegpt"}),
@@ -43,6 +43,11 @@ INVALID = [
     ("train:\n  max_steps: [1\n", r"line \d+: not valid YAML"),
     ("- a\n- b\n", "expected a mapping"),
     ("schema_version: 99\n", "newer than this studio"),
+    ("schema_version: 0\n", "schema_version 0 is not a version of this file; this studio reads 1"),
+    ("", "the file is empty"),
+    ("# only a comment\n", "the file is empty"),
+    ("train:\n  max_steps: on\n", "line 2: field train.max_steps: true is a yes/no value"),
+    ("train:\n  max_steps: 3\n  max_steps: 4\n", "line 3: key train.max_steps is given twice \\(first on line 2\\)"),
     ("train:\n  warmup_steps: 10\n  max_steps: 5\n", "train.warmup_steps 10 must be below train.max_steps 5"),
 ]
 

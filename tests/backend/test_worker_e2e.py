@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from backend.config import RunConfig
-from backend.runs import CHECKPOINT_MARKER, RunFolder
+from backend.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
 from backend.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 
@@ -110,6 +110,18 @@ def test_cli_train_with_overrides_and_runs_list(bundled_model, studio_home):
     table = subprocess.run([sys.executable, "-m", "studio", "runs", "list"], cwd=ROOT, capture_output=True, text=True,
                            timeout=60).stdout.splitlines()
     assert "useful tok/s" in table[0] and table[1].startswith(listed[0]["run_id"])
+    # A finished run trains more steps as a new run (`train --resume RUN` alone is refused: test_bad_inputs_cli)
+    more = subprocess.run([sys.executable, "-m", "studio", "train", "--resume", listed[0]["path"], "--more-steps", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert "for 2 more steps as a new run" in more.stderr and "Traceback" not in more.stderr
+    new_dir = more.stderr.split("run folder: ", 1)[1].splitlines()[0]
+    assert new_dir != listed[0]["path"] and f"run folder:  {new_dir}" in more.stdout
+    index = RunIndex()
+    after = {r.path: r for r in index.sync()}
+    index.close()
+    assert after[new_dir].steps == 6 and after[new_dir].status == "finished"
+    assert after[listed[0]["path"]].steps == 4 and after[listed[0]["path"]].status == "finished"
 
 
 def test_cli_failure_is_one_line_without_traceback(tmp_path):
