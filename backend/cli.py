@@ -79,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"error: {terminal['message']}", file=sys.stderr)
     if terminal.get("hint"):
         print(f"hint: {terminal['hint']}", file=sys.stderr)
-    return 1
+    return 2 if terminal.get("kind") == "bad_input" else 1  # bad input: 2, as every refusal before the run
 
 
 def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
@@ -95,6 +95,7 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
             raise ConfigError("give a config file (e.g. resources/presets/tiny_lora.yaml) or --resume RUN_DIR")
         config = RunConfig.load(args.config, args.set)
         _check_rank(args.machine_rank, config)
+        _check_inputs(config)
         usable_home()  # a home that is a file is said before any folder is made
         return RunFolder.create(config), config
     source = open_run_folder(args.resume)
@@ -109,6 +110,17 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
         raise ConfigError(f"{source.path}: no complete checkpoint to resume from; start a new run with "
                           f"`finetune-studio train {source.config_path}`")
     return source, config
+
+
+def _check_inputs(config: RunConfig) -> None:
+    """The model folder and the data file, refused in one line before a run folder is made or torch loads."""
+    from backend.training.model_check import check_model_folder
+
+    check_model_folder(config)
+    data = config.resolved_data_path()
+    if not data.exists():
+        raise ConfigError(f"data.path: {data} does not exist; pick a .jsonl, .json, .csv, .parquet or .txt file, "
+                          "or a dataset folder (e.g. bundled:datasets/demo_train.jsonl)")
 
 
 def _check_rank(rank: int, config: RunConfig) -> None:

@@ -85,7 +85,7 @@ class RunFolder:
         path = root / f"{stamp}-{slug}-{secrets.token_hex(2)}"
         path.mkdir()
         folder = cls(path)
-        config.save(folder.config_path)
+        absolute_paths(config).save(folder.config_path)
         folder.events_path.touch()
         return folder
 
@@ -201,6 +201,17 @@ class RunFolder:
         reason = str(terminal.get("message", "")) if terminal.get("type") == "JobFailed" else ""
         return RunSummary(self.run_id, str(self.path), name, created, self.status(), steps,
                           final_loss, tps, model, method, reason)
+
+
+def absolute_paths(config: RunConfig) -> RunConfig:
+    """The config with relative model and data paths made absolute, so the run folder's config.yaml
+    still finds them from another working directory (eval, chat, export, resume from elsewhere)."""
+    changes: dict[str, Any] = {}
+    for section in ("model", "data"):
+        value = getattr(config, section).path
+        if value and ":" not in value.split("/")[0] and not Path(value).is_absolute() and Path(value).exists():
+            changes[section] = getattr(config, section).model_copy(update={"path": str(Path(value).resolve())})
+    return config.model_copy(update=changes) if changes else config
 
 
 def fsync_tree(path: Path) -> None:

@@ -15,51 +15,11 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
-from backend.paths import not_downloaded
-from backend.training.model_check import check_files, read_config
+from backend.training.model_check import check_model_folder  # noqa: F401 (re-exported: the jobs import it here)
 from backend.training.moe import enable_aux_loss, keep_experts_dtype, peft_targets
 from backend.training.techniques import TechniquePlan
 
 log = logging.getLogger(__name__)
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
-
-
-def check_model_folder(config: RunConfig) -> Path:
-    """Refuse a model folder that cannot be loaded safely, before torch touches it."""
-    path = config.resolved_model_path()
-    field = "model.path"
-    missing = not_downloaded(config.model.path)
-    if missing:
-        raise bad_input(missing)
-    if not path.exists():
-        raise bad_input(f"{field}: {path} does not exist", "pick a Hugging Face model folder or bundled:tiny")
-    if not path.is_dir():
-        raise bad_input(f"{field}: {path} is a file; pick the folder that holds config.json")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise bad_input(f"{field}: {path} has no config.json; it is not a Hugging Face model folder")
-    model_config = read_config(config_file)  # an object, or one line saying why not
-    if model_config.get("auto_map") and not config.model.trust_remote_code:
-        raise bad_input(
-            f"{field}: {path} needs code shipped with the model (auto_map in config.json)",
-            "tick model.trust_remote_code only if you trust its author",
-        )
-    files = [p.name for p in path.iterdir()]
-    has_safetensors = any(n.endswith(".safetensors") for n in files)
-    has_pickle = any(n.endswith(PICKLE_SUFFIXES) and "training_args" not in n for n in files)
-    if not has_safetensors:
-        if has_pickle and not config.model.allow_pickle:
-            raise bad_input(
-                f"{field}: {path} has only pickle weights (.bin), which can run arbitrary code",
-                "convert it to safetensors, or tick model.allow_pickle for this model",
-            )
-        if not has_pickle:
-            raise bad_input(f"{field}: {path} has no weights (*.safetensors)")
-    if not any(n in files for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")):
-        raise bad_input(f"{field}: {path} has no tokenizer files", "copy the tokenizer into the model folder")
-    # The files' contents, still without loading a weight: sizes, headers, shards, vocabulary, remote code.
-    check_files(path, model_config, config.model.trust_remote_code, config.model.allow_pickle and has_pickle)
-    return path
 
 
 def load_tokenizer(path: Path, config: RunConfig) -> Any:

@@ -67,3 +67,17 @@ def test_a_run_without_a_tuned_model_is_sent_to_resume_only_when_it_can(tmp_path
     stopped = _finished(tmp_path)
     assert how_to_finish(stopped, "export").startswith(f"resume it with `finetune-studio train --resume {stopped.path}`")
     assert how_to_finish(stopped, "export").endswith("(it continues from checkpoint-10), then export")
+
+
+def test_a_run_folder_stores_relative_model_and_data_paths_absolute(tmp_path, monkeypatch):
+    data = tmp_path / "work" / "mine.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"instruction": "a", "output": "b"}\n')
+    monkeypatch.chdir(tmp_path / "work")
+    config = RunConfig.from_dict({"name": "relative", "data": {"path": "mine.jsonl"},
+                                  "model": {"path": "bundled:tiny"}})
+    folder = RunFolder.create(config, root=tmp_path / "runs")
+    monkeypatch.chdir(tmp_path)  # chat or eval from another folder still finds the data
+    saved = folder.load_config()
+    assert saved.data.path == str(data) and saved.model.path == "bundled:tiny"
+    assert saved.resolved_data_path().is_file()

@@ -129,7 +129,7 @@ def test_cli_failure_is_one_line_without_traceback(tmp_path):
         [sys.executable, "-m", "studio", "train", str(PRESET), "--set", f"model.path={tmp_path}/missing"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # bad input, refused before any run folder or torch
     assert "error: model.path:" in done.stderr and "does not exist" in done.stderr
     assert "Traceback" not in done.stderr
 

@@ -127,7 +127,7 @@ def test_through_the_real_worker_the_user_sees_one_line():
         [sys.executable, "-m", "studio", "train", str(PRESET), "--set", f"data.path={BAD / 'not_json.jsonl'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # bad input, found by the worker
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {BAD / 'not_json.jsonl'} line 3: not valid JSON (Expecting value at column 37)"]
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
