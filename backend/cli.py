@@ -106,9 +106,15 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
     if source.status() == "finished":
         raise ConfigError(f"{source.path} has finished; resuming would train it again and rewrite its results. "
                           f"Train it for more steps as a new run: --resume {source.path} --more-steps N")
-    if source.latest_checkpoint() is None:
+    checkpoint = source.latest_checkpoint()
+    if checkpoint is None:
         raise ConfigError(f"{source.path}: no complete checkpoint to resume from; start a new run with "
                           f"`finetune-studio train {source.config_path}`")
+    from backend.run_continuation import resume_mismatch
+
+    mismatch = resume_mismatch(checkpoint, config)
+    if mismatch:
+        raise ConfigError(f"--resume {source.path}: {mismatch}")
     return source, config
 
 

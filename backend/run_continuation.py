@@ -42,6 +42,33 @@ def how_to_finish(folder: RunFolder, then: str = "") -> str:
             f"`finetune-studio train {folder.config_path}`{after}")
 
 
+def resume_mismatch(checkpoint: Path, config: RunConfig) -> str:
+    """Why `config` cannot resume `checkpoint` ("" when it can): an adapter resumes only at the rank and
+    method it was trained with, and a full fine-tune's checkpoint holds no adapter at all."""
+    adapter = checkpoint / "adapter_config.json"
+    method = config.technique.method
+    if method == "full":
+        return (f"{checkpoint.name} holds a LoRA adapter but technique.method is full; resume with the method it "
+                "was trained with, or start a new run") if adapter.is_file() else ""
+    if not adapter.is_file():
+        return (f"{checkpoint.name} holds no adapter (it was a full fine-tune) but technique.method is {method}; "
+                "resume with technique.method: full, or start a new run")
+    try:
+        saved = json.loads(adapter.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""  # unreadable: the worker's own load reports it
+    rank, dora = saved.get("r"), bool(saved.get("use_dora"))
+    if isinstance(rank, int) and rank != config.technique.lora_rank:
+        return (f"technique.lora_rank is {config.technique.lora_rank} but {checkpoint.name} was trained at rank "
+                f"{rank}: a checkpoint resumes only at its own rank; set technique.lora_rank: {rank}, or start a "
+                "new run for the new rank")
+    if dora != (method == "dora"):
+        was = "dora" if dora else "lora (or qlora, lora8)"
+        return (f"technique.method is {method} but {checkpoint.name} was trained with {was}: resume with that "
+                "method, or start a new run")
+    return ""
+
+
 def continue_run(source: RunFolder, more_steps: int, root: Path | None = None) -> RunFolder:
     """A new run that trains `more_steps` past `source`'s newest complete checkpoint; `source` is unchanged."""
     if more_steps < 1:

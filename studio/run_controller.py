@@ -18,7 +18,7 @@ from backend.memory_record import MemoryRecord
 from backend.paths import runs_dir
 from backend.protocol import WorkerReady
 from backend.distributed import RENDEZVOUS_HINT, rendezvous_wait
-from backend.run_continuation import checkpoint_step, continue_run
+from backend.run_continuation import checkpoint_step, continue_run, resume_mismatch
 from backend.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome
 from studio.main_window import MainWindow
@@ -162,6 +162,10 @@ class RunController(QObject):
             config = folder.load_config()
         except ValueError as exc:
             self.state.mark_error(f"cannot resume {folder.run_id}: {exc}")
+            return
+        mismatch = resume_mismatch(checkpoint, config)
+        if mismatch:
+            self.state.mark_error(f"cannot resume {folder.run_id}: {mismatch}")
             return
         self._launch(folder, config, resume=True, history_up_to=checkpoint_step(checkpoint))
 

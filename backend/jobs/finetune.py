@@ -20,6 +20,7 @@ from backend.config import RunConfig
 from backend.errors import JobError
 from backend.evaluation.samples import SampleGenerator
 from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
+from backend.run_continuation import resume_mismatch
 from backend.runs import RunFolder
 from backend.training.callbacks import ReportingCallback
 from backend.training.capabilities import probe_capabilities
@@ -124,6 +125,9 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
         if latest is None:
             raise JobError("bad_input", f"{run_dir}: no complete checkpoint to resume from",
                            "start a new run instead")
+        mismatch = resume_mismatch(latest, config)
+        if mismatch:
+            raise JobError("bad_input", mismatch)
         resume_from = str(latest)
     reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps, resumed_from=resume_from))
     if resume_from:

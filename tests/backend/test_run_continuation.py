@@ -81,3 +81,26 @@ def test_a_run_folder_stores_relative_model_and_data_paths_absolute(tmp_path, mo
     saved = folder.load_config()
     assert saved.data.path == str(data) and saved.model.path == "bundled:tiny"
     assert saved.resolved_data_path().is_file()
+
+
+def test_a_checkpoint_resumes_only_at_its_own_rank_and_method(tmp_path, capsys):
+    from backend.cli import main
+    from backend.run_continuation import resume_mismatch
+
+    source = _finished(tmp_path)
+    checkpoint = source.latest_checkpoint()
+    (checkpoint / "adapter_config.json").write_text(json.dumps({"r": 8, "use_dora": False, "peft_type": "LORA"}))
+    config = source.load_config()
+    assert resume_mismatch(checkpoint, config.model_copy(update={"technique": config.technique.model_copy(
+        update={"lora_rank": 8})})) == ""
+    wider = config.technique.model_copy(update={"lora_rank": 16})
+    assert "was trained at rank 8: a checkpoint resumes only at its own rank; set technique.lora_rank: 8" in \
+        resume_mismatch(checkpoint, config.model_copy(update={"technique": wider}))
+    full = config.technique.model_copy(update={"method": "full", "lora_rank": 8})
+    assert "holds a LoRA adapter but technique.method is full" in \
+        resume_mismatch(checkpoint, config.model_copy(update={"technique": full}))
+    stopped = source.path / "events.jsonl"
+    stopped.write_text(stopped.read_text().replace('"steps": 10}', '"steps": 10, "stopped": true}'))
+    code = main(["train", "--resume", str(source.path), "--set", "technique.lora_rank=16"])
+    err = capsys.readouterr().err
+    assert code == 2 and "was trained at rank 8" in err and "Traceback" not in err
