@@ -111,7 +111,8 @@ class ConfigState(QObject):
         try:
             self.config()
         except ConfigError as exc:
-            return str(exc)
+            text = str(exc)
+            return text[len("form: "):] if text.startswith("form: ") else text  # the window is the form
         return ""
 
     def overrides(self) -> list[str]:

@@ -65,6 +65,18 @@ def _kind(annotation: Any) -> tuple[str, bool, tuple[Any, ...]]:
     return "str", optional, ()
 
 
+def _names(problem: str, key: str) -> bool:
+    """Whether an error sentence is about `key` (named whole, not as part of a longer key)."""
+    at = problem.find(key)
+    while at >= 0:
+        end = at + len(key)
+        if (at == 0 or not (problem[at - 1].isalnum() or problem[at - 1] in "._")) and \
+                (end == len(problem) or not (problem[end].isalnum() or problem[end] == "_")):
+            return True
+        at = problem.find(key, at + 1)
+    return False
+
+
 class FieldEditors(QObject):
     """Creates editors for dotted keys and keeps them and the ConfigState in step."""
 
@@ -74,6 +86,8 @@ class FieldEditors(QObject):
         self.editors: dict[str, list[QWidget]] = {}
         """Every editor made for each key (a key may be edited on two pages)."""
         self._updating = False
+        self.flagged: dict[str, str] = {}
+        """Keys whose editor shows the draft's problem (key -> the one-line error), beside the field itself."""
         state.changed.connect(self._on_state_changed)
 
     def editor(self, key: str, decimals: int = 3, step: float | None = None, none_text: str = "off") -> QWidget:
@@ -123,6 +137,7 @@ class FieldEditors(QObject):
         widget.setObjectName(key)
         self.editors.setdefault(key, []).append(widget)
         self._show(key)
+        self._flag_problem()
         return widget
 
     def first(self, key: str) -> QWidget:
@@ -138,6 +153,22 @@ class FieldEditors(QObject):
         for name in self.editors if key == "" else [key]:
             if name in self.editors:
                 self._show(name)
+        self._flag_problem()
+
+    def _flag_problem(self) -> None:
+        """Mark the editor(s) of the field the draft's error names: a red edge and the sentence in its tooltip."""
+        problem = self.state.problem()
+        named = [k for k in sorted(self.editors, key=len, reverse=True) if problem and _names(problem, k)]
+        flagged = {key: problem for key in named[:2]}
+        for key in set(self.flagged) | set(flagged):
+            for widget in self.editors.get(key, []):
+                if key in flagged:
+                    widget.setStyleSheet("border: 1px solid #dc2626;")
+                    widget.setToolTip(f"{flagged[key]}\n\n{description(key)}")
+                else:
+                    widget.setStyleSheet("")
+                    widget.setToolTip(description(key))
+        self.flagged = flagged
 
     def _show(self, key: str) -> None:
         value = self.state.get(key)
