@@ -41,9 +41,36 @@ def main(argv: list[str] | None = None) -> int:
     if not _has_display():
         print(NO_DISPLAY, file=sys.stderr)
         return 2
+    home_problem = _home_problem()
+    if home_problem:
+        return _refuse_to_open(home_problem)
     from studio.app import run_app
 
     return run_app(argv)
+
+
+def _home_problem() -> str:
+    """Why the studio's data directory cannot be used ("" when it can): said before the window is built."""
+    from backend.errors import JobError
+    from backend.paths import usable_home
+
+    try:
+        usable_home()
+    except JobError as exc:
+        return f"{exc.message}; {exc.hint}" if exc.hint else exc.message
+    return ""
+
+
+def _refuse_to_open(problem: str) -> int:
+    """One line on stderr and in a dialog (a launcher from the desktop menu has no terminal), exit 2."""
+    print(f"finetune-studio: {problem}", file=sys.stderr)
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    app = QApplication.instance() or QApplication([sys.argv[0]])
+    if os.environ.get("QT_QPA_PLATFORM") != "offscreen":
+        QMessageBox.critical(None, "Finetune Studio cannot start", problem[0].upper() + problem[1:] + ".")
+    del app
+    return 2
 
 
 if __name__ == "__main__":

@@ -41,6 +41,21 @@ def test_no_arguments_opens_the_window(monkeypatch):
     assert opened == [[]]
 
 
+def test_a_data_directory_that_is_a_file_is_one_line_not_a_crash(monkeypatch, capsys, tmp_path):
+    import studio.app
+
+    home = tmp_path / "home-file"
+    home.write_text("not a folder")
+    monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    monkeypatch.setattr(studio.app, "run_app", lambda argv=None: pytest.fail("the window must not be built"))
+    assert entry.main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"finetune-studio: FINETUNE_STUDIO_HOME={home} is a file, not a folder; point "
+                   "FINETUNE_STUDIO_HOME at a folder you can write, or unset it")
+    assert home.read_text() == "not a folder"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the display check is Linux-only")
 def test_no_display_says_how_to_train_headless(monkeypatch, capsys):
     for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
