@@ -30,7 +30,7 @@ def _failed(terminal: dict[str, Any]) -> int:
     print(f"error: {terminal.get('message')}", file=sys.stderr)
     if terminal.get("hint"):
         print(f"hint: {terminal['hint']}", file=sys.stderr)
-    return 1
+    return 2 if terminal.get("kind") == "bad_input" else 1
 
 
 # --- eval ------------------------------------------------------------------------------------

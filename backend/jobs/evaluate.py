@@ -120,6 +120,11 @@ def run_evaluate(
     reporter.emit(JobStarted(job="evaluate", run_dir=str(run_dir)))
     models = RunModels(run_dir, config, capabilities or probe_capabilities())
     models.require_tuned()
+    data = config.resolved_data_path()
+    if not data.exists():  # the validation split is cut from it, exactly as the run cut it
+        raise bad_input(f"the run's data {data} no longer exists, and perplexity is measured on the validation "
+                        "split the run cut from it",
+                        f"put the file back, or point data.path in {Path(run_dir) / 'config.yaml'} at a copy")
     reporter.emit(PhaseChanged(phase="plan", detail=models.plan.summary()))
 
     set_phase("load")

@@ -126,3 +126,21 @@ def test_prompt_files_in_training_formats(tmp_path):
     path.write_text(json.dumps({"text": "no answer here"}) + "\n")
     with pytest.raises(JobError, match="no expected answer"):
         read_prompts(path)
+
+
+def test_evaluate_after_the_runs_data_was_deleted_says_so_in_one_line(trained, tmp_path):
+    from backend.errors import JobError
+    from backend.jobs.evaluate import run_evaluate
+
+    folder, config, _ = trained
+    gone = config.model_copy(update={"data": config.data.model_copy(update={"path": str(tmp_path / "deleted.jsonl")})})
+
+    class Quiet:
+        def emit(self, event) -> None:
+            pass
+
+    with pytest.raises(JobError) as caught:
+        run_evaluate(gone, folder.path, Quiet(), None, params={"limit": 1})
+    assert caught.value.kind == "bad_input"
+    assert caught.value.message.startswith(f"the run's data {tmp_path / 'deleted.jsonl'} no longer exists")
+    assert "config.yaml" in caught.value.hint

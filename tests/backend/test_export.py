@@ -558,7 +558,7 @@ def test_cli_export_passes_and_exits_zero(lora_run, tmp_path):
     assert "[write]" in done.stderr and "[verify]" in done.stderr and "Traceback" not in done.stderr
     assert (out / "model.gguf").is_file() and (out / "Modelfile").is_file()
     again = _cli(str(lora_run.path), "--format", "gguf-q8_0", "--out", str(out))
-    assert again.returncode == 1 and "pass --overwrite" in again.stderr
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr
 
 
 def test_cli_failed_check_is_shown_and_exits_nonzero(qlora_run, tmp_path):
