@@ -44,8 +44,8 @@ def _annotation_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _bounds_text(info: FieldInfo) -> str:
-    """The numeric limits of a field, as a person writes a range."""
+def field_bounds(info: FieldInfo) -> tuple[float | None, float | None, bool, bool]:
+    """(low, high, low_is_exclusive, high_is_exclusive) from a field's constraints (the help and the editors)."""
     low = high = None
     low_open = high_open = False
     for item in info.metadata:
@@ -57,6 +57,12 @@ def _bounds_text(info: FieldInfo) -> str:
             high = item.le
         if getattr(item, "lt", None) is not None:
             high, high_open = item.lt, True
+    return low, high, low_open, high_open
+
+
+def _bounds_text(info: FieldInfo) -> str:
+    """The numeric limits of a field, as a person writes a range."""
+    low, high, low_open, high_open = field_bounds(info)
     if low is not None and high is not None:
         return f" in {'(' if low_open else '['}{_number(low)}, {_number(high)}{')' if high_open else ']'}"
     if low is not None:

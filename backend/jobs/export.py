@@ -33,6 +33,7 @@ from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype
 from backend.export.report import REPORT, build_report, figure
 from backend.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
 from backend.runs import fsync_tree
+from backend.worker.parent_watch import alive
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
 
@@ -83,7 +84,7 @@ class Export:
                             "or --out to write somewhere else")
         for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):
             pid = stale.name.rsplit("-", 1)[-1]
-            if not (pid.isdigit() and _alive(int(pid))):
+            if not (pid.isdigit() and alive(int(pid))):
                 shutil.rmtree(stale, ignore_errors=True)  # left by an export that was killed
 
     def free_bytes(self) -> int:
@@ -112,13 +113,6 @@ class Export:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -37,18 +37,9 @@ def description(key: str) -> str:
 
 def _bounds(info: Any) -> tuple[float | None, float | None, bool, bool]:
     """(low, high, low_is_exclusive, high_is_exclusive) from the field's constraints."""
-    low = high = None
-    low_open = high_open = False
-    for item in info.metadata:
-        if getattr(item, "ge", None) is not None:
-            low = item.ge
-        if getattr(item, "gt", None) is not None:
-            low, low_open = item.gt, True
-        if getattr(item, "le", None) is not None:
-            high = item.le
-        if getattr(item, "lt", None) is not None:
-            high, high_open = item.lt, True
-    return low, high, low_open, high_open
+    from backend.config_help import field_bounds
+
+    return field_bounds(info)
 
 
 def _kind(annotation: Any) -> tuple[str, bool, tuple[Any, ...]]:
