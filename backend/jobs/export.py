@@ -113,9 +113,6 @@ class Export:
             shutil.rmtree(old, ignore_errors=True)
 
 
-    return True
-
-
 def estimate_bytes(fmt: str, source: Any, run: TrainedRun, gguf_bytes: int | None = None) -> int:
     """Disk the export needs while it is written (the bnb formats also hold a 16-bit scratch copy)."""
     if fmt == "adapter":

@@ -98,6 +98,11 @@ def check(report: dict, name: str) -> dict:
     return next(c for c in report["checks"] if c["name"] == name)
 
 
+FP16_LOGITS = 2e-2
+"""Max |logit difference| of a 16-bit (fp16) export of the tiny run: its logits reach |10|, where fp16
+values lie 2^-7 = 0.0078 apart, so one or two rounding steps of the weights show as 0.01-0.016."""
+
+
 def leftovers(out: Path) -> list[Path]:
     return [p for p in out.parent.glob(f".{out.name}.*")] if out.parent.exists() else []
 
@@ -130,7 +135,7 @@ def test_adapter_export_loads_with_plain_peft(lora_run):
     assert phases[:6] == ["check", "load_model", "measure", "write", "verify", "report"]
 
 
-@pytest.mark.parametrize("dtype, bound", [(None, 0.1), ("fp16", 1e-2)])
+@pytest.mark.parametrize("dtype, bound", [(None, 0.1), ("fp16", FP16_LOGITS)])
 def test_merged_export_loads_with_plain_transformers(lora_run, dtype, bound, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -174,7 +179,7 @@ def test_bnb_export_loads_quantized(lora_run, fmt, layer):
 
 
 @pytest.mark.parametrize("fmt, qtype, logit_bound", [
-    ("gguf-f16", "F16", 1e-2), ("gguf-q8_0", "Q8_0", 0.2), ("gguf-q5_0", "Q5_0", 0.5), ("gguf-q4_0", "Q4_0", 1.0),
+    ("gguf-f16", "F16", FP16_LOGITS), ("gguf-q8_0", "Q8_0", 0.2), ("gguf-q5_0", "Q5_0", 0.5), ("gguf-q4_0", "Q4_0", 1.0),
 ])
 def test_gguf_export_reads_back_with_gguf_reader(lora_run, fmt, qtype, logit_bound):
     import gguf
@@ -225,7 +230,7 @@ def test_gguf_permutation_agrees_with_transformers_own_gguf_loader(lora_run):
     model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32)
     with torch.no_grad():
         diff = (model(IDS).logits - reference_logits(lora_run)).abs().max().item()
-    assert diff <= 1e-2, diff
+    assert diff <= FP16_LOGITS, diff
 
 
 def _hf_rope(x: np.ndarray, pos: int, base: float = 10000.0) -> np.ndarray:
@@ -404,7 +409,9 @@ def test_run_without_adapter_is_refused(lora_run, tmp_path):
     with pytest.raises(JobError) as caught:
         export(broken, "merged")
     assert caught.value.kind == "bad_input"
-    assert "has no adapter/" in caught.value.message and "--resume" in caught.value.hint
+    assert "has no adapter/" in caught.value.message
+    resumable = broken.latest_checkpoint() is not None  # --resume only where there is something to resume
+    assert ("--resume" in caught.value.hint) == resumable and "finetune-studio train" in caught.value.hint
     assert not (broken.path / "exports").exists()
 
 
