@@ -106,11 +106,17 @@ def disk_failure(exc: OSError, run_dir: Path | None) -> JobFailed:
         keep = ""
     where = exc.filename or (str(run_dir) if run_dir else "the output folder")
     space = f"about {needed / 2**20:.0f} MiB free is needed" if needed else "free some space"
+    try:
+        free = f" ({shutil.disk_usage(run_dir or Path(where).parent).free / 2**20:.0f} MiB free now)"
+    except OSError:
+        free = ""
     if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
-        message = f"the disk is full while writing {where}: {space}{keep}"
+        message = f"the disk is full while writing {where}: {space}{free}{keep}"
     else:
         message = f"cannot write {where} ({exc.strerror}){keep}"
-    return JobFailed(kind="disk_full", message=message, hint="free space or pick a writable output folder, then resume",
+    resume = (f"`finetune-studio train --resume {run_dir}`" if run_dir is not None and RunFolder(run_dir).latest_checkpoint()
+              else "the run again")
+    return JobFailed(kind="disk_full", message=message, hint=f"free space on that disk, then start {resume}",
                      phase=_phase())
 
 

@@ -102,7 +102,8 @@ def test_disk_full_while_saving_a_checkpoint(bundled_model, tmp_path, monkeypatc
     assert failure.kind == "disk_full"
     assert words in failure.message and "checkpoint-4 is intact" in failure.message
     if code == errno.ENOSPC:
-        assert "MiB free is needed" in failure.message
+        assert "MiB free is needed (" in failure.message and "MiB free now)" in failure.message
+    assert failure.hint == f"free space on that disk, then start `finetune-studio train --resume {run_dir}`"
     folder = RunFolder(run_dir)
     assert [c.name for c in folder.complete_checkpoints()] == ["checkpoint-4"]
     assert not (run_dir / "checkpoints" / "checkpoint-8").exists()
