@@ -124,8 +124,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"error: {terminal['message']}", file=sys.stderr)
         if terminal.get("hint"):
             print(f"hint: {terminal['hint']}", file=sys.stderr)
-        if terminal.get("kind") == "bad_input":
-            return 2  # refused before anything was written, as every bad input
+        if terminal.get("kind") == "bad_input" and not fresh:
+            return 2  # refused before anything was written, as every bad input (a failed check is 1)
     elif not fresh:
         print(f"error: the export finished but {report_path} is missing or unreadable", file=sys.stderr)
     return 1

@@ -51,8 +51,10 @@ def resume_mismatch(checkpoint: Path, config: RunConfig) -> str:
         return (f"{checkpoint.name} holds a LoRA adapter but technique.method is full; resume with the method it "
                 "was trained with, or start a new run") if adapter.is_file() else ""
     if not adapter.is_file():
-        return (f"{checkpoint.name} holds no adapter (it was a full fine-tune) but technique.method is {method}; "
-                "resume with technique.method: full, or start a new run")
+        if (checkpoint / "config.json").is_file():  # a whole model's weights: a full fine-tune's checkpoint
+            return (f"{checkpoint.name} holds no adapter (it was a full fine-tune) but technique.method is "
+                    f"{method}; resume with technique.method: full, or start a new run")
+        return ""  # nothing to compare with: the worker's own load says what is wrong
     try:
         saved = json.loads(adapter.read_text(encoding="utf-8"))
     except (OSError, ValueError):
