@@ -81,7 +81,13 @@ class ConfigState(QObject):
 
     def config(self) -> RunConfig:
         """The validated RunConfig; raises ConfigError naming the field and the fix."""
-        return RunConfig.from_dict(self._as_run(), source="form")
+        try:
+            return RunConfig.from_dict(self._as_run(), source="form")
+        except ConfigError as exc:  # the window is the form: the sentence starts with the field, not "form:"
+            text = str(exc)
+            if not text.startswith("form: "):
+                raise
+            raise ConfigError(text[len("form: "):]) from None
 
     def _as_run(self) -> dict[str, Any]:
         """The draft as it runs: a warmup kept from the base file that outlasts a max_steps lowered
@@ -111,8 +117,7 @@ class ConfigState(QObject):
         try:
             self.config()
         except ConfigError as exc:
-            text = str(exc)
-            return text[len("form: "):] if text.startswith("form: ") else text  # the window is the form
+            return str(exc)
         return ""
 
     def overrides(self) -> list[str]:

@@ -138,6 +138,7 @@ class LiveChart(pg.PlotWidget):
         self.setMinimumHeight(MIN_HEIGHT)
         self._styled = True
         self._apply_palette()
+        self._show_empty_range()
 
     # --- redraw scheduling --------------------------------------------------------------------
     def mark_dirty(self) -> None:
@@ -194,6 +195,11 @@ class LiveChart(pg.PlotWidget):
         """Forget the sticky range and any zoom (new data set: a cleared store, another run)."""
         self._x_range = self._y_range = None
         self._manual = False
+        self._show_empty_range()
+
+    def _show_empty_range(self) -> None:
+        """Before any data: 0 to X_MIN_SPAN by 0 to 1, not pyqtgraph's 0-1 (ticks like 0:00.2) nor the last run's."""
+        self.getPlotItem().getViewBox().setRange(xRange=(0.0, X_MIN_SPAN), yRange=(0.0, 1.0), padding=0)
 
     def reset_view(self) -> None:
         """Undo a zoom or pan: the automatic range again, at once."""
