@@ -152,3 +152,34 @@ def test_cli_trains_the_dpo_preset_through_the_worker(bundled_model, studio_home
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "finished" in done.stdout and "adapter:" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_stop_and_save_keeps_a_complete_checkpoint_and_the_adapter(bundled_model, tmp_path):
+    from backend.jobs.finetune import run_finetune
+    from backend.runs import CHECKPOINT_MARKER, RunFolder
+
+    stop = StopListener(io.StringIO())
+
+    class StopAtStep3(Reporter):
+        def emit(self, event):
+            super().emit(event)
+            if event.type == "MetricsLogged" and event.step >= 3:
+                stop.request(save=True)
+
+    config = RunConfig.load(DPO_PRESET, ["train.max_steps=500", "train.save_steps=400", "data.max_examples=80",
+                                         "data.validation_split=0"])
+    run_dir = tmp_path / "stop"
+    run_dir.mkdir()
+    reporter = StopAtStep3(io.StringIO())
+    reporter.attach_run(run_dir)
+    run_finetune(config, run_dir, reporter, stop, capabilities=CPU)
+    reporter.close()
+    events = [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    finished = events[-1]
+    # the request lands after step 3 was logged: the next step boundary stops it
+    assert finished.type == "JobFinished" and finished.stopped and 3 <= finished.steps <= 4, finished
+    latest = RunFolder(run_dir).latest_checkpoint()
+    assert latest is not None and latest.name == f"checkpoint-{finished.steps}"
+    assert (latest / CHECKPOINT_MARKER).is_file()
+    assert (latest / "adapter_model.safetensors").is_file() and (latest / "optimizer.pt").is_file()
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
