@@ -184,3 +184,20 @@ def test_stop_and_save_keeps_a_complete_checkpoint_and_the_adapter(bundled_model
     assert (latest / CHECKPOINT_MARKER).is_file()
     assert (latest / "adapter_model.safetensors").is_file() and (latest / "optimizer.pt").is_file()
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_dpo_run_resumes_from_its_checkpoint(bundled_model, tmp_path):
+    short = ["train.save_steps=2", "data.max_examples=48", "data.validation_split=0"]
+    run_dpo(tmp_path, ["train.max_steps=2", *short])
+    from backend.jobs.finetune import run_finetune
+
+    config = RunConfig.load(DPO_PRESET, ["train.max_steps=4", *short])
+    run_dir = tmp_path / "run"
+    reporter = Reporter(io.StringIO())
+    reporter.attach_run(run_dir)
+    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), resume=True, capabilities=CPU)
+    reporter.close()
+    events = [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    started = [e for e in events if e.type == "JobStarted"]
+    assert started[-1].resumed_from.endswith("checkpoint-2")
+    assert [e.step for e in events if e.type == "MetricsLogged"] == [1, 2, 3, 4] and events[-1].steps == 4
