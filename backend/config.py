@@ -250,6 +250,9 @@ class RunConfig(_Section):
                              "(optimizer offload) or deepspeed_zero3 (optimizer and parameter offload)")
         if self.technique.offload == "zero3_optimizer_params" and self.hardware.strategy != "deepspeed_zero3":
             raise ValueError("technique.offload zero3_optimizer_params needs hardware.strategy deepspeed_zero3")
+        if self.technique.objective == "dpo" and self.data.format != "auto":
+            raise ValueError(f"data.format {self.data.format} is a supervised format; technique.objective dpo reads "
+                             "preference pairs (fields prompt, chosen, rejected): set data.format to auto")
         if warmup_outlasts(self.train.warmup_steps, self.train.max_steps):
             raise ValueError(warmup_problem(self.train.warmup_steps, self.train.max_steps))
         return self
