@@ -182,7 +182,8 @@ def _summary(event: dict) -> None:
         f"steps:       {event.get('steps')}",
         f"loss:        {fmt(event.get('first_loss'), '.4f')} -> {fmt(event.get('final_loss'), '.4f')}",
         f"tokens/s:    {fmt(event.get('tokens_per_s'), ',.0f')} (non-padding tokens the loss sees)",
-        f"MFU:         {fmt(100 * event['mfu'] if event.get('mfu') else None, '.1f')}% of this machine's measured peak",
+        (f"MFU:         {100 * event['mfu']:.1f}% of this machine's measured peak" if event.get("mfu")
+         else "MFU:         n/a (not measured for this run)"),
         f"time:        {fmt(event.get('seconds'), '.1f')} s"
         + (f" (torch.compile {event['compile_seconds']:.1f} s of it)" if event.get("compile_seconds") else ""),
         f"adapter:     {event.get('adapter_path')}",

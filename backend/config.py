@@ -73,6 +73,8 @@ class DataSection(_Section):
 
 
 class TechniqueSection(_Section):
+    objective: Literal["sft", "dpo"] = "sft"
+    """sft teaches the answers of instruction data; dpo (Direct Preference Optimization) teaches to prefer each pair's chosen answer over its rejected one (prompt/chosen/rejected data), against the frozen base as reference: needs lora or dora, costs two answers' forward passes per pair plus a reference pass with the adapters off."""
     method: Literal["lora", "dora", "qlora", "lora8", "full"] = "lora"
     """lora freezes the base and trains small adapters (saves ~12 of the 16 bytes/parameter of full
     tuning, costs a little quality); dora adds a magnitude vector (a little closer to full tuning, costs
@@ -109,6 +111,10 @@ class TechniqueSection(_Section):
     (reported separately, never counted in tokens/s)."""
     shortcuts: Literal["auto", "off"] = "auto"
     """auto: the worker's speed shortcuts (logits only where the loss looks, the last layer on those rows, per-example attention for packed rows, and on the CPU rank-first LoRA products, bf16 base products and a measured thread count) where a test proved them exact for the model's family; off: the plain transformers + peft computation (slower, for comparison or a suspected shortcut bug)."""
+    dpo_beta: float = Field(default=0.1, gt=0)
+    """DPO only: how far the tuned model may move from the reference; smaller lets it drift further from the base for a larger preference margin (0.1 is typical)."""
+    dpo_loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    """DPO only: sigmoid is the paper's loss; ipo a squared loss that keeps the margin from growing without bound on small or noisy sets; hinge a margin loss (SLiC) that stops pushing once a pair is separated."""
     offload: Literal["none", "zero2_optimizer", "zero3_optimizer_params"] = "none"
     """DeepSpeed offload: zero2_optimizer moves optimizer state and master weights to CPU memory (saves up to 12 bytes/parameter of GPU memory), zero3_optimizer_params moves the weights too; costs PCIe traffic and slower steps, and needs deepspeed."""
 
@@ -129,6 +135,12 @@ class TechniqueSection(_Section):
             raise ValueError(
                 f"technique.optimizer {self.optimizer} cannot be offloaded: DeepSpeed runs its own CPU Adam "
                 "on offloaded state; set technique.optimizer to adamw or technique.offload to none"
+            )
+        if self.objective == "dpo" and self.method not in ("lora", "dora"):
+            raise ValueError(
+                f"technique.objective dpo needs an adapter method in this release, lora or dora (the reference is "
+                f"the base with the adapters off; {self.method} is not supported with dpo yet); "
+                "set technique.method to lora or dora"
             )
         if self.method == "lora8" and self.offload == "zero3_optimizer_params":
             raise ValueError(
@@ -238,6 +250,9 @@ class RunConfig(_Section):
                              "(optimizer offload) or deepspeed_zero3 (optimizer and parameter offload)")
         if self.technique.offload == "zero3_optimizer_params" and self.hardware.strategy != "deepspeed_zero3":
             raise ValueError("technique.offload zero3_optimizer_params needs hardware.strategy deepspeed_zero3")
+        if self.technique.objective == "dpo" and self.data.format != "auto":
+            raise ValueError(f"data.format {self.data.format} is a supervised format; technique.objective dpo reads "
+                             "preference pairs (fields prompt, chosen, rejected): set data.format to auto")
         if warmup_outlasts(self.train.warmup_steps, self.train.max_steps):
             raise ValueError(warmup_problem(self.train.warmup_steps, self.train.max_steps))
         return self

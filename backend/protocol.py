@@ -149,6 +149,10 @@ class MetricsLogged(_Message):
     mfu: float | None = Field(default=None, description="Model FLOPs utilisation against the measured peak.")
     elapsed_s: float | None = None
     memory: MemorySample = Field(default_factory=MemorySample)
+    extra: dict[str, float] = Field(
+        default_factory=dict,
+        description="Objective-specific metrics by their trainer name: DPO's rewards/chosen, rewards/rejected, "
+                    "rewards/margins and rewards/accuracies. Empty for supervised fine-tuning.")
 
 
 class TelemetrySampled(_Message):

@@ -26,7 +26,7 @@ from backend.training.callbacks import ReportingCallback
 from backend.training.capabilities import probe_capabilities
 from backend.training.counting_trainer import CountingTrainer, PhaseCallback
 from backend.training.data import PackingCollator, PadCollator, build_datasets
-from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
+from backend.training.loading import add_adapters, adapter_config, check_model_folder, load_model, load_tokenizer
 from backend.training.memory_ledger import MemoryLedger
 from backend.training.mfu import forget_peak, peak_flops, token_flops
 from backend.training.model_facts import ModelFacts
@@ -42,9 +42,14 @@ log = logging.getLogger(__name__)
 
 
 def _training_arguments(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool) -> TrainingArguments:
+    return TrainingArguments(**training_kwargs(config, output_dir, plan, has_eval))
+
+
+def training_kwargs(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool) -> dict:
+    """The Trainer's arguments, as keywords: the DPO trainer's config takes the same ones (preference.py)."""
     train, technique = config.train, config.technique
     eval_strategy = "steps" if has_eval and train.eval_steps else "no"
-    return TrainingArguments(
+    return dict(
         output_dir=str(output_dir),
         max_steps=train.max_steps,
         per_device_train_batch_size=train.micro_batch_size,
@@ -144,6 +149,63 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     tokenizer = load_tokenizer(model_path, config)
 
+    if config.technique.objective == "dpo":  # preference pairs through TRL's DPOTrainer (preference.py)
+        model, trainer, callback, eval_examples = _dpo_trainer(config, folder, plan, model_path, tokenizer,
+                                                               reporter, stop, ledger, peak, capabilities)
+    else:
+        model, trainer, callback, eval_examples = _sft_trainer(config, folder, plan, model_path, tokenizer,
+                                                               reporter, stop, ledger, peak, peak_dtype, capabilities)
+    done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
+    if done >= config.train.max_steps:
+        # Resuming at the last step would run one step too many: the checkpoint is the result.
+        trainer._load_from_checkpoint(resume_from)
+        trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
+        callback.losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    else:
+        trainer.train(resume_from_checkpoint=resume_from)
+
+    if callback.stopped and not stop.save:
+        kept = folder.latest_checkpoint()
+        saved = (f"nothing saved since {kept.name}, which is kept and can be resumed" if kept is not None
+                 else "nothing saved")
+        reporter.emit(JobFailed(kind="cancelled", message=f"cancelled at step {trainer.state.global_step}; {saved}"))
+        return
+
+    if eval_examples and not callback.stopped:
+        reporter.emit(PhaseChanged(phase="evaluate", detail=f"{eval_examples} examples"))
+        trainer.evaluate()
+
+    if (callback.mfu() or 0) > 1.0:
+        log.warning("MFU above 100%%: the cached peak was measured on a busy machine; re-measuring next run")
+        forget_peak(plan.device, peak_dtype)
+    full = config.technique.method == "full"
+    reporter.emit(PhaseChanged(phase="save", detail="model" if full else "adapter"))
+    target = folder.path / "model" if full else folder.adapter_dir
+    if trainer.is_world_process_zero():  # one writer of the final folder
+        save_atomically(model, tokenizer, target)
+        ledger.write("stopped" if callback.stopped else "finished")
+    reporter.emit(
+        JobFinished(
+            run_dir=str(run_dir),
+            stopped=callback.stopped,
+            steps=trainer.state.global_step,
+            first_loss=callback.losses[0] if callback.losses else None,
+            final_loss=callback.losses[-1] if callback.losses else None,
+            tokens_per_s=callback.tokens_per_s(),
+            mfu=callback.mfu(),
+            compile_seconds=callback.compile_seconds,
+            seconds=time.monotonic() - began,
+            adapter_path=str(target),
+            checkpoint_path=callback.last_checkpoint,
+        )
+    )
+
+
+def _sft_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, model_path: Path, tokenizer,
+                 reporter: Reporter, stop: StopListener, ledger: MemoryLedger, peak: float, peak_dtype,
+                 capabilities: Capabilities):
+    """Supervised fine-tuning: tokenized examples, the CountingTrainer and the speed shortcuts.
+    -> (model, trainer, callback, validation examples)."""
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     train_set, eval_set, stats = build_datasets(config, tokenizer)
     for note in stats.notes:  # skipped examples (data.skip_invalid): said where the person looks
@@ -196,50 +258,30 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
         log.warning("planned shortcuts not installed: %s", ", ".join(missing))
     log.info("shortcuts in place: %s", ", ".join(s.name for s in SHORTCUTS if s.name in installed) or "none")
     trainer.remove_callback(PrinterCallback)  # its log dicts would only repeat our events in worker.log
-    done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
-    if done >= config.train.max_steps:
-        # Resuming at the last step would run one step too many: the checkpoint is the result.
-        trainer._load_from_checkpoint(resume_from)
-        trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
-        callback.losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    else:
-        trainer.train(resume_from_checkpoint=resume_from)
+    return model, trainer, callback, stats.eval_examples
 
-    if callback.stopped and not stop.save:
-        kept = folder.latest_checkpoint()
-        saved = (f"nothing saved since {kept.name}, which is kept and can be resumed" if kept is not None
-                 else "nothing saved")
-        reporter.emit(JobFailed(kind="cancelled", message=f"cancelled at step {trainer.state.global_step}; {saved}"))
-        return
 
-    if eval_set is not None and not callback.stopped:
-        reporter.emit(PhaseChanged(phase="evaluate", detail=f"{stats.eval_examples} examples"))
-        trainer.evaluate()
+def _dpo_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, model_path: Path, tokenizer,
+                 reporter: Reporter, stop: StopListener, ledger: MemoryLedger, peak: float,
+                 capabilities: Capabilities):
+    """DPO on preference pairs (backend.training.preference). -> (model, trainer, callback, validation pairs)."""
+    from backend.training.preference import build_preference_datasets, preference_trainer
 
-    if (callback.mfu() or 0) > 1.0:
-        log.warning("MFU above 100%%: the cached peak was measured on a busy machine; re-measuring next run")
-        forget_peak(plan.device, peak_dtype)
-    full = config.technique.method == "full"
-    reporter.emit(PhaseChanged(phase="save", detail="model" if full else "adapter"))
-    target = folder.path / "model" if full else folder.adapter_dir
-    if trainer.is_world_process_zero():  # one writer of the final folder
-        save_atomically(model, tokenizer, target)
-        ledger.write("stopped" if callback.stopped else "finished")
-    reporter.emit(
-        JobFinished(
-            run_dir=str(run_dir),
-            stopped=callback.stopped,
-            steps=trainer.state.global_step,
-            first_loss=callback.losses[0] if callback.losses else None,
-            final_loss=callback.losses[-1] if callback.losses else None,
-            tokens_per_s=callback.tokens_per_s(),
-            mfu=callback.mfu(),
-            compile_seconds=callback.compile_seconds,
-            seconds=time.monotonic() - began,
-            adapter_path=str(target),
-            checkpoint_path=callback.last_checkpoint,
-        )
-    )
+    reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
+    train_set, eval_set, stats = build_preference_datasets(config, tokenizer)
+    reporter.emit(PhaseChanged(phase="tokenize", detail=f"{stats.train_examples} train / {stats.eval_examples} "
+                                                        f"validation pairs ({stats.format})"))
+    torch.manual_seed(config.train.seed)
+    ledger.start(plan.device, capabilities)  # the estimate is SFT's: DPO's second answer and reference pass are not in it
+    base, lora = adapter_config(load_model(model_path, config, plan), config, plan)
+    callback = ReportingCallback(reporter, stop, plan.device)
+    callback.peak_flops = peak
+    arguments = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)
+    trainer = preference_trainer(config, base, lora, tokenizer, train_set, eval_set, arguments,
+                                 [callback, PhaseCallback()])
+    callback.trainer = trainer
+    trainer.remove_callback(PrinterCallback)
+    return trainer.model, trainer, callback, stats.eval_examples
 
 
 def save_atomically(model, tokenizer, target: Path) -> Path:

@@ -46,6 +46,17 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+EXTRA_PREFIXES = ("rewards/",)
+"""Logged metrics passed on in MetricsLogged.extra: DPO's implicit rewards (chosen, rejected, margins,
+accuracies); the SFT Trainer logs none of them."""
+
+
+def objective_metrics(logs: dict[str, Any]) -> dict[str, float]:
+    """The finite objective-specific metrics of one log dict (training ones: eval_ keys are left out)."""
+    found = {key: _finite(value) for key, value in logs.items() if key.startswith(EXTRA_PREFIXES)}
+    return {key: value for key, value in found.items() if value is not None}
+
+
 def collective_device(backend: str) -> torch.device:
     """Where a collective's tensors must live: NCCL reduces CUDA tensors only (each rank's own GPU),
     gloo reduces CPU tensors."""
@@ -170,6 +181,7 @@ class ReportingCallback(TrainerCallback):
                     tokens_seen=self._tokens(),
                     elapsed_s=time.monotonic() - self._started,
                     memory=memory_sample(self.device),
+                    extra=objective_metrics(logs),
                 )
             )
         self._last_end = time.monotonic()  # reporting is not training either

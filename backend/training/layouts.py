@@ -71,7 +71,8 @@ def detect_format(records: Sequence[dict[str, Any]], path: Path) -> str:
         raise bad_input(
             f"{path}: the records hold 'chosen' and 'rejected' answers: that is preference data, "
             "which supervised fine-tuning cannot train on",
-            "use a dataset with one answer per prompt; preference objectives (DPO) are not supported yet",
+            "set technique.objective: dpo to train on the pairs (fields prompt, chosen, rejected), or use a "
+            "dataset with one answer per prompt",
         )
     if "conversations" in keys:
         return "sharegpt"
@@ -158,7 +159,8 @@ def _layout(info: Path, name: str, entry: dict[str, Any]) -> Layout:
     mapped = columns or {}
     if entry.get("ranking") or "chosen" in mapped or "rejected" in mapped:
         raise bad_input(f"{where}: this is preference data (ranking, chosen/rejected answers), which supervised "
-                        "fine-tuning cannot train on", "pick an SFT dataset; preference objectives (DPO) come later")
+                        "fine-tuning cannot train on", "pick an SFT dataset; technique.objective dpo reads pairs "
+                        "from the fields prompt, chosen and rejected, not through dataset_info.json yet")
     if "kto_tag" in mapped:
         raise bad_input(f"{where}: this is KTO feedback data (kto_tag: answers marked good or bad), which "
                         "supervised fine-tuning would learn the bad answers from", "pick an SFT dataset")

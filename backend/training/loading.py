@@ -102,8 +102,23 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
     if technique.method == "full":
         model.requires_grad_(True)
         return model
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model
 
+    model, lora = adapter_config(model, config, plan)
+    try:
+        model = get_peft_model(model, lora)
+    except ValueError as exc:
+        first = str(exc).splitlines()[0]
+        raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
+    return check_adapters(model, config)
+
+
+def adapter_config(model: Any, config: RunConfig, plan: TechniquePlan) -> tuple[Any, Any]:
+    """-> (the base, prepared for adapters, and the peft LoraConfig to wrap it with). The DPO trainer
+    wraps it itself (backend.training.preference): its reference is then the base with the adapters off."""
+    from peft import LoraConfig, prepare_model_for_kbit_training
+
+    technique = config.technique
     if plan.quantization:
         # Casts norms to fp32 and freezes the quantized base; checkpointing is set by the Trainer.
         # A MoE's unquantized fused experts keep their dtype (moe.py).
@@ -119,11 +134,12 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
         fan_in_fan_out=any(type(m).__name__ == "Conv1D" for m in model.modules()),
         task_type="CAUSAL_LM",
     )
-    try:
-        model = get_peft_model(model, lora)
-    except ValueError as exc:
-        first = str(exc).splitlines()[0]
-        raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
+    return model, lora
+
+
+def check_adapters(model: Any, config: RunConfig) -> Any:
+    """Refuse a rank the adapted layers cannot use, and log what trains."""
+    technique = config.technique
     check_lora_rank(model, config)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())

@@ -94,6 +94,8 @@ CROSS_FIELD = [
     (["technique.offload=zero2_optimizer"], ["technique.offload", "hardware.strategy"]),
     (["technique.offload=zero3_optimizer_params", "hardware.strategy=deepspeed_zero2"],
      ["technique.offload", "hardware.strategy"]),
+    (["technique.objective=dpo", "technique.method=full"], ["technique.objective dpo", "technique.method"]),
+    (["technique.objective=dpo", "data.format=alpaca"], ["data.format alpaca", "technique.objective dpo"]),
     (["train.warmup_steps=60"], ["train.warmup_steps", "train.max_steps"]),
     (["schema_version=99"], ["schema_version"]),
     (["schema_version=0"], ["schema_version 0", "schema_version: 1"]),

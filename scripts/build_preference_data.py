@@ -1,0 +1,42 @@
+"""Build resources/datasets/demo_dpo.jsonl, the DPO demo set, from the demo task.
+
+For each demo example (alpaca: instruction, input, output yes/no) one preference pair: prompt = its
+question as the SFT job would ask it (instruction, a blank line, input), chosen = the correct answer,
+rejected = the other one. Deterministic: the same demo file gives the same pairs, byte for byte.
+
+    python scripts/build_preference_data.py [--source resources/datasets/demo_train.jsonl] [--out ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OTHER = {"yes": "no", "no": "yes"}
+
+
+def pair(example: dict) -> dict:
+    answer = example["output"].strip().lower()
+    if answer not in OTHER:
+        raise ValueError(f"expected a yes/no answer, got {example['output']!r}")
+    question = example["instruction"]
+    if example.get("input"):
+        question = f"{question}\n\n{example['input']}"  # as backend.training.conversation joins alpaca fields
+    return {"prompt": question, "chosen": answer, "rejected": OTHER[answer]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", type=Path, default=ROOT / "resources" / "datasets" / "demo_train.jsonl")
+    parser.add_argument("--out", type=Path, default=ROOT / "resources" / "datasets" / "demo_dpo.jsonl")
+    args = parser.parse_args()
+    lines = [line for line in args.source.read_text(encoding="utf-8").splitlines() if line.strip()]
+    pairs = [pair(json.loads(line)) for line in lines]
+    args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
+    print(f"wrote {len(pairs)} pairs to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
