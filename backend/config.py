@@ -369,6 +369,20 @@ def parse_scalar(value: str) -> Any:
     return parsed
 
 
+def yaml_scalar(value: Any) -> str:
+    """A value as the CLI's `--set key=value` parses it back (YAML scalars); a string that would
+    read back as something else (`123`, `off`, `a #b`) is quoted."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(yaml_scalar(v) for v in value) + "]"
+    if isinstance(value, str) and parse_scalar(value) != value:
+        return "'" + value.replace("'", "''") + "'"
+    return str(value)
+
+
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     """Bring an older file up to SCHEMA_VERSION. Version 1 is the first; nothing to do yet."""
     raw = dict(raw)

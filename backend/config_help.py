@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from backend.config import RunConfig, section_models
+from backend.config import RunConfig, section_models, yaml_scalar
 
 HEAD_ROOM = 24
 """A field's description starts on its own line when the name and type leave less than this."""
@@ -78,14 +78,7 @@ def _number(value: float) -> str:
 
 def default_text(info: FieldInfo) -> str:
     """The default as it would be written after --set (true, null, [adapter], 0.002)."""
-    value = info.get_default(call_default_factory=True)
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ",".join(str(v) for v in value) + "]"
-    return str(value) if value != "" else "''"
+    return yaml_scalar(info.get_default(call_default_factory=True))
 
 
 def field_groups() -> list[tuple[str, list[tuple[str, FieldInfo]]]]:

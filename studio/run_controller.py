@@ -268,7 +268,8 @@ class RunController(QObject):
         self.state.note(f"Protocol error: {message}")
 
     def _on_jobs_running_changed(self, running: bool) -> None:
-        self.window.set_running(running)
+        if running:  # the end is shown by _on_jobs_ended, which comes first
+            self.window.set_running(True)
 
     def _on_jobs_ended(self, outcome: JobOutcome) -> None:
         self._rendezvous_timer.stop()

@@ -134,15 +134,20 @@ def _tokenize(config: RunConfig, tokenizer: Any, examples: list[Example],
     return rows, lengths
 
 
-def _split(config: RunConfig, rows: list[dict[str, list[int]]], truncated: int, fmt: str,
-           from_cache: bool) -> tuple[Dataset, Dataset | None, DataStats]:
+def split_rows(config: RunConfig, rows: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(train, validation) rows: a seeded shuffle picks data.validation_split of them (at least one from
+    four rows up); the training rows keep the file's order. Every objective splits the same way."""
     order = list(range(len(rows)))
     random.Random(config.train.seed).shuffle(order)
     n_eval = int(len(rows) * config.data.validation_split)
     if config.data.validation_split > 0 and n_eval == 0 and len(rows) >= 4:
         n_eval = 1
-    eval_rows = [rows[i] for i in order[:n_eval]]
-    train_rows = [rows[i] for i in sorted(order[n_eval:])]
+    return [rows[i] for i in sorted(order[n_eval:])], [rows[i] for i in order[:n_eval]]
+
+
+def _split(config: RunConfig, rows: list[dict[str, list[int]]], truncated: int, fmt: str,
+           from_cache: bool) -> tuple[Dataset, Dataset | None, DataStats]:
+    train_rows, eval_rows = split_rows(config, rows)
     stats = DataStats(
         examples=len(rows),
         train_examples=len(train_rows),

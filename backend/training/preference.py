@@ -15,13 +15,13 @@ stop-and-save are the SFT job's: DPOTrainer is a transformers Trainer and Report
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.training.data import split_rows
 from backend.training.phase import set_phase
 from backend.training.record_files import read_parts
 
@@ -88,13 +88,7 @@ def build_preference_datasets(config: RunConfig, tokenizer: Any) -> tuple[Any, A
     pairs = read_pairs(path, config.data.max_examples)
     chat = bool(getattr(tokenizer, "chat_template", None))
     rows = [as_trl_example(pair, chat) for pair in pairs]
-    order = list(range(len(rows)))
-    random.Random(config.train.seed).shuffle(order)
-    n_eval = int(len(rows) * config.data.validation_split)
-    if config.data.validation_split > 0 and n_eval == 0 and len(rows) >= 4:
-        n_eval = 1
-    eval_rows = [rows[i] for i in order[:n_eval]]
-    train_rows = [rows[i] for i in sorted(order[n_eval:])]
+    train_rows, eval_rows = split_rows(config, rows)
     fmt = "preference pairs" + (" (chat template)" if chat else " (text)")
     stats = PreferenceStats(len(rows), len(train_rows), len(eval_rows), fmt)
     return Dataset.from_list(train_rows), (Dataset.from_list(eval_rows) if eval_rows else None), stats

@@ -18,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.config import ConfigError, RunConfig, TrainSection, parse_scalar, warmup_outlasts
+from backend.config import ConfigError, RunConfig, TrainSection, warmup_outlasts, yaml_scalar
 
 
 def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -33,18 +33,6 @@ def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def yaml_scalar(value: Any) -> str:
-    """A value as the CLI's `--set key=value` parses it back (YAML scalars); a string that would
-    read back as something else (`123`, `off`, `a #b`) is quoted."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ",".join(yaml_scalar(v) for v in value) + "]"
-    if isinstance(value, str) and parse_scalar(value) != value:
-        return "'" + value.replace("'", "''") + "'"
-    return str(value)
 
 
 def display_file(path: Path) -> str:
