@@ -15,33 +15,15 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from backend.config_base import Section as _Section
 from backend.config_errors import ConfigError, describe_error, is_cross_field, override_for, short_item, yaml_line
 from backend.config_file import parse_config_yaml, read_config_text
+from backend.objective_config import GrpoSection, KtoSection, Objective
 from backend.paths import resolve_resource
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = range(1, SCHEMA_VERSION + 1)
 """The schema versions this studio reads (older ones are migrated on load)."""
-
-def _numeric(annotation: Any) -> bool:
-    """Whether a field holds a number (int, float, or either or None)."""
-    return annotation in (int, float) or any(a in (int, float) for a in get_args(annotation))
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_yes_no_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic takes true as 1 for a number, so `max_steps: yes` (YAML's true) would run one step
-        field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and _numeric(field.annotation):
-            example = field.default if isinstance(field.default, (int, float)) else 1
-            raise ValueError(f"{str(value).lower()} is a yes/no value, not a number (YAML reads yes, no, on "
-                             f"and off as true and false); write a number such as {example}")
-        return value
-
 
 class ModelSection(_Section):
     path: str = "bundled:tiny"
@@ -50,6 +32,8 @@ class ModelSection(_Section):
     """Run Python code shipped inside the model folder. Off unless you trust its author."""
     allow_pickle: bool = False
     """Allow loading .bin/.pt pickle weights, which can run arbitrary code. Off: safetensors only."""
+    adapter: str = ""
+    """Start from this LoRA/DoRA adapter (a run folder or its adapter folder) and keep training it, e.g. DPO or GRPO after an SFT run; empty starts a new adapter. Its rank and method must match technique's; the result is still one adapter on model.path."""
 
 
 class DataSection(_Section):
@@ -73,8 +57,8 @@ class DataSection(_Section):
 
 
 class TechniqueSection(_Section):
-    objective: Literal["sft", "dpo"] = "sft"
-    """sft teaches the answers of instruction data; dpo (Direct Preference Optimization) teaches to prefer each pair's chosen answer over its rejected one (prompt/chosen/rejected data), against the frozen base as reference: needs lora or dora, costs two answers' forward passes per pair plus a reference pass with the adapters off."""
+    objective: Objective = "sft"
+    """sft teaches the answers of instruction data; dpo (Direct Preference Optimization) teaches to prefer each pair's chosen answer over its rejected one (prompt/chosen/rejected data); kto (Kahneman-Tversky Optimization) learns from answers each labelled good or bad (prompt/completion/label data); grpo (Group Relative Policy Optimization) samples several answers per prompt and reinforces those the reward functions score above their group's mean (prompts, with any columns the rewards read). dpo, kto and grpo need lora or dora: the reference is the base with the adapters off (no second copy); they cost a reference pass, and grpo the generations."""
     method: Literal["lora", "dora", "qlora", "lora8", "full"] = "lora"
     """lora freezes the base and trains small adapters (saves ~12 of the 16 bytes/parameter of full
     tuning, costs a little quality); dora adds a magnitude vector (a little closer to full tuning, costs
@@ -136,11 +120,11 @@ class TechniqueSection(_Section):
                 f"technique.optimizer {self.optimizer} cannot be offloaded: DeepSpeed runs its own CPU Adam "
                 "on offloaded state; set technique.optimizer to adamw or technique.offload to none"
             )
-        if self.objective == "dpo" and self.method not in ("lora", "dora"):
+        if self.objective != "sft" and self.method not in ("lora", "dora"):
             raise ValueError(
-                f"technique.objective dpo needs an adapter method in this release, lora or dora (the reference is "
-                f"the base with the adapters off; {self.method} is not supported with dpo yet); "
-                "set technique.method to lora or dora"
+                f"technique.objective {self.objective} needs an adapter method in this release, lora or dora (the "
+                f"reference is the base with the adapters off; {self.method} is not supported with {self.objective} "
+                "yet); set technique.method to lora or dora"
             )
         if self.method == "lora8" and self.offload == "zero3_optimizer_params":
             raise ValueError(
@@ -232,6 +216,8 @@ class RunConfig(_Section):
     train: TrainSection = Field(default_factory=TrainSection)
     export: ExportSection = Field(default_factory=ExportSection)
     hardware: HardwareSection = Field(default_factory=HardwareSection)
+    kto: KtoSection = Field(default_factory=KtoSection)
+    grpo: GrpoSection = Field(default_factory=GrpoSection)
 
     @field_validator("schema_version")
     @classmethod
@@ -250,9 +236,19 @@ class RunConfig(_Section):
                              "(optimizer offload) or deepspeed_zero3 (optimizer and parameter offload)")
         if self.technique.offload == "zero3_optimizer_params" and self.hardware.strategy != "deepspeed_zero3":
             raise ValueError("technique.offload zero3_optimizer_params needs hardware.strategy deepspeed_zero3")
-        if self.technique.objective == "dpo" and self.data.format != "auto":
-            raise ValueError(f"data.format {self.data.format} is a supervised format; technique.objective dpo reads "
-                             "preference pairs (fields prompt, chosen, rejected): set data.format to auto")
+        objective = self.technique.objective
+        if objective != "sft" and self.data.format != "auto":
+            reads = {"dpo": "preference pairs (prompt, chosen, rejected)", "kto": "labelled answers (prompt, "
+                     "completion, label)", "grpo": "prompts (prompt, and the columns the rewards read)"}[objective]
+            raise ValueError(f"data.format {self.data.format} is a supervised format; technique.objective {objective} "
+                             f"reads {reads}: set data.format to auto")
+        if objective == "grpo":
+            batch = self.train.micro_batch_size * self.train.gradient_accumulation_steps * self.hardware.world_size
+            if batch % self.grpo.num_generations:
+                raise ValueError(
+                    f"grpo.num_generations {self.grpo.num_generations} must divide the batch of completions, "
+                    f"train.micro_batch_size x gradient_accumulation_steps x processes = {batch}: each prompt's "
+                    "completions are scored together; make micro_batch_size a multiple of num_generations")
         if warmup_outlasts(self.train.warmup_steps, self.train.max_steps):
             raise ValueError(warmup_problem(self.train.warmup_steps, self.train.max_steps))
         return self

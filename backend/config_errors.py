@@ -75,6 +75,8 @@ def describe_error(err: dict[str, Any], paths: Sequence[str], sections: Iterable
                 f"{short_value(err.get('input'))})")
     if kind == "value_error":  # our own validators: their sentence names the fields and the fix
         text = str(err.get("ctx", {}).get("error", err["msg"]))
+        if loc and isinstance(loc[-1], int):  # an item of a list (a GRPO reward): say which one
+            return f"{field}: {text}"
         return text if field in text or isinstance(err.get("input"), dict) else f"field {field}: {text}"
     return f"field {field}: {err['msg']} (got {short_value(err.get('input'))})"
 

@@ -152,7 +152,19 @@ class MetricsLogged(_Message):
     extra: dict[str, float] = Field(
         default_factory=dict,
         description="Objective-specific metrics by their trainer name: DPO's rewards/chosen, rewards/rejected, "
-                    "rewards/margins and rewards/accuracies. Empty for supervised fine-tuning.")
+                    "rewards/margins and rewards/accuracies; GRPO's reward, reward_std, rewards/<function>/mean, "
+                    "kl, completions/mean_length, clip_ratio/region_mean. Empty for supervised fine-tuning.")
+
+
+class CompletionScored(_Message):
+    """GRPO: one sampled completion and what each reward function gave it, as training generates them."""
+
+    type: Literal["CompletionScored"] = "CompletionScored"
+    step: int
+    prompt: str
+    completion: str
+    rewards: dict[str, float] = Field(default_factory=dict, description="Each reward function's score, by its label.")
+    reward: float = Field(description="The weighted sum GRPO ranks the prompt's completions by.")
 
 
 class TelemetrySampled(_Message):
@@ -229,6 +241,7 @@ Event = Annotated[
         JobStarted,
         PhaseChanged,
         MetricsLogged,
+        CompletionScored,
         TelemetrySampled,
         CheckpointSaved,
         EvalFinished,
@@ -247,7 +260,7 @@ _command_adapter: TypeAdapter[Any] = TypeAdapter(Command)
 _event_adapter: TypeAdapter[Any] = TypeAdapter(Event)
 _COMMAND_TYPES = {"StartJob", "StopJob", "ChatMessage", "StopAnswer"}
 _EVENT_TYPES = {
-    "WorkerReady", "JobStarted", "PhaseChanged", "MetricsLogged", "TelemetrySampled",
+    "WorkerReady", "JobStarted", "PhaseChanged", "MetricsLogged", "CompletionScored", "TelemetrySampled",
     "CheckpointSaved", "EvalFinished", "TokensGenerated", "AnswerFinished", "MessageRefused", "JobFinished",
     "JobFailed",
 }

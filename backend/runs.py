@@ -211,6 +211,10 @@ def absolute_paths(config: RunConfig) -> RunConfig:
         value = getattr(config, section).path
         if value and ":" not in value.split("/")[0] and not Path(value).is_absolute() and Path(value).exists():
             changes[section] = getattr(config, section).model_copy(update={"path": str(Path(value).resolve())})
+    rewards = [r.model_copy(update={"file": str(Path(r.file).resolve())})
+               if r.file and not Path(r.file).is_absolute() and Path(r.file).exists() else r for r in config.grpo.rewards]
+    if rewards != config.grpo.rewards:  # the person's reward file, as data.path
+        changes["grpo"] = config.grpo.model_copy(update={"rewards": rewards})
     return config.model_copy(update=changes) if changes else config
 
 

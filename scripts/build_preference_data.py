@@ -1,10 +1,11 @@
-"""Build resources/datasets/demo_dpo.jsonl, the DPO demo set, from the demo task.
+"""Build resources/datasets/demo_dpo.jsonl (the DPO demo set) and demo_grpo.jsonl (GRPO's prompts) from the demo task.
 
 For each demo example (alpaca: instruction, input, output yes/no) one preference pair: prompt = its
 question as the SFT job would ask it (instruction, a blank line, input), chosen = the correct answer,
-rejected = the other one. Deterministic: the same demo file gives the same pairs, byte for byte.
+rejected = the other one; and one GRPO prompt: the same question with the correct answer in the
+column `answer`, which the exact_match reward reads. Deterministic: the same demo file gives the same pairs, byte for byte.
 
-    python scripts/build_preference_data.py [--source resources/datasets/demo_train.jsonl] [--out ...]
+    python scripts/build_preference_data.py [--source resources/datasets/demo_train.jsonl] [--out ...] [--grpo-out ...]
 """
 
 from __future__ import annotations
@@ -27,15 +28,24 @@ def pair(example: dict) -> dict:
     return {"prompt": question, "chosen": answer, "rejected": OTHER[answer]}
 
 
+def grpo_prompt(example: dict) -> dict:
+    chosen = pair(example)
+    return {"prompt": chosen["prompt"], "answer": chosen["chosen"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=ROOT / "resources" / "datasets" / "demo_train.jsonl")
     parser.add_argument("--out", type=Path, default=ROOT / "resources" / "datasets" / "demo_dpo.jsonl")
+    parser.add_argument("--grpo-out", type=Path, default=ROOT / "resources" / "datasets" / "demo_grpo.jsonl")
     args = parser.parse_args()
     lines = [line for line in args.source.read_text(encoding="utf-8").splitlines() if line.strip()]
     pairs = [pair(json.loads(line)) for line in lines]
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
     print(f"wrote {len(pairs)} pairs to {args.out}")
+    prompts = [grpo_prompt(json.loads(line)) for line in lines]
+    args.grpo_out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts), encoding="utf-8")
+    print(f"wrote {len(prompts)} prompts to {args.grpo_out}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 
 from backend.export import verify
 from backend.export.gguf_families import family_of, head_dim, kv_heads
+from backend.export.gguf_pages import released_pages
 
 EXTRA_TEXTS = (
     "Numbers: 3 33 333 3333 and 3.14159, then 2024-01-31.",
@@ -102,8 +103,9 @@ def read_back(path: Path, config: Any, dtype: torch.dtype, device: str) -> tuple
         return None, "", family.reader
     dtype = torch.bfloat16 if family.arch.startswith("GEMMA") else dtype
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                     device_map={"": device}).eval()
+        with released_pages():
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                         device_map={"": device}).eval()
     except Exception as exc:  # its loader raises on shapes it rebuilt wrong; say what it said
         return None, "", (f"transformers' GGUF loader failed on this file "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")

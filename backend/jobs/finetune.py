@@ -149,8 +149,8 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     tokenizer = load_tokenizer(model_path, config)
 
-    if config.technique.objective == "dpo":  # preference pairs through TRL's DPOTrainer (preference.py)
-        model, trainer, callback, eval_examples = _dpo_trainer(config, folder, plan, model_path, tokenizer,
+    if config.technique.objective != "sft":  # DPO, KTO, GRPO through TRL (backend.training.objectives)
+        model, trainer, callback, eval_examples = _objective_trainer(config, folder, plan, model_path, tokenizer,
                                                                reporter, stop, ledger, peak, capabilities)
     else:
         model, trainer, callback, eval_examples = _sft_trainer(config, folder, plan, model_path, tokenizer,
@@ -261,24 +261,27 @@ def _sft_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, mode
     return model, trainer, callback, stats.eval_examples
 
 
-def _dpo_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, model_path: Path, tokenizer,
-                 reporter: Reporter, stop: StopListener, ledger: MemoryLedger, peak: float,
-                 capabilities: Capabilities):
-    """DPO on preference pairs (backend.training.preference). -> (model, trainer, callback, validation pairs)."""
-    from backend.training.preference import build_preference_datasets, preference_trainer
+def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, model_path: Path, tokenizer,
+                       reporter: Reporter, stop: StopListener, ledger: MemoryLedger, peak: float,
+                       capabilities: Capabilities):
+    """DPO, KTO or GRPO through its door (backend.training.objectives). -> (model, trainer, callback, validation rows)."""
+    from backend.training.objectives import door
 
+    objective = door(config.technique.objective)
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
-    train_set, eval_set, stats = build_preference_datasets(config, tokenizer)
+    train_set, eval_set, stats = objective.build_datasets(config, tokenizer)
+    for note in stats.notes:
+        reporter.emit(PhaseChanged(phase="data_warning", detail=note))
     reporter.emit(PhaseChanged(phase="tokenize", detail=f"{stats.train_examples} train / {stats.eval_examples} "
-                                                        f"validation pairs ({stats.format})"))
+                                                        f"validation {stats.format}"))
     torch.manual_seed(config.train.seed)
-    ledger.start(plan.device, capabilities)  # the estimate is SFT's: DPO's second answer and reference pass are not in it
+    ledger.start(plan.device, capabilities)  # the estimate is SFT's: the objective's extra passes are not in it
     base, lora = adapter_config(load_model(model_path, config, plan), config, plan)
     callback = ReportingCallback(reporter, stop, plan.device)
     callback.peak_flops = peak
     arguments = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)
-    trainer = preference_trainer(config, base, lora, tokenizer, train_set, eval_set, arguments,
-                                 [callback, PhaseCallback()])
+    trainer = objective.make_trainer(config, base, lora, tokenizer, train_set, eval_set, arguments,
+                                     [callback, PhaseCallback()], reporter)
     callback.trainer = trainer
     trainer.remove_callback(PrinterCallback)
     return trainer.model, trainer, callback, stats.eval_examples

@@ -46,9 +46,10 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-EXTRA_PREFIXES = ("rewards/",)
-"""Logged metrics passed on in MetricsLogged.extra: DPO's implicit rewards (chosen, rejected, margins,
-accuracies); the SFT Trainer logs none of them."""
+EXTRA_PREFIXES = ("reward", "kl", "completions/", "clip_ratio", "entropy", "frac_reward", "logps/")
+"""Logged metrics passed on in MetricsLogged.extra: DPO's and KTO's implicit rewards (rewards/chosen,
+rejected, margins, accuracies) and KL; GRPO's reward and reward_std, rewards/<function>/mean and /std,
+kl, completions/mean_length, clip_ratio/*, entropy. The SFT Trainer logs none of them."""
 
 
 def objective_metrics(logs: dict[str, Any]) -> dict[str, float]:

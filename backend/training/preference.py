@@ -1,6 +1,6 @@
 """DPO: preference pairs read and checked, and TRL's DPOTrainer built on a LoRA or DoRA adapter.
 
-The one door of `technique.objective: dpo` (backend.jobs.finetune calls `preference_trainer`). Data:
+The door of `technique.objective: dpo` (backend.training.objectives: build_datasets, make_trainer). Data:
 records with the text fields prompt, chosen and rejected (JSONL, JSON, CSV, Parquet, ... as for SFT),
 a malformed one refused with its line and the missing field. Where the tokenizer has a chat template
 the pair goes to TRL as a conversation (the prompt a user turn, each answer an assistant turn), so the
@@ -22,8 +22,8 @@ from typing import Any
 from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.training.data import split_rows
-from backend.training.phase import set_phase
 from backend.training.record_files import read_parts
+from backend.training.trl_counting import counting_trainer
 
 log = logging.getLogger(__name__)
 
@@ -113,39 +113,16 @@ def dpo_config(config: RunConfig, arguments: dict[str, Any]) -> Any:
     )
 
 
-def _counting_trainer_class() -> type:
-    from trl import DPOTrainer
-
-    class CountingDPOTrainer(DPOTrainer):
-        """DPOTrainer counting the tokens each step computes on (padding excluded), for tokens/s."""
-
-        trained_tokens: int = 0
-        input_tokens: int = 0
-
-        def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
-            mask = inputs.get("attention_mask")
-            computed = int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
-            completion = inputs.get("completion_mask")
-            self.trained_tokens += int(completion.sum()) if completion is not None else computed
-            self.input_tokens += computed
-            set_phase("forward", self.state.global_step + 1)
-            return super().training_step(model, inputs, num_items_in_batch)
-
-        def evaluate(self, *args: Any, **kwargs: Any):
-            set_phase("evaluation")
-            return super().evaluate(*args, **kwargs)
-
-    return CountingDPOTrainer
-
-
 def preference_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, train_set: Any, eval_set: Any,
-                       arguments: dict[str, Any], callbacks: list[Any]) -> Any:
+                       arguments: dict[str, Any], callbacks: list[Any], reporter: Any = None) -> Any:
     """The DPO trainer on `base` (loaded, not yet wrapped) with the adapter `lora`; ref_model None: the
     reference is `base` with the adapter off."""
+    from trl import DPOTrainer
+
     from backend.training.loading import check_adapters
 
     try:
-        trainer = _counting_trainer_class()(
+        trainer = counting_trainer(DPOTrainer)(
             model=base,
             ref_model=None,
             args=dpo_config(config, arguments),
@@ -162,3 +139,7 @@ def preference_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, 
         raise
     check_adapters(trainer.model, config)
     return trainer
+
+
+build_datasets = build_preference_datasets
+make_trainer = preference_trainer

@@ -1,0 +1,58 @@
+"""A TRL trainer class that counts the tokens each training step computes on, for tokens/s and MFU.
+
+DPO, KTO and GRPO batches carry their masks under different names (attention_mask; completion_mask;
+GRPO's prompt_mask + completion_mask after generation), so the count is taken from the prepared
+inputs of a training step, whatever the objective; evaluation batches are not counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.training.phase import set_phase
+
+
+def _count(inputs: Any) -> tuple[int, int]:
+    """(tokens trained on, tokens computed on) of one prepared batch; padding excluded where a mask says so."""
+    if not isinstance(inputs, dict):
+        return 0, 0
+    if "prompt_mask" in inputs and "completion_mask" in inputs:  # GRPO after generation
+        completion = int(inputs["completion_mask"].sum())
+        return completion, int(inputs["prompt_mask"].sum()) + completion
+    mask = inputs.get("attention_mask")
+    ids = inputs.get("input_ids")
+    computed = int(mask.sum()) if mask is not None else (int(ids.numel()) if ids is not None else 0)
+    completion = inputs.get("completion_mask")
+    return (int(completion.sum()) if completion is not None else computed), computed
+
+
+def counting_trainer(base: type) -> type:
+    """`base` (a TRL trainer class) with trained_tokens / input_tokens counters and the worker's phases."""
+
+    class CountingTrainer(base):  # type: ignore[misc, valid-type]
+        trained_tokens: int = 0
+        input_tokens: int = 0
+        _in_step: bool = False
+
+        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None):
+            set_phase("forward", self.state.global_step + 1)
+            self._in_step = True
+            try:
+                return super().training_step(model, inputs, num_items_in_batch)
+            finally:
+                self._in_step = False
+
+        def _prepare_inputs(self, inputs: Any) -> Any:
+            prepared = super()._prepare_inputs(inputs)
+            if self._in_step:
+                trained, computed = _count(prepared)
+                self.trained_tokens += trained
+                self.input_tokens += computed
+            return prepared
+
+        def evaluate(self, *args: Any, **kwargs: Any):
+            set_phase("evaluation")
+            return super().evaluate(*args, **kwargs)
+
+    CountingTrainer.__name__ = CountingTrainer.__qualname__ = f"Counting{base.__name__}"
+    return CountingTrainer
