@@ -34,6 +34,7 @@ from backend.training.phase import set_phase
 from backend.training.shortcuts import SHORTCUTS
 from backend.training.shortcuts import install as install_shortcuts
 from backend.training.techniques import TechniquePlan, plan_techniques
+from backend.training.start_adapter import start_adapter_folder
 from backend.training.thread_choice import choose_threads, training_pass
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
@@ -139,6 +140,7 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
         reporter.emit(PhaseChanged(phase="resume", detail=f"from {Path(resume_from).name}, the newest complete checkpoint"))
 
     model_path = check_model_folder(config)
+    start_adapter_folder(config)  # a start adapter that cannot fit is refused before anything loads
     facts = ModelFacts.read(model_path, config.model.trust_remote_code)  # config.json only, no weights
     plan = plan_techniques(config, capabilities, facts, world_size())  # refuses what cannot run here, before any loading
     reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))
@@ -266,6 +268,7 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
                        capabilities: Capabilities):
     """DPO, KTO or GRPO through its door (backend.training.objectives). -> (model, trainer, callback, validation rows)."""
     from backend.training.objectives import door
+    from backend.training.start_adapter import load_start_adapter
 
     objective = door(config.technique.objective)
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
@@ -277,6 +280,9 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
     torch.manual_seed(config.train.seed)
     ledger.start(plan.device, capabilities)  # the estimate is SFT's: the objective's extra passes are not in it
     base, lora = adapter_config(load_model(model_path, config, plan), config, plan)
+    start = start_adapter_folder(config)
+    if start is not None:  # model.adapter: the earlier run's adapter trains on; TRL wraps nothing more
+        base, lora = load_start_adapter(base, start), None
     callback = ReportingCallback(reporter, stop, plan.device)
     callback.peak_flops = peak
     arguments = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)

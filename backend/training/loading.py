@@ -104,7 +104,12 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
         return model
     from peft import get_peft_model
 
+    from backend.training.start_adapter import load_start_adapter, start_adapter_folder
+
     model, lora = adapter_config(model, config, plan)
+    start = start_adapter_folder(config)
+    if start is not None:  # model.adapter: keep training an earlier run's adapter
+        return check_adapters(load_start_adapter(model, start), config)
     try:
         model = get_peft_model(model, lora)
     except ValueError as exc:
