@@ -40,7 +40,7 @@ def _eval_progress(event: dict[str, Any], out: IO[str]) -> None:
         return
     detail = event.get("detail", "")
     text = f"[{event['phase']}] {detail}"
-    batches = event["phase"] in ("perplexity", "exact_match")
+    batches = event["phase"] in ("perplexity", "exact_match", "mean_reward")
     if out.isatty():
         out.write("\r\033[K" + text + ("" if batches else "\n"))
     elif not batches or _stage_done(detail):
@@ -61,6 +61,15 @@ def format_report(report: dict[str, Any]) -> str:
         value = section[which].get(key)
         return format(value, spec) if isinstance(value, (int, float)) else "-"
 
+    reward = report.get("mean_reward")
+    if reward:  # a GRPO run: its reward functions' mean on held-out prompts
+        rows = [f"{'':22} {'base':>12} {'tuned':>12}",
+                f"{'mean reward':22} {reward['base']['mean']:>12.3f} {reward['tuned']['mean']:>12.3f}"]
+        rows += [f"{'  ' + name:22} {reward['base']['per_function'][name]:>12.3f} "
+                 f"{reward['tuned']['per_function'][name]:>12.3f}" for name in reward["base"]["per_function"]]
+        note = (f"mean reward: {reward['prompts']} {reward['source']} x {reward['samples']} samples at temperature "
+                f"{reward['temperature']:g}, {reward['max_new_tokens']} new tokens at most; base: {report['base_model']}")
+        return "\n".join(rows + ["", note])
     ppl, em = report.get("perplexity"), report.get("exact_match")
     rows = [
         f"{'':22} {'base':>12} {'tuned':>12}",
@@ -84,7 +93,7 @@ def format_report(report: dict[str, Any]) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     folder = _run_folder(args)
     config = folder.load_config()
-    params: dict[str, Any] = {"max_new_tokens": args.max_new_tokens}
+    params: dict[str, Any] = {"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {}
     if args.prompts:
         params["prompts"] = str(existing_file(args.prompts, "--prompts"))
     if args.limit is not None:
@@ -102,14 +111,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("eval", help="compare the base and tuned model: perplexity and exact match")
+    parser = subparsers.add_parser("eval", help="compare the base and tuned model: perplexity and exact match "
+                                                "(a GRPO run: the mean reward of its reward functions)")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run folder (it holds config.yaml and adapter/)")
     parser.add_argument("--prompts", metavar="FILE",
                         help='held-out JSONL of {"prompt", "expected"} or alpaca records '
                              "(default: the eval file beside the training data, e.g. demo_eval.jsonl)")
     parser.add_argument("--limit", type=positive_int, metavar="N", help="score only the first N prompts (at least 1)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
-                        help="longest answer generated (32)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None, metavar="N",
+                        help="longest answer generated (32; a GRPO run: its grpo.max_completion_length)")
     parser.add_argument("--json", action="store_true", help="print eval_report.json instead of the table")
     parser.set_defaults(func=cmd_eval)
     return parser

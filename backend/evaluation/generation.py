@@ -59,8 +59,10 @@ def generation_config(model: Any, tokenizer: Any, max_new_tokens: int, temperatu
 
 
 @torch.no_grad()
-def greedy_answers(model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
-    """Greedy answers to a batch of prompts (left-padded together), decoded and stripped."""
+def greedy_answers(model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int,
+                   temperature: float = 0.0) -> list[str]:
+    """Greedy answers to a batch of prompts (left-padded together), decoded and stripped; sampled
+    at `temperature` when it is above 0 (GRPO's mean reward samples as training did)."""
     if not prompts:
         return []
     width = max(len(p) for p in prompts)
@@ -72,7 +74,7 @@ def greedy_answers(model: Any, tokenizer: Any, prompts: list[list[int]], max_new
         mask[row, width - len(prompt):] = 1
     device = model_device(model)
     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                         generation_config=generation_config(model, tokenizer, max_new_tokens))
+                         generation_config=generation_config(model, tokenizer, max_new_tokens, temperature))
     return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in out[:, width:].tolist()]
 
 

@@ -2,7 +2,8 @@
 
 Adapter methods load the base once (quantized as the run quantized it) with the adapter on top;
 "base" is the same model with the adapter switched off, so comparing the two costs one model's
-memory. Method full keeps one model at a time: switching drops the other before loading.
+memory; for a run that continued an earlier adapter (model.adapter) "base" is that start adapter,
+loaded beside the tuned one: what the run started from. Method full keeps one model at a time: switching drops the other before loading.
 Refusals come before anything loads, one sentence each.
 """
 
@@ -22,6 +23,7 @@ from backend.run_continuation import how_to_finish
 from backend.protocol import Capabilities
 from backend.runs import RunFolder
 from backend.training.loading import check_model_folder, load_model, load_tokenizer
+from backend.training.start_adapter import start_adapter_folder
 from backend.training.techniques import TechniquePlan, plan_techniques
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class RunModels:
         self.weights_dir = self.folder.path / "model" if self.full else self.folder.adapter_dir
         self.base_path = check_model_folder(config)
         self.plan = inference_plan(config, capabilities)
+        self.start = start_adapter_folder(config) if not self.full else None
         self._model: Any = None
         self._loaded: str | None = None  # "base", "tuned" (full) or "adapter" (base + adapter)
 
@@ -90,6 +93,8 @@ class RunModels:
                 from peft import PeftModel
 
                 model = PeftModel.from_pretrained(model, str(self.weights_dir), is_trainable=False)
+                if self.start is not None:
+                    model.load_adapter(str(self.start), adapter_name="start", is_trainable=False)
         model.eval()
         self._model, self._loaded = model, want
         log.info("loaded %s for %s", want, which)
@@ -100,7 +105,13 @@ class RunModels:
         if which == "tuned":
             self.require_tuned()
         self._load(which)
-        if which == "base" and self._loaded == "adapter":
+        if which == "base" and self._loaded == "adapter" and self.start is not None:
+            self._model.set_adapter("start")
+            try:
+                yield self._model
+            finally:
+                self._model.set_adapter("default")
+        elif which == "base" and self._loaded == "adapter":
             with self._model.disable_adapter():
                 yield self._model
         else:

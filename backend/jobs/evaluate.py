@@ -126,6 +126,19 @@ def run_evaluate(
                         "split the run cut from it",
                         f"put the file back, or point data.path in {Path(run_dir) / 'config.yaml'} at a copy")
     reporter.emit(PhaseChanged(phase="plan", detail=models.plan.summary()))
+    batch = request.batch_size or config.train.micro_batch_size
+    if config.technique.objective == "grpo":  # prompts, scored by the run's rewards (evaluate_rewards.py)
+        from backend.jobs.evaluate_rewards import run_reward_evaluation
+
+        explicit = Path(str(params["prompts"])).expanduser().absolute() if (params or {}).get("prompts") else None
+        run_reward_evaluation(config, run_dir, reporter, models, explicit, request.limit,
+                              (params or {}).get("max_new_tokens"), batch,
+                              lambda phase, which: _progress(reporter, stop, phase, which), began, write_report)
+        return
+    if config.technique.objective != "sft":
+        raise bad_input(f"evaluate measures SFT runs (perplexity, exact match) and GRPO runs (mean reward); this run's "
+                        f"objective is {config.technique.objective}, whose training already logged its reward "
+                        "accuracy on the validation pairs (see the run's charts)")
 
     set_phase("load")
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
@@ -143,7 +156,6 @@ def run_evaluate(
         f"{len(prompts)} {held}" if prompts else str(request.skipped))
     reporter.emit(PhaseChanged(phase="tokenize", detail=detail))
 
-    batch = request.batch_size or config.train.micro_batch_size
     ppl: dict[str, PerplexityResult] = {}
     em: dict[str, ExactMatchResult] = {}
     for which in ("base", "tuned"):

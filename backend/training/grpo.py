@@ -104,6 +104,7 @@ class ScoreBoard:
         self.functions, self.weights, self.reporter = functions, weights, reporter
         self.generations = generations
         self.scores: dict[int, list[Any]] = {}
+        self.trainer: Any = None  # set once built: evaluation's generations are not reported
 
     def wrapped(self) -> list[RewardFn]:
         return [self._wrap(i, fn) for i, fn in enumerate(self.functions)]
@@ -119,7 +120,10 @@ class ScoreBoard:
         return scored
 
     def _report(self, prompts: list, completions: list, state: Any) -> None:
-        if self.reporter is None or (state is not None and not state.is_world_process_zero):
+        model = getattr(self.trainer, "model", None)
+        if self.reporter is None or (state is not None and not state.is_world_process_zero) or \
+                (model is not None and not model.training):
+            self.scores = {}
             return
         step = (state.global_step + 1) if state is not None else 0
         for i in range(min(SAMPLES_PER_GENERATION, self.generations, len(completions))):
@@ -180,5 +184,6 @@ def make_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, train_
         if "target modules" in first.lower() or "target_modules" in first:
             raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
         raise
+    board.trainer = trainer
     check_adapters(trainer.model, config)
     return trainer

@@ -15,6 +15,7 @@ EVENTS = [
     p.TelemetrySampled(time=1.0, cpu_percent=50.0),
     p.CheckpointSaved(step=2, path="/r/checkpoints/checkpoint-2"),
     p.EvalFinished(step=2, eval_loss=1.0),
+    p.CompletionScored(step=2, prompt="2+2?", completion="4", rewards={"exact_match": 1.0}, reward=1.0),
     p.TokensGenerated(text="hi", done=True),
     p.AnswerFinished(stopped=True, tokens=12, seconds=0.4),
     p.MessageRefused(message="chat message 1 has role 'robot'", hint="use system, user or assistant"),
