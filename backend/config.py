@@ -58,7 +58,7 @@ class DataSection(_Section):
 
 class TechniqueSection(_Section):
     objective: Objective = "sft"
-    """sft teaches the answers of instruction data; dpo (Direct Preference Optimization) teaches to prefer each pair's chosen answer over its rejected one (prompt/chosen/rejected data); kto (Kahneman-Tversky Optimization) learns from answers each labelled good or bad (prompt/completion/label data); grpo (Group Relative Policy Optimization) samples several answers per prompt and reinforces those the reward functions score above their group's mean (prompts, with any columns the rewards read). dpo, kto and grpo need lora or dora: the reference is the base with the adapters off (no second copy); they cost a reference pass, and grpo the generations."""
+    """sft teaches the answers of instruction data; dpo (Direct Preference Optimization) teaches to prefer each pair's chosen answer over its rejected one (prompt/chosen/rejected data); kto (Kahneman-Tversky Optimization) learns from answers each labelled good or bad (prompt/completion/label data); grpo (Group Relative Policy Optimization) samples several answers per prompt and reinforces those the reward functions score above their group's mean (prompts, with any columns the rewards read). With an adapter method (lora, dora, qlora, lora8) the reference is the base with the adapters off (no second copy); with full tuning it is a frozen copy of the base loaded beside the model (twice the weights). They cost a reference pass (grpo only when grpo.beta > 0), and grpo the generations."""
     method: Literal["lora", "dora", "qlora", "lora8", "full"] = "lora"
     """lora freezes the base and trains small adapters (saves ~12 of the 16 bytes/parameter of full
     tuning, costs a little quality); dora adds a magnitude vector (a little closer to full tuning, costs
@@ -119,12 +119,6 @@ class TechniqueSection(_Section):
             raise ValueError(
                 f"technique.optimizer {self.optimizer} cannot be offloaded: DeepSpeed runs its own CPU Adam "
                 "on offloaded state; set technique.optimizer to adamw or technique.offload to none"
-            )
-        if self.objective != "sft" and self.method not in ("lora", "dora"):
-            raise ValueError(
-                f"technique.objective {self.objective} needs an adapter method in this release, lora or dora (the "
-                f"reference is the base with the adapters off; {self.method} is not supported with {self.objective} "
-                "yet); set technique.method to lora or dora"
             )
         if self.method == "lora8" and self.offload == "zero3_optimizer_params":
             raise ValueError(
@@ -242,6 +236,9 @@ class RunConfig(_Section):
                      "completion, label)", "grpo": "prompts (prompt, and the columns the rewards read)"}[objective]
             raise ValueError(f"data.format {self.data.format} is a supervised format; technique.objective {objective} "
                              f"reads {reads}: set data.format to auto")
+        if self.model.adapter and self.technique.method == "full":
+            raise ValueError("model.adapter continues an adapter, and technique.method full trains every weight "
+                             "without one: set technique.method to lora or dora, or leave model.adapter empty")
         if objective == "grpo":
             batch = self.train.micro_batch_size * self.train.gradient_accumulation_steps * self.hardware.world_size
             if batch % self.grpo.num_generations:

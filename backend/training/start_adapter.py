@@ -45,9 +45,11 @@ def start_adapter_folder(config: RunConfig) -> Path | None:
             raise bad_input(f"technique.{name} is {ours:g} but the start adapter {folder} has {float(theirs):g}",
                             f"set technique.{name} to {float(theirs):g} (the adapter keeps its own)")
     method = "dora" if meta.get("use_dora") else "lora"
-    if technique.method != method:
+    kind = "dora" if technique.method == "dora" else "lora"  # qlora and lora8 train LoRA adapters on a quantized base
+    if kind != method:
+        fix = "dora" if method == "dora" else "lora (or qlora / lora8 for a quantized base)"
         raise bad_input(f"technique.method is {technique.method} but the start adapter {folder} is {method}",
-                        f"set technique.method to {method}")
+                        f"set technique.method to {fix}")
     return folder
 
 

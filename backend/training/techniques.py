@@ -170,8 +170,8 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
         native_bf16=device == "cpu" and native_bf16())
     # The shortcuts were proven exact for the supervised loss only; DPO runs TRL's plain computation.
     choice = choose(situation, t.shortcuts if t.objective == "sft" else "off")
-    if t.objective == "dpo":
-        notes.append("objective dpo: pairs padded per batch (no packing), speed shortcuts off")
+    if t.objective != "sft":
+        notes.append(objective_note(config))
     bf16_base = choice.has("bf16_base")
     if bf16_base:
         notes.append("precision auto -> fp32, with the frozen base's products in bf16 (this CPU multiplies "
@@ -180,3 +180,17 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
                          facts, choice, aux_loss)
     log.info("technique plan: %s", plan.summary())
     return plan
+
+
+def objective_note(config: RunConfig) -> str:
+    """The plan line's word on a TRL objective: how batches are built and what the reference model is."""
+    objective, method = config.technique.objective, config.technique.method
+    if objective == "grpo" and config.grpo.beta == 0:
+        reference = "no reference pass (grpo.beta 0)"
+    elif method == "full":
+        reference = "reference: a frozen copy of the base, loaded beside the model"
+    else:
+        reference = "reference: the base with the adapter off (no second copy)"
+    batches = {"dpo": "pairs padded per batch", "kto": "answers padded per batch",
+               "grpo": "completions generated per batch"}[objective]
+    return f"objective {objective}: {batches} (no packing), speed shortcuts off; {reference}"

@@ -131,14 +131,6 @@ def test_preference_data_under_sft_points_at_the_objective(bundled_model, tmp_pa
     assert "technique.objective: dpo" in caught.value.hint
 
 
-@pytest.mark.parametrize("method", ["full", "qlora", "lora8"])
-def test_dpo_without_lora_or_dora_is_refused_in_one_line(method):
-    with pytest.raises(ConfigError) as caught:
-        RunConfig.load(DPO_PRESET, [f"technique.method={method}"])
-    text = str(caught.value)
-    assert "technique.objective dpo needs an adapter method in this release" in text and "\n" not in text
-
-
 def test_the_new_fields_have_their_help_and_defaults():
     technique = RunConfig().technique
     assert (technique.objective, technique.dpo_beta, technique.dpo_loss) == ("sft", 0.1, "sigmoid")

@@ -107,8 +107,6 @@ def test_grpo_config_refusals():
         RunConfig.from_dict({"technique": {"objective": "grpo"}, "grpo": {"rewards": []}})
     with pytest.raises(ConfigError, match="grpo.num_generations 3 must divide the batch of completions"):
         RunConfig.from_dict({"technique": {"objective": "grpo"}, "grpo": {"num_generations": 3}})
-    with pytest.raises(ConfigError, match="technique.objective grpo needs an adapter method"):
-        RunConfig.from_dict({"technique": {"objective": "grpo", "method": "full"}})
     with pytest.raises(ConfigError, match="data.format alpaca is a supervised format; technique.objective grpo"):
         RunConfig.from_dict({"technique": {"objective": "grpo"}, "data": {"format": "alpaca"}})
     json.dumps(RunConfig().model_dump(mode="json"))  # the default config (SFT) still serializes

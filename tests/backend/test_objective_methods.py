@@ -1,0 +1,82 @@
+"""DPO and GRPO on every method: quantized bases (QLoRA, LLM.int8) and full tuning with a frozen reference.
+
+DPO's first loss is exactly ln 2 only when the reference equals the policy at the start: the base with
+a fresh adapter off (LoRA's B is zero) or, for full tuning, a frozen copy of the same weights. A wrong
+reference (none, or another model) shows there before any step is taken.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+
+from backend.config import RunConfig
+from backend.config_errors import ConfigError
+from backend.protocol import Capabilities, decode_event
+from backend.worker.reporter import Reporter
+from backend.worker.stop_listener import StopListener
+from tests.conftest import ROOT
+
+PRESETS = ROOT / "resources" / "presets"
+CPU = Capabilities(cuda=False)
+
+
+def run(tmp_path: Path, preset: str, overrides: list[str]) -> list:
+    from backend.jobs.finetune import run_finetune
+
+    config = RunConfig.load(PRESETS / preset, overrides)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True)
+    reporter = Reporter(io.StringIO())
+    reporter.attach_run(run_dir)
+    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=CPU)
+    reporter.close()
+    return [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def plan_line(events: list) -> str:
+    return next(e.detail for e in events if e.type == "PhaseChanged" and "objective" in (e.detail or ""))
+
+
+@pytest.mark.parametrize("method, learning_rate, reference", [
+    ("qlora", 0.002, "the base with the adapter off"),
+    ("lora8", 0.002, "the base with the adapter off"),
+    ("full", 0.0005, "a frozen copy of the base"),
+])
+def test_dpo_starts_at_ln2_and_learns_on_every_method(tmp_path, method, learning_rate, reference):
+    events = run(tmp_path, "tiny_dpo.yaml", [f"technique.method={method}", "train.max_steps=4",
+                                             f"train.learning_rate={learning_rate}", "train.save_steps=100"])
+    assert events[-1].type == "JobFinished", events[-1]
+    losses = [e.loss for e in events if e.type == "MetricsLogged"]
+    assert abs(losses[0] - math.log(2)) < 2e-3, losses
+    assert losses[-1] < losses[0] - 1e-3, losses
+    assert reference in plan_line(events)
+    saved = "model" if method == "full" else "adapter"
+    assert (tmp_path / "run" / saved).is_dir()
+    if method == "qlora":
+        assert "base weights nf4" in plan_line(events)
+
+
+def test_grpo_full_tuning_with_a_kl_penalty_loads_its_reference(tmp_path):
+    events = run(tmp_path, "tiny_grpo.yaml", ['model.adapter=""', "technique.method=full", "train.max_steps=2",
+                                              "grpo.beta=0.04", "train.learning_rate=0.0001", "train.save_steps=100"])
+    assert events[-1].type == "JobFinished", events[-1]
+    assert "a frozen copy of the base" in plan_line(events)
+    kls = [e.extra.get("kl") for e in events if e.type == "MetricsLogged"]
+    assert kls and all(kl is not None and kl == kl for kl in kls), kls
+
+
+def test_grpo_continues_a_lora_start_adapter_on_a_quantized_base(tmp_path):
+    events = run(tmp_path, "tiny_grpo.yaml", ["technique.method=qlora", "train.max_steps=1", "train.save_steps=100"])
+    assert events[-1].type == "JobFinished", events[-1]
+    assert "no reference pass (grpo.beta 0)" in plan_line(events)
+
+
+def test_a_start_adapter_with_full_tuning_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.load(PRESETS / "tiny_grpo.yaml", ["technique.method=full"])
+    text = str(caught.value)
+    assert "model.adapter continues an adapter" in text and "\n" not in text
