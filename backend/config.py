@@ -97,8 +97,9 @@ class TechniqueSection(_Section):
     """auto: the worker's speed shortcuts (logits only where the loss looks, the last layer on those rows, per-example attention for packed rows, and on the CPU rank-first LoRA products, bf16 base products and a measured thread count) where a test proved them exact for the model's family; off: the plain transformers + peft computation (slower, for comparison or a suspected shortcut bug)."""
     dpo_beta: float = Field(default=0.1, gt=0)
     """DPO only: how far the tuned model may move from the reference; smaller lets it drift further from the base for a larger preference margin (0.1 is typical)."""
-    dpo_loss: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
-    """DPO only: sigmoid is the paper's loss; ipo a squared loss that keeps the margin from growing without bound on small or noisy sets; hinge a margin loss (SLiC) that stops pushing once a pair is separated."""
+    dpo_loss: Literal["sigmoid", "ipo", "hinge", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "aot",
+                      "apo_zero", "apo_down", "discopop", "sigmoid_norm"] = "sigmoid"
+    """DPO only (TRL's loss_type): sigmoid is the paper's loss; ipo a squared loss that keeps the margin from growing without bound on small or noisy sets; hinge a margin loss (SLiC) that stops pushing once a pair is separated; robust assumes 10% of the pairs are flipped (label smoothing 0.1, the Robust DPO paper's); exo_pair the EXO loss (smoothing 1e-3, its paper's); nca_pair, bco_pair, sppo_hard, aot, apo_zero (chosen answers better than the model's own), apo_down (chosen worse than the model's own), discopop and sigmoid_norm (sigmoid on per-token averages) as in TRL's DPO documentation."""
     offload: Literal["none", "zero2_optimizer", "zero3_optimizer_params"] = "none"
     """DeepSpeed offload: zero2_optimizer moves optimizer state and master weights to CPU memory (saves up to 12 bytes/parameter of GPU memory), zero3_optimizer_params moves the weights too; costs PCIe traffic and slower steps, and needs deepspeed."""
 

@@ -28,6 +28,8 @@ from backend.training.trl_counting import counting_trainer
 log = logging.getLogger(__name__)
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
+LABEL_SMOOTHING = {"robust": 0.1, "exo_pair": 1e-3}
+"""The smoothing the Robust DPO and EXO papers recommend; TRL refuses exo_pair without one."""
 
 
 @dataclass
@@ -104,6 +106,7 @@ def dpo_config(config: RunConfig, arguments: dict[str, Any]) -> Any:
         **arguments,
         beta=technique.dpo_beta,
         loss_type=[technique.dpo_loss],
+        label_smoothing=LABEL_SMOOTHING.get(technique.dpo_loss, 0.0),
         max_length=config.train.seq_len,  # prompt + answer; longer pairs lose the answer's end
         truncation_mode="keep_start",
         padding_free=False,
