@@ -76,8 +76,8 @@ class GrpoSection(Section):
     """Most tokens generated per completion; longer answers are cut (and memory for the KV cache grows with it)."""
     temperature: float = Field(default=1.0, gt=0, le=4.0)
     """Sampling temperature of the completions: higher explores more (more different answers per prompt)."""
-    loss: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
-    """How token losses are averaged: dapo over the tokens of the whole batch (TRL's default, no length bias); grpo per completion (the paper's, favours short right answers); dr_grpo by a constant (Dr. GRPO); bnpo over the tokens of the local batch."""
+    loss: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo"] = "dapo"
+    """TRL's loss_type. How token losses are averaged: dapo over the tokens of the whole batch (TRL's default, no length bias); grpo per completion (the paper's, favours short right answers); dr_grpo by a constant (Dr. GRPO); bnpo over the tokens of the local batch. Other objectives: cispo clips the importance weights rather than the update (MiniMax-M1); sapo a soft, temperature-controlled gate instead of clipping; luspo a sequence-level loss scaled by each completion's length (importance sampling per sequence, as its paper)."""
     beta: float = Field(default=0.0, ge=0)
     """KL penalty toward the reference (the base with the adapters off): 0 skips the reference pass (TRL's default); 0.001-0.04 keeps the model near its base and charts the KL."""
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(kind="exact_match")])

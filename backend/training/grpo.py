@@ -149,6 +149,7 @@ def grpo_config(config: RunConfig, arguments: dict[str, Any]) -> Any:
         max_completion_length=grpo.max_completion_length,
         temperature=grpo.temperature,
         loss_type=grpo.loss,
+        importance_sampling_level="sequence" if grpo.loss == "luspo" else "token",
         beta=grpo.beta,
         reward_weights=[r.weight for r in grpo.rewards],
         disable_dropout=config.technique.lora_dropout == 0.0,
