@@ -168,10 +168,11 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
         cpu_threads=config.train.cpu_threads, threads=torch.get_num_threads() if threads is None else threads,
         bf16_base=cpu_bf16_base(config, device, device == "cpu" and native_bf16()), facts=facts, aux_loss=aux_loss,
         native_bf16=device == "cpu" and native_bf16())
-    # The shortcuts were proven exact for the supervised loss only; DPO runs TRL's plain computation.
+    # The shortcuts were proven exact for the supervised loss only; DPO and KTO run TRL's plain computation.
     choice = choose(situation, t.shortcuts if t.objective == "sft" else "off")
-    if t.objective == "dpo":
-        notes.append("objective dpo: pairs padded per batch (no packing), speed shortcuts off")
+    if t.objective in ("dpo", "kto"):
+        rows = "pairs" if t.objective == "dpo" else "labelled answers"
+        notes.append(f"objective {t.objective}: {rows} padded per batch (no packing), speed shortcuts off")
     bf16_base = choice.has("bf16_base")
     if bf16_base:
         notes.append("precision auto -> fp32, with the frozen base's products in bf16 (this CPU multiplies "

@@ -164,6 +164,7 @@ def test_the_kto_section_reaches_trls_config():
 
     config = RunConfig.load(KTO_PRESET, ["kto.beta=0.3", "kto.desirable_weight=1.5", "kto.undesirable_weight=0.7"])
     made = kto_config(config, {"output_dir": "/tmp/unused", "use_cpu": True, "report_to": [],
-                               "train_sampling_strategy": "group_by_length"})
+                               "train_sampling_strategy": "group_by_length", "activation_checkpointing": False})
     assert (made.beta, made.desirable_weight, made.undesirable_weight) == (0.3, 1.5, 0.7)
     assert made.train_sampling_strategy == "sequential" and made.loss_type == "kto" and made.max_length == 128
+    assert not made.activation_checkpointing  # TRL's default (on) gives way to technique.gradient_checkpointing
