@@ -151,7 +151,8 @@ def parse_label(value: Any, where: str, name: str) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
         return value.strip().lower() in TRUE_WORDS
-    raise bad_input(f"{where}: the field {name!r} is {value!r}, not a label (true or false, 1 or 0)",
+    raise bad_input(f"{where}: the field {name!r} is {'null' if value is None else repr(value)}, not a label "
+                    "(true or false, 1 or 0)",
                     f"write {name!r} as true for a good answer and false for a bad one")
 
 

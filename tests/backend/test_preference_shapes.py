@@ -126,7 +126,7 @@ KTO_REFUSALS = {
     "no completion": ({"prompt": "Is it?", "label": True}, "no 'completion'"),
     "label not a label": ({"prompt": "Is it?", "completion": "yes", "label": "maybe"}, "'label' is 'maybe'"),
     "label 2": ({"prompt": "Is it?", "completion": "yes", "label": 2}, "'label' is 2"),
-    "null label": ({"prompt": "Is it?", "completion": "yes", "label": None}, "'label' is None"),
+    "null label": ({"prompt": "Is it?", "completion": "yes", "label": None}, "'label' is null"),
     "turns without the answer": ({"messages": USER, "kto_tag": True}, "must be the assistant's answer"),
     "answer only": ({"messages": YES, "label": True}, "must be the assistant's answer"),
     "null completion": ({"prompt": "Is it?", "completion": None, "label": True}, "'completion' is null"),
@@ -148,3 +148,10 @@ def test_an_empty_file_is_refused(tmp_path):
         read_pairs(path)
     with pytest.raises(JobError):
         read_unpaired(path)
+
+
+def test_a_csv_of_labelled_answers_reads_its_labels(tmp_path):
+    path = tmp_path / "kto.csv"
+    path.write_text("prompt,completion,label\nIs it?,yes,true\nIs it?,no,0\n")
+    examples, _ = read_unpaired(path)
+    assert [e["label"] for e in examples] == [True, False] and examples[0]["completion"] == "yes"
