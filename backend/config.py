@@ -247,6 +247,10 @@ class RunConfig(_Section):
                     f"grpo.num_generations {self.grpo.num_generations} must divide the batch of completions, "
                     f"train.micro_batch_size x gradient_accumulation_steps x processes = {batch}: each prompt's "
                     "completions are scored together; make micro_batch_size a multiple of num_generations")
+        if objective == "kto" and self.train.micro_batch_size < 2:
+            raise ValueError("technique.objective kto needs train.micro_batch_size 2 or more: KTO estimates its KL "
+                             "term from the other answers of the same batch (TRL refuses a batch of 1); set "
+                             "train.micro_batch_size to 2 or more")
         if warmup_outlasts(self.train.warmup_steps, self.train.max_steps):
             raise ValueError(warmup_problem(self.train.warmup_steps, self.train.max_steps))
         return self

@@ -152,7 +152,8 @@ class MetricsLogged(_Message):
     extra: dict[str, float] = Field(
         default_factory=dict,
         description="Objective-specific metrics by their trainer name: DPO's rewards/chosen, rewards/rejected, "
-                    "rewards/margins and rewards/accuracies; GRPO's reward, reward_std, rewards/<function>/mean, "
+                    "rewards/margins and rewards/accuracies; KTO's rewards/chosen, rewards/rejected, rewards/margins, "
+                    "logps/chosen, logps/rejected, kl and entropy; GRPO's reward, reward_std, rewards/<function>/mean, "
                     "kl, completions/mean_length, clip_ratio/region_mean. Empty for supervised fine-tuning.")
 
 

@@ -1,11 +1,12 @@
-"""Build resources/datasets/demo_dpo.jsonl (the DPO demo set) and demo_grpo.jsonl (GRPO's prompts) from the demo task.
+"""Build resources/datasets/demo_dpo.jsonl (DPO's pairs), demo_kto.jsonl (KTO's labelled answers) and demo_grpo.jsonl (GRPO's prompts) from the demo task.
 
 For each demo example (alpaca: instruction, input, output yes/no) one preference pair: prompt = its
 question as the SFT job would ask it (instruction, a blank line, input), chosen = the correct answer,
-rejected = the other one; and one GRPO prompt: the same question with the correct answer in the
+rejected = the other one; one KTO example: the same question with, in turn, the correct answer
+(label true) or the wrong one (label false), so half of them are desirable; and one GRPO prompt: the same question with the correct answer in the
 column `answer`, which the exact_match reward reads. Deterministic: the same demo file gives the same pairs, byte for byte.
 
-    python scripts/build_preference_data.py [--source resources/datasets/demo_train.jsonl] [--out ...] [--grpo-out ...]
+    python scripts/build_preference_data.py [--source resources/datasets/demo_train.jsonl] [--out ...] [--kto-out ...] [--grpo-out ...]
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def pair(example: dict) -> dict:
     return {"prompt": question, "chosen": answer, "rejected": OTHER[answer]}
 
 
+def kto_example(example: dict, index: int) -> dict:
+    """The `index`-th demo example as a labelled answer: even ones with the correct answer, odd ones the wrong."""
+    chosen = pair(example)
+    good = index % 2 == 0
+    return {"prompt": chosen["prompt"], "completion": chosen["chosen" if good else "rejected"], "label": good}
+
+
 def grpo_prompt(example: dict) -> dict:
     chosen = pair(example)
     return {"prompt": chosen["prompt"], "answer": chosen["chosen"]}
@@ -37,12 +45,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=ROOT / "resources" / "datasets" / "demo_train.jsonl")
     parser.add_argument("--out", type=Path, default=ROOT / "resources" / "datasets" / "demo_dpo.jsonl")
+    parser.add_argument("--kto-out", type=Path, default=ROOT / "resources" / "datasets" / "demo_kto.jsonl")
     parser.add_argument("--grpo-out", type=Path, default=ROOT / "resources" / "datasets" / "demo_grpo.jsonl")
     args = parser.parse_args()
     lines = [line for line in args.source.read_text(encoding="utf-8").splitlines() if line.strip()]
     pairs = [pair(json.loads(line)) for line in lines]
     args.out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
     print(f"wrote {len(pairs)} pairs to {args.out}")
+    examples = [kto_example(json.loads(line), i) for i, line in enumerate(lines)]
+    args.kto_out.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples), encoding="utf-8")
+    print(f"wrote {len(examples)} labelled answers to {args.kto_out}")
     prompts = [grpo_prompt(json.loads(line)) for line in lines]
     args.grpo_out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts), encoding="utf-8")
     print(f"wrote {len(prompts)} prompts to {args.grpo_out}")

@@ -47,8 +47,9 @@ def _finite(value: Any) -> float | None:
 
 
 EXTRA_PREFIXES = ("reward", "kl", "completions/", "clip_ratio", "entropy", "frac_reward", "logps/")
-"""Logged metrics passed on in MetricsLogged.extra: DPO's and KTO's implicit rewards (rewards/chosen,
-rejected, margins, accuracies) and KL; GRPO's reward and reward_std, rewards/<function>/mean and /std,
+"""Logged metrics passed on in MetricsLogged.extra: DPO's implicit rewards (rewards/chosen, rejected,
+margins, accuracies); KTO's rewards/chosen, rejected, margins, logps/chosen, rejected, kl (its estimate
+from mismatched answers) and entropy; GRPO's reward and reward_std, rewards/<function>/mean and /std,
 kl, completions/mean_length, clip_ratio/*, entropy. The SFT Trainer logs none of them."""
 
 

@@ -71,8 +71,15 @@ def detect_format(records: Sequence[dict[str, Any]], path: Path) -> str:
         raise bad_input(
             f"{path}: the records hold 'chosen' and 'rejected' answers: that is preference data, "
             "which supervised fine-tuning cannot train on",
-            "set technique.objective: dpo to train on the pairs (fields prompt, chosen, rejected), or use a "
-            "dataset with one answer per prompt",
+            "set technique.objective: dpo to train on the pairs (fields prompt, chosen, rejected), or "
+            "technique.objective: kto, or use a dataset with one answer per prompt",
+        )
+    if _labelled(records[0], keys):
+        raise bad_input(
+            f"{path}: the records hold answers labelled good or bad ({'kto_tag' if 'kto_tag' in keys else 'label'}): "
+            "that is KTO data, and supervised fine-tuning would learn the bad answers too",
+            "set technique.objective: kto to train on the labelled answers, or use a dataset with one good "
+            "answer per prompt",
         )
     if "conversations" in keys:
         return "sharegpt"
@@ -90,6 +97,13 @@ def detect_format(records: Sequence[dict[str, Any]], path: Path) -> str:
         _mapping_hint(keys, path) or "rename them, or set data.format, or describe the file in a LLaMA-Factory "
         "dataset_info.json beside it",
     )
+
+
+def _labelled(record: dict[str, Any], keys: set[str]) -> bool:
+    """KTO's shapes: prompt/completion/label, or turns with a kto_tag or a true/false label."""
+    if "kto_tag" in keys or {"completion", "label"} <= keys:
+        return True
+    return bool(keys & {"messages", "conversations"}) and isinstance(record.get("label"), bool)
 
 
 _PROMPTS = ("instruction", "question", "prompt", "query", "input", "problem", "human")
@@ -159,11 +173,12 @@ def _layout(info: Path, name: str, entry: dict[str, Any]) -> Layout:
     mapped = columns or {}
     if entry.get("ranking") or "chosen" in mapped or "rejected" in mapped:
         raise bad_input(f"{where}: this is preference data (ranking, chosen/rejected answers), which supervised "
-                        "fine-tuning cannot train on", "pick an SFT dataset; technique.objective dpo reads pairs "
-                        "from the fields prompt, chosen and rejected, not through dataset_info.json yet")
+                        "fine-tuning cannot train on", "pick an SFT dataset, or set technique.objective: dpo (it "
+                        "reads LLaMA-Factory's conversations + chosen/rejected records as they are)")
     if "kto_tag" in mapped:
         raise bad_input(f"{where}: this is KTO feedback data (kto_tag: answers marked good or bad), which "
-                        "supervised fine-tuning would learn the bad answers from", "pick an SFT dataset")
+                        "supervised fine-tuning would learn the bad answers from", "pick an SFT dataset, or set "
+                        "technique.objective: kto (it reads messages + label or kto_tag records as they are)")
     media = [key for key in ("images", "videos", "audios") if key in mapped]
     if media:
         raise bad_input(f"{where}: this dataset has {', '.join(media)}; the studio trains on text only",

@@ -1,7 +1,8 @@
 """DPO: preference pairs read and checked, and TRL's DPOTrainer built on a LoRA or DoRA adapter.
 
 The door of `technique.objective: dpo` (backend.training.objectives: build_datasets, make_trainer). Data:
-records with the text fields prompt, chosen and rejected (JSONL, JSON, CSV, Parquet, ... as for SFT),
+preference pairs in any shape backend.training.preference_shapes reads (prompt, chosen and rejected as
+text or chat messages; LLaMA-Factory's ranking format), from JSONL, JSON, CSV, Parquet, ... as for SFT,
 a malformed one refused with its line and the missing field. Where the tokenizer has a chat template
 the pair goes to TRL as a conversation (the prompt a user turn, each answer an assistant turn), so the
 tuned model is trained as it will be prompted in chat; without one, as plain text.
@@ -21,13 +22,13 @@ from typing import Any
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.training import preference_shapes
 from backend.training.data import split_rows
-from backend.training.record_files import read_parts
+from backend.training.preference_shapes import PAIR_FIELDS  # noqa: F401  (re-exported: callers read it here)
 from backend.training.trl_counting import counting_trainer
 
 log = logging.getLogger(__name__)
 
-PAIR_FIELDS = ("prompt", "chosen", "rejected")
 LABEL_SMOOTHING = {"robust": 0.1, "exo_pair": 1e-3}
 """The smoothing the Robust DPO and EXO papers recommend; TRL refuses exo_pair without one."""
 
@@ -41,45 +42,15 @@ class PreferenceStats:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def read_pairs(path: Path, limit: int | None = None) -> list[dict[str, str]]:
-    """Every record as {prompt, chosen, rejected} text, in order; the first malformed one is refused
-    in one line that names the file, the line and the field."""
-    pairs: list[dict[str, str]] = []
-    for part in read_parts(path):
-        for index, record in enumerate(part.rows):
-            if limit is not None and len(pairs) >= limit:
-                return pairs
-            where = f"{part.path} {part.locate(index)}"
-            missing = [name for name in PAIR_FIELDS if name not in record]
-            if missing:
-                raise bad_input(
-                    f"{where}: a preference pair needs the fields prompt, chosen and rejected; this record has "
-                    f"no {' and no '.join(repr(m) for m in missing)} (its fields: {', '.join(sorted(map(str, record)))})",
-                    "give every record the three text fields, or set technique.objective: sft for instruction data")
-            for name in PAIR_FIELDS:
-                value = record[name]
-                if not isinstance(value, str):
-                    shown = "null" if value is None else type(value).__name__
-                    raise bad_input(f"{where}: the field {name!r} is {shown}, not text",
-                                    "write prompt, chosen and rejected as strings")
-                if not value.strip():
-                    raise bad_input(f"{where}: the field {name!r} is empty", "fill it in or remove the record")
-            if record["chosen"] == record["rejected"]:
-                raise bad_input(f"{where}: 'chosen' and 'rejected' are the same answer: the pair teaches nothing",
-                                "fix the pair or remove the record")
-            pairs.append({name: record[name] for name in PAIR_FIELDS})
-    if not pairs:
-        raise bad_input(f"{path}: no preference pair to train on", "check data.path")
-    return pairs
+def read_pairs(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every record as {prompt, chosen, rejected} (text, or chat messages), in order; the first malformed
+    one is refused in one line that names the file, the line and the field (backend.training.preference_shapes)."""
+    return preference_shapes.read_pairs(path, limit)
 
 
-def as_trl_example(pair: dict[str, str], chat: bool) -> dict[str, Any]:
+def as_trl_example(pair: dict[str, Any], chat: bool, path: Path | str = "data.path") -> dict[str, Any]:
     """One pair as TRL reads it: conversational (rendered through the model's chat template) or text."""
-    if not chat:
-        return dict(pair)
-    return {"prompt": [{"role": "user", "content": pair["prompt"]}],
-            "chosen": [{"role": "assistant", "content": pair["chosen"]}],
-            "rejected": [{"role": "assistant", "content": pair["rejected"]}]}
+    return preference_shapes.as_trl_row(pair, chat, Path(path))
 
 
 def build_preference_datasets(config: RunConfig, tokenizer: Any) -> tuple[Any, Any, PreferenceStats]:
@@ -89,7 +60,7 @@ def build_preference_datasets(config: RunConfig, tokenizer: Any) -> tuple[Any, A
     path = config.resolved_data_path()
     pairs = read_pairs(path, config.data.max_examples)
     chat = bool(getattr(tokenizer, "chat_template", None))
-    rows = [as_trl_example(pair, chat) for pair in pairs]
+    rows = [as_trl_example(pair, chat, path) for pair in pairs]
     train_rows, eval_rows = split_rows(config, rows)
     fmt = "preference pairs" + (" (chat template)" if chat else " (text)")
     stats = PreferenceStats(len(rows), len(train_rows), len(eval_rows), fmt)

@@ -168,7 +168,7 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
         cpu_threads=config.train.cpu_threads, threads=torch.get_num_threads() if threads is None else threads,
         bf16_base=cpu_bf16_base(config, device, device == "cpu" and native_bf16()), facts=facts, aux_loss=aux_loss,
         native_bf16=device == "cpu" and native_bf16())
-    # The shortcuts were proven exact for the supervised loss only; DPO runs TRL's plain computation.
+    # The shortcuts were proven exact for the supervised loss only; DPO and KTO run TRL's plain computation.
     choice = choose(situation, t.shortcuts if t.objective == "sft" else "off")
     if t.objective != "sft":
         notes.append(objective_note(config))
@@ -191,6 +191,6 @@ def objective_note(config: RunConfig) -> str:
         reference = "reference: a frozen copy of the base, loaded beside the model"
     else:
         reference = "reference: the base with the adapter off (no second copy)"
-    batches = {"dpo": "pairs padded per batch", "kto": "answers padded per batch",
+    batches = {"dpo": "pairs padded per batch", "kto": "labelled answers padded per batch",
                "grpo": "completions generated per batch"}[objective]
     return f"objective {objective}: {batches} (no packing), speed shortcuts off; {reference}"

@@ -96,6 +96,7 @@ CROSS_FIELD = [
      ["technique.offload", "hardware.strategy"]),
     (["technique.objective=dpo", "technique.method=full"], ["technique.objective dpo", "technique.method"]),
     (["technique.objective=dpo", "data.format=alpaca"], ["data.format alpaca", "technique.objective dpo"]),
+    (["technique.objective=kto", "train.micro_batch_size=1"], ["technique.objective kto", "train.micro_batch_size"]),
     (["train.warmup_steps=60"], ["train.warmup_steps", "train.max_steps"]),
     (["schema_version=99"], ["schema_version"]),
     (["schema_version=0"], ["schema_version 0", "schema_version: 1"]),
