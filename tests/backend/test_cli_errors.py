@@ -94,7 +94,7 @@ CROSS_FIELD = [
     (["technique.offload=zero2_optimizer"], ["technique.offload", "hardware.strategy"]),
     (["technique.offload=zero3_optimizer_params", "hardware.strategy=deepspeed_zero2"],
      ["technique.offload", "hardware.strategy"]),
-    (["technique.objective=dpo", "technique.method=full"], ["technique.objective dpo", "technique.method"]),
+    (["model.adapter=bundled:adapters/tiny-yes-no", "technique.method=full"], ["model.adapter", "technique.method full"]),
     (["technique.objective=dpo", "data.format=alpaca"], ["data.format alpaca", "technique.objective dpo"]),
     (["technique.objective=kto", "train.micro_batch_size=1"], ["technique.objective kto", "train.micro_batch_size"]),
     (["train.warmup_steps=60"], ["train.warmup_steps", "train.max_steps"]),
