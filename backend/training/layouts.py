@@ -174,11 +174,11 @@ def _layout(info: Path, name: str, entry: dict[str, Any]) -> Layout:
     if entry.get("ranking") or "chosen" in mapped or "rejected" in mapped:
         raise bad_input(f"{where}: this is preference data (ranking, chosen/rejected answers), which supervised "
                         "fine-tuning cannot train on", "pick an SFT dataset, or set technique.objective: dpo (it "
-                        "reads LLaMA-Factory's conversations + chosen/rejected records as they are)")
+                        "reads this dataset_info.json entry's columns)")
     if "kto_tag" in mapped:
         raise bad_input(f"{where}: this is KTO feedback data (kto_tag: answers marked good or bad), which "
                         "supervised fine-tuning would learn the bad answers from", "pick an SFT dataset, or set "
-                        "technique.objective: kto (it reads messages + label or kto_tag records as they are)")
+                        "technique.objective: kto (it reads this dataset_info.json entry's columns)")
     media = [key for key in ("images", "videos", "audios") if key in mapped]
     if media:
         raise bad_input(f"{where}: this dataset has {', '.join(media)}; the studio trains on text only",

@@ -85,10 +85,8 @@ def _conversation(layout: Any, get: Callable[[str], str | None], kto: bool) -> M
         turns = [message(turn) for turn in raw_turns] if isinstance(raw_turns, list) else raw_turns
         if layout.system and record.get(layout.system) and isinstance(turns, list):
             turns = [{"role": "system", "content": record[layout.system]}, *turns]
-        if kto:
-            if not isinstance(turns, list) or not turns:
-                return {"prompt": turns, "completion": None, "label": record.get(tag)}
-            return {"prompt": turns[:-1], "completion": [turns[-1]], "label": record.get(tag)}
+        if kto:  # the reader checks that the last turn is the assistant's answer
+            return {"messages": turns, "label": record.get(tag)}
         return {"prompt": turns, "chosen": [message(record.get(chosen))], "rejected": [message(record.get(rejected))]}
     return convert
 

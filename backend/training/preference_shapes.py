@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from backend.errors import bad_input
 from backend.training.layouts import SHAREGPT_ROLES
+from backend.training.preference_info import entry_mapper
 from backend.training.record_files import read_parts
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -33,11 +34,12 @@ def each_record(path: Path, limit: int | None = None) -> Iterator[tuple[str, dic
     """(where, record) for every record of the data, where as `file line N`; stops after `limit`."""
     count = 0
     for part in read_parts(path):
+        described = entry_mapper(part.path, path if path.is_dir() else None)  # a LLaMA-Factory dataset_info.json
         for index, record in enumerate(part.rows):
             if limit is not None and count >= limit:
                 return
             count += 1
-            yield f"{part.path} {part.locate(index)}", record
+            yield f"{part.path} {part.locate(index)}", described[1](record) if described else record
 
 
 def _shown(value: Any) -> str:

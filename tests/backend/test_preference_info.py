@@ -35,8 +35,7 @@ def test_sharegpt_kto_as_in_kto_en_demo(tmp_path):
     assert label == "sharegpt kto (dataset_info.json: kto_en_demo)"
     record = {"messages": [{"role": "user", "content": "Sum up?"}, {"role": "assistant", "content": "Short."}],
               "label": True}
-    assert convert(record) == {"prompt": [{"role": "user", "content": "Sum up?"}],
-                               "completion": [{"role": "assistant", "content": "Short."}], "label": True}
+    assert convert(record) == record
 
 
 def test_alpaca_ranking_joins_instruction_and_input_with_defaults(tmp_path):
@@ -60,3 +59,35 @@ def test_an_sft_entry_or_no_entry_gives_none(tmp_path):
     write_info(tmp_path, {"sft": {"file_name": "sft.json"}})
     assert entry_mapper(tmp_path / "sft.json") is None
     assert entry_mapper(tmp_path / "other.json") is None
+
+
+def test_the_readers_follow_the_entry_renamed_columns_included(tmp_path):
+    from backend.training.preference_shapes import read_pairs, read_unpaired
+
+    write_info(tmp_path, {
+        "pairs": {"file_name": "pairs.jsonl", "ranking": True, "columns": {
+            "prompt": "question", "chosen": "good", "rejected": "bad"}},
+        "feedback": KTO_ENTRY | {"file_name": "feedback.jsonl"}})
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"question": "Q?", "good": "yes", "bad": "no"}) + "\n")
+    (tmp_path / "feedback.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "yes"}], "label": True},
+        {"messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "no"}], "label": False},
+    ]) + "\n")
+    [pair] = read_pairs(tmp_path / "pairs.jsonl")
+    assert pair["chosen"] == [{"role": "assistant", "content": "yes"}]
+    examples, unpaired = read_unpaired(tmp_path / "feedback.jsonl")
+    assert [e["label"] for e in examples] == [True, False] and unpaired == 0
+
+
+def test_a_kto_record_that_ends_on_the_user_is_refused_with_its_line(tmp_path):
+    import pytest
+
+    from backend.errors import JobError
+    from backend.training.preference_shapes import read_unpaired
+
+    write_info(tmp_path, {"feedback": KTO_ENTRY | {"file_name": "feedback.jsonl"}})
+    (tmp_path / "feedback.jsonl").write_text(json.dumps(
+        {"messages": [{"role": "user", "content": "Q?"}], "label": True}) + "\n")
+    with pytest.raises(JobError) as caught:
+        read_unpaired(tmp_path / "feedback.jsonl")
+    assert "feedback.jsonl line 1" in caught.value.message and "assistant" in caught.value.message
