@@ -1,0 +1,92 @@
+"""ObjectiveChartsWidget: what a DPO, KTO or GRPO run is learning, beyond its loss.
+
+DPO and KTO: the implicit rewards of the chosen and the rejected answers (they should part), their
+margin, the share of pairs whose chosen answer wins (accuracy) and, for KTO, the KL estimate. GRPO:
+the mean reward with its spread within a prompt's group, each reward function's mean (solid) and
+spread (dashed), the KL to the reference (when grpo.beta > 0), the completions' mean length and the
+clipped share of tokens. Every chart follows the run's ObjectiveStore; `kind()` picks the set.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QGridLayout, QStackedWidget, QWidget
+
+from studio.state.objective_store import ObjectiveStore
+from studio.widgets.live_chart import LiveChart
+from studio.widgets.metric_chart import MetricChart
+from studio.widgets.multi_series_chart import MultiSeriesChart
+
+TIPS = {
+    "rewards": "The implicit reward (beta x log-probability ratio to the reference) of the chosen and the rejected "
+               "answers: the chosen one should rise above the rejected one.",
+    "margin": "Chosen minus rejected reward, averaged over the batch: grows as the model learns the preference.",
+    "accuracy": "Share of pairs whose chosen answer gets the higher reward (0.5 is chance, 1 every pair).",
+    "kl": "KL divergence of the tuned model from the reference (the base with the adapters off).",
+    "reward": "Mean reward of the sampled completions (the weighted sum of the reward functions), and its "
+              "spread within each prompt's group: with no spread a group teaches nothing.",
+    "functions": "Each reward function's mean (solid) and spread (dashed) over the sampled completions.",
+    "length": "Mean length of the sampled completions, in tokens (cut at grpo.max_completion_length).",
+    "clip": "Share of tokens whose probability ratio was clipped (large steps held back).",
+}
+
+
+class ObjectiveChartsWidget(QStackedWidget):
+    """Page 0: nothing (SFT); page 1: the preference charts; page 2: the GRPO charts."""
+
+    def __init__(self, store: ObjectiveStore, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._store = store
+        self.addWidget(QWidget())
+        chosen = MultiSeriesChart(store, lambda: [("rewards/chosen", "chosen"), ("rewards/rejected", "rejected")],
+                                  "Reward of chosen vs rejected answers", left="reward")
+        margin = MetricChart(store, "rewards/margins", "Reward margin", color="#10b981")
+        accuracy = MetricChart(store, "rewards/accuracies", "Preference accuracy", color="#a855f7")
+        kl = MetricChart(store, "kl", "KL to the reference", color="#ef4444")
+        self.preference: dict[str, LiveChart] = {"rewards": chosen, "margin": margin, "accuracy": accuracy, "kl": kl}
+        self.addWidget(self._grid(self.preference, columns=2))
+
+        reward = MultiSeriesChart(store, lambda: [("reward", "mean"), ("reward_std", "spread")],
+                                  "Mean reward", left="reward", dashed=lambda name: name == "reward_std")
+        functions = MultiSeriesChart(store, self._function_series, "Reward per function",
+                                     dashed=lambda name: name.endswith("/std"))
+        grpo_kl = MetricChart(store, "kl", "KL to the reference", color="#ef4444")
+        length = MetricChart(store, "completions/mean_length", "Completion length (tokens)", color="#06b6d4")
+        clip = MultiSeriesChart(store, self._clip_series, "Clipped share")
+        self.grpo: dict[str, LiveChart] = {"reward": reward, "functions": functions, "kl": grpo_kl,
+                                           "length": length, "clip": clip}
+        self.addWidget(self._grid(self.grpo, columns=3))
+        store.changed.connect(self._follow)
+        self._follow()
+
+    def _grid(self, charts: dict[str, LiveChart], columns: int) -> QWidget:
+        page = QWidget()
+        grid = QGridLayout(page)
+        grid.setContentsMargins(0, 0, 0, 0)
+        for index, (key, chart) in enumerate(charts.items()):
+            chart.setToolTip(TIPS.get(key, ""))
+            grid.addWidget(chart, *divmod(index, columns))
+        return page
+
+    def _function_series(self) -> list[tuple[str, str]]:
+        series = []
+        for label in self._store.reward_labels():
+            series += [(f"rewards/{label}/mean", label), (f"rewards/{label}/std", f"{label} spread")]
+        return [(name, label) for name, label in series if self._store.count(name)]
+
+    def _clip_series(self) -> list[tuple[str, str]]:
+        return [(name, name.split("/", 1)[-1]) for name in self._store.names() if name.startswith("clip_ratio")][:4]
+
+    def kind(self) -> str:
+        """What is shown: "", "preference" or "grpo"."""
+        return ("", "preference", "grpo")[self.currentIndex()]
+
+    def charts(self) -> list[LiveChart]:
+        return [*self.preference.values(), *self.grpo.values()]
+
+    def _follow(self) -> None:
+        kind = self._store.kind()
+        self.setCurrentIndex({"preference": 1, "grpo": 2}.get(kind, 0))
+        has_kl = self._store.count("kl") > 0
+        self.preference["kl"].setVisible(has_kl)
+        self.grpo["kl"].setVisible(has_kl)
+
