@@ -246,12 +246,12 @@ class DataPage(QWidget):
         self.objective_preview.set_records(records)
         if records.problem:
             hint = f" ({records.hint})" if records.hint else ""
-            self.summary_label.setText(f"<span style='color:#dc2626'>{html.escape(records.problem + hint)}</span>")
+            self.summary_label.setText(f"<span style='color:#dc2626'>{html.escape(records.problem + hint, quote=False)}</span>")
         else:
             columns = ", ".join(records.columns)
             notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in records.notes)
             self.summary_label.setText(f"<b>{records.what} for {records.objective}</b> · {records.count:,} records "
-                                       f"· fields {html.escape(columns)}{notes}")
+                                       f"· fields {html.escape(columns, quote=False)}{notes}")
         self.profile = DatasetProfile(records.path, count=records.count, problem=records.problem, hint=records.hint)
         self._show_numbers()
         self.profile_ready.emit(self.profile)
