@@ -135,13 +135,14 @@ class TrainPage(QWidget):
         completions_layout = QVBoxLayout(self.completions_box)
         completions_layout.setContentsMargins(0, 0, 0, 0)
         completions_layout.setSpacing(2)
-        completions_layout.addWidget(QLabel("Latest completions and their rewards"))
+        completions_layout.addWidget(QLabel("Latest completions and their rewards (hover for the prompt)"))
         completions_layout.addWidget(self.completions, 1)
         objective = QSplitter(Qt.Orientation.Horizontal)
         objective.addWidget(self.objective_charts)
         objective.addWidget(self.completions_box)
         objective.setStretchFactor(0, 3)
         objective.setStretchFactor(1, 2)
+        objective.setSizes([620, 380])  # scaled to the width the tab gets
         self.tabs = QTabWidget()  # SFT: one tab and no tab bar, the page as it always was
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(charts, "Loss and speed")

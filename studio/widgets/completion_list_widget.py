@@ -16,15 +16,15 @@ from studio.state.objective_store import MAX_COMPLETIONS, ObjectiveStore
 
 def _one_line(text: str, width: int) -> str:
     flat = " ".join(text.split())
-    return flat if len(flat) <= width else "…" + flat[-(width - 1):]
+    return flat if len(flat) <= width else flat[:width - 1] + "…"
 
 
 def completion_text(event: CompletionScored) -> str:
-    """"step 3 · reward 0.75 (exact_match 1, length 0.5) · …prompt → completion"."""
+    """"step 3 · reward 0.75 (exact_match 1, length 0.5): completion" (the prompt is in the tooltip)."""
     scores = ", ".join(f"{label} {value:.2g}" for label, value in event.rewards.items())
     parts = f" ({scores})" if scores else ""
-    answer = " ".join(event.completion.split())[:160] or "(empty)"
-    return f"step {event.step} · reward {event.reward:.3g}{parts} · {_one_line(event.prompt, 60)}  →  {answer}"
+    answer = _one_line(event.completion, 160) if event.completion.strip() else "(empty)"
+    return f"step {event.step} · reward {event.reward:.3g}{parts}: {answer}"
 
 
 class CompletionListWidget(QListWidget):

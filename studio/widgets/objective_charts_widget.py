@@ -38,22 +38,23 @@ class ObjectiveChartsWidget(QStackedWidget):
         self._store = store
         self.addWidget(QWidget())
         chosen = MultiSeriesChart(store, lambda: [("rewards/chosen", "chosen"), ("rewards/rejected", "rejected")],
-                                  "Reward of chosen vs rejected answers", left="reward")
+                                  "Chosen vs rejected reward", left="reward")
         margin = MetricChart(store, "rewards/margins", "Reward margin", color="#10b981")
-        accuracy = MetricChart(store, "rewards/accuracies", "Preference accuracy", color="#a855f7")
-        kl = MetricChart(store, "kl", "KL to the reference", color="#ef4444")
+        accuracy = MetricChart(store, "rewards/accuracies", "Accuracy", color="#a855f7")
+        kl = MetricChart(store, "kl", "KL to reference", color="#ef4444")
         self.preference: dict[str, LiveChart] = {"rewards": chosen, "margin": margin, "accuracy": accuracy, "kl": kl}
         self.addWidget(self._grid(self.preference, columns=2))
 
         reward = MultiSeriesChart(store, lambda: [("reward", "mean"), ("reward_std", "spread")],
                                   "Mean reward", left="reward", dashed=lambda name: name == "reward_std")
-        functions = MultiSeriesChart(store, self._function_series, "Reward per function",
-                                     dashed=lambda name: name.endswith("/std"))
-        grpo_kl = MetricChart(store, "kl", "KL to the reference", color="#ef4444")
-        length = MetricChart(store, "completions/mean_length", "Completion length (tokens)", color="#06b6d4")
+        functions = MultiSeriesChart(store, self._function_series, "Each reward",
+                                     dashed=lambda name: name.endswith("/std"),
+                                     group=lambda name: name.rsplit("/", 1)[0])
+        grpo_kl = MetricChart(store, "kl", "KL to reference", color="#ef4444")
+        length = MetricChart(store, "completions/mean_length", "Length (tokens)", color="#06b6d4")
         clip = MultiSeriesChart(store, self._clip_series, "Clipped share")
-        self.grpo: dict[str, LiveChart] = {"reward": reward, "functions": functions, "kl": grpo_kl,
-                                           "length": length, "clip": clip}
+        self.grpo: dict[str, LiveChart] = {"reward": reward, "functions": functions, "length": length,
+                                           "clip": clip, "kl": grpo_kl}  # KL last: without grpo.beta it is hidden
         self.addWidget(self._grid(self.grpo, columns=3))
         store.changed.connect(self._follow)
         self._follow()
@@ -65,6 +66,10 @@ class ObjectiveChartsWidget(QStackedWidget):
         for index, (key, chart) in enumerate(charts.items()):
             chart.setToolTip(TIPS.get(key, ""))
             grid.addWidget(chart, *divmod(index, columns))
+        for column in range(columns):
+            grid.setColumnStretch(column, 1)
+        for row in range((len(charts) + columns - 1) // columns):
+            grid.setRowStretch(row, 1)
         return page
 
     def _function_series(self) -> list[tuple[str, str]]:
