@@ -29,6 +29,9 @@ TIPS = {
     "clip": "Share of tokens whose probability ratio was clipped (large steps held back).",
 }
 
+OPTIONAL = {"kl": "kl", "accuracy": "rewards/accuracies", "length": "completions/mean_length"}
+"""Charts shown only once their metric was logged (KL needs grpo.beta > 0; KTO logs no accuracy)."""
+
 
 class ObjectiveChartsWidget(QStackedWidget):
     """Page 0: nothing (SFT); page 1: the preference charts; page 2: the GRPO charts."""
@@ -91,7 +94,7 @@ class ObjectiveChartsWidget(QStackedWidget):
     def _follow(self) -> None:
         kind = self._store.kind()
         self.setCurrentIndex({"preference": 1, "grpo": 2}.get(kind, 0))
-        has_kl = self._store.count("kl") > 0
-        self.preference["kl"].setVisible(has_kl)
-        self.grpo["kl"].setVisible(has_kl)
-
+        for charts in (self.preference, self.grpo):  # a metric this trainer does not log: no empty chart
+            for key, name in OPTIONAL.items():
+                if key in charts:
+                    charts[key].setVisible(self._store.count(name) > 0)

@@ -105,3 +105,14 @@ def test_a_loaded_grpo_preset_fills_the_editor(qtbot, make_studio):
     assert page.editor("grpo.max_completion_length").value() == 8 and _shown(page, "grpo.num_generations")
     assert page.rewards.rewards() == [{"kind": "exact_match", "column": "answer", "weight": 1.0}]
     assert page.command_line.text().endswith("tiny_grpo.yaml")
+
+
+def test_yaml_scalar_writes_reward_dicts_that_parse_back():
+    from backend.config import apply_overrides, yaml_scalar
+
+    rewards = [{"kind": "regex", "pattern": "^(yes|no)$, a: b {x} #c", "weight": 0.5},
+               {"kind": "banned", "strings": ["a,b", "it's", " padded", "123", "off"], "weight": 1.0},
+               {"kind": "python", "file": "/tmp/my rewards.py", "function": "f", "weight": -1.0}]
+    raw: dict = {}
+    apply_overrides(raw, [f"grpo.rewards={yaml_scalar(rewards)}"])
+    assert raw["grpo"]["rewards"] == rewards
