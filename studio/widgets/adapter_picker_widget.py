@@ -18,11 +18,11 @@ from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QPush
 from backend.config import ConfigError, ModelSection, RunConfig, TechniqueSection
 from backend.errors import JobError
 from backend.paths import resolve_resource
+from backend.runs import RunFolder, RunIndex
 from backend.training.start_adapter import start_adapter_folder
 from studio.state.config_state import ConfigState
 from studio.state.form_values import display_path
 from studio.widgets.field_editors import description
-from studio.widgets.run_picker_widget import finished_runs
 
 KEY = "model.adapter"
 CHECKED_KEYS = ("", KEY, "model.path", "technique.method", "technique.lora_rank", "technique.lora_alpha")
@@ -30,10 +30,12 @@ CHECKED_KEYS = ("", KEY, "model.path", "technique.method", "technique.lora_rank"
 NONE_TEXT = "None: train a new adapter"
 
 
-def adapter_runs() -> list[tuple[str, str]]:
-    """(label, run folder) of the finished runs that wrote an adapter, newest first."""
-    return [(folder.run_id, str(folder.path)) for folder in finished_runs()
-            if (folder.adapter_dir / "adapter_config.json").is_file()]
+def adapter_runs(index: RunIndex) -> list[tuple[str, str]]:
+    """(label, run folder) of the finished runs that wrote an adapter, newest first (from the run index,
+    which re-reads only the folders that changed)."""
+    found = [s for s in index.sync() if s.status == "finished"
+             and (RunFolder(s.path).adapter_dir / "adapter_config.json").is_file()]
+    return [(f"{s.run_id} ({s.method})", s.path) for s in sorted(found, key=lambda s: s.run_id, reverse=True)]
 
 
 def adapter_problem(state: ConfigState) -> str:
@@ -64,6 +66,7 @@ class AdapterPickerWidget(QWidget):
         super().__init__(parent)
         self._state = state
         self._showing = False
+        self._index: RunIndex | None = None
         self.ask_folder: Callable[[], str] = self._ask_folder
         """Asks for an adapter folder; tests replace it to skip the dialog."""
         self.combo = QComboBox()
@@ -89,13 +92,13 @@ class AdapterPickerWidget(QWidget):
         self.refresh()
 
     def refresh(self) -> None:
-        """Rebuild the list from the run folders, keeping the draft's choice shown."""
+        """Rebuild the list from the run folders (once shown), keeping the draft's choice shown."""
         current = self._state.get(KEY) or ""
         self._showing = True
         try:
             self.combo.clear()
             self.combo.addItem(NONE_TEXT, "")
-            for label, path in adapter_runs():
+            for label, path in adapter_runs(self._index) if self._index is not None else []:
                 self.combo.addItem(f"Run {label}", path)
             index = self._index_of(current)
             if current and index < 0:
@@ -125,6 +128,8 @@ class AdapterPickerWidget(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
+        if self._index is None:  # the run list is read once shown, never before the window's first paint
+            self._index = RunIndex()
         self.refresh()  # a run may have finished since
 
     def _on_combo_current_index_changed(self, index: int) -> None:
