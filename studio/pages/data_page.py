@@ -41,6 +41,15 @@ from studio.widgets.token_histogram_chart import TokenHistogramChart
 
 DEMO_DATASET = "bundled:datasets/demo_train.jsonl"
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow", ".txt")
+OBJECTIVE_GUIDES = {
+    "dpo": "DPO learns from preference pairs: each record holds a prompt, the chosen answer and the rejected "
+           "one (JSONL, JSON, CSV, Parquet or a save_to_disk folder). Read each pair side by side below.",
+    "kto": "KTO learns from single answers labelled good or bad: each record holds a prompt, a completion and "
+           "a label (true or false). The first records are shown below.",
+    "grpo": "GRPO needs only prompts: each record holds a prompt, plus any column a reward reads (an exact_match "
+            "reward compares the completion with its column). The model writes the answers while it trains.",
+}
+"""The page's guide for the objectives beyond SFT (the SFT guide is the header's own)."""
 FILTER = "Datasets (*.jsonl *.json *.csv *.parquet *.arrow *.txt);;All files (*)"
 
 
@@ -71,11 +80,12 @@ class DataPage(QWidget):
         self._loader.failed.connect(self._on_loader_failed)
         self.setAcceptDrops(True)
 
-        header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON, CSV, Parquet, TXT or "
+        self.header = header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON, CSV, Parquet, TXT or "
                                           "a datasets save_to_disk folder (drop it here). Alpaca, ShareGPT, "
                                           "messages and plain text are detected, or mapped by a LLaMA-Factory "
                                           "dataset_info.json beside the file; only the assistant's text "
                                           "(highlighted) is trained on.")
+        self._sft_guide = header.guide.text()
         self.path_edit = QLineEdit()
         self.path_edit.setPlaceholderText("/path/to/examples.jsonl")
         self.path_edit.setToolTip(description("data.path"))
@@ -222,6 +232,7 @@ class DataPage(QWidget):
             self._show_records(profile)
             return
         self.records = None
+        self.header.guide.setText(self._sft_guide)
         self.previews.setCurrentWidget(self.preview)
         self.lengths_box.setVisible(True)
         self.profile = profile
@@ -241,6 +252,7 @@ class DataPage(QWidget):
     def _show_records(self, records: ObjectiveRecords) -> None:
         """A DPO, KTO or GRPO dataset: its fields side by side; the SFT token histogram does not apply."""
         self.records = records
+        self.header.guide.setText(OBJECTIVE_GUIDES.get(records.objective, self._sft_guide))
         self.previews.setCurrentWidget(self.objective_preview)
         self.lengths_box.setVisible(False)
         self.objective_preview.set_records(records)

@@ -27,7 +27,7 @@ class MultiSeriesChart(LiveChart):
                  dashed: Callable[[str], bool] | None = None, group: Callable[[str], str] | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(title=title, left=left, parent=parent)
-        self.getPlotItem().addLegend(offset=(-4, 4), labelTextSize=LEGEND_SIZE, verSpacing=-6)
+        self.getPlotItem().addLegend(offset=(-4, 2), labelTextSize=LEGEND_SIZE, verSpacing=-8, colCount=2)
         self._store, self._names = store, names
         self._dashed = dashed or (lambda _name: False)
         self._group = group or (lambda name: name)

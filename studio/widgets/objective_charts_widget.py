@@ -39,14 +39,15 @@ class ObjectiveChartsWidget(QStackedWidget):
     def __init__(self, store: ObjectiveStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._store = store
+        self._grids: list[tuple[QGridLayout, list[LiveChart], int]] = []
         self.addWidget(QWidget())
         chosen = MultiSeriesChart(store, lambda: [("rewards/chosen", "chosen"), ("rewards/rejected", "rejected")],
-                                  "Chosen vs rejected reward", left="reward")
+                                  "Chosen vs rejected", left="reward")
         margin = MetricChart(store, "rewards/margins", "Reward margin", color="#10b981")
         accuracy = MetricChart(store, "rewards/accuracies", "Accuracy", color="#a855f7")
         kl = MetricChart(store, "kl", "KL to reference", color="#ef4444")
         self.preference: dict[str, LiveChart] = {"rewards": chosen, "margin": margin, "accuracy": accuracy, "kl": kl}
-        self.addWidget(self._grid(self.preference, columns=2))
+        self.addWidget(self._grid(self.preference, columns=4))  # one row: each chart gets the full height
 
         reward = MultiSeriesChart(store, lambda: [("reward", "mean"), ("reward_std", "spread")],
                                   "Mean reward", left="reward", dashed=lambda name: name == "reward_std")
@@ -65,6 +66,7 @@ class ObjectiveChartsWidget(QStackedWidget):
     def _grid(self, charts: dict[str, LiveChart], columns: int) -> QWidget:
         page = QWidget()
         grid = QGridLayout(page)
+        self._grids.append((grid, list(charts.values()), columns))
         grid.setContentsMargins(0, 0, 0, 0)
         for index, (key, chart) in enumerate(charts.items()):
             chart.setToolTip(TIPS.get(key, ""))
@@ -98,3 +100,7 @@ class ObjectiveChartsWidget(QStackedWidget):
             for key, name in OPTIONAL.items():
                 if key in charts:
                     charts[key].setVisible(self._store.count(name) > 0)
+        for grid, charts, columns in self._grids:  # a column of hidden charts takes no room
+            for column in range(columns):
+                shown = any(not chart.isHidden() for chart in charts[column::columns])
+                grid.setColumnStretch(column, 1 if shown else 0)
