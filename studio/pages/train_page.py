@@ -157,6 +157,9 @@ class TrainPage(QWidget):
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 1)
         split.setSizes([1000, 900])  # scaled to the space the page gets
+        self.split = split
+        self._objective_room = False
+        """Whether the charts were given more room for an objective's two rows (done once, then the person's)."""
 
         layout = QVBoxLayout(self)
         layout.addWidget(header)
@@ -182,6 +185,11 @@ class TrainPage(QWidget):
         self.completions_box.setVisible(kind == "grpo")
         if not kind:
             self.tabs.setCurrentIndex(0)
+        elif not self._objective_room and hasattr(self, "split"):
+            self._objective_room = True
+            total = sum(self.split.sizes())
+            if total > 0:
+                self.split.setSizes([total * 2 // 3, total - total * 2 // 3])
 
     def show_objective(self) -> None:
         """Bring the objective's charts to the front (the tour and tests; a person clicks the tab)."""

@@ -23,10 +23,10 @@ SeriesNames = Callable[[], list[tuple[str, str]]]
 class MultiSeriesChart(LiveChart):
     """Plots `store.arrays(name)` for every (name, label) that `names()` gives, one colour each."""
 
-    def __init__(self, store: Any, names: SeriesNames, title: str, left: str = "",
+    def __init__(self, store: Any, names: SeriesNames, title: str, left: str = "", bottom: str = "step",
                  dashed: Callable[[str], bool] | None = None, group: Callable[[str], str] | None = None,
                  parent: QWidget | None = None) -> None:
-        super().__init__(title=title, left=left, parent=parent)
+        super().__init__(title=title, left=left, bottom=bottom, parent=parent)
         self.getPlotItem().addLegend(offset=(-4, 2), labelTextSize=LEGEND_SIZE, verSpacing=-8, colCount=2)
         self._store, self._names = store, names
         self._dashed = dashed or (lambda _name: False)

@@ -4,7 +4,8 @@ DPO and KTO: the implicit rewards of the chosen and the rejected answers (they s
 margin, the share of pairs whose chosen answer wins (accuracy) and, for KTO, the KL estimate. GRPO:
 the mean reward with its spread within a prompt's group, each reward function's mean (solid) and
 spread (dashed), the KL to the reference (when grpo.beta > 0), the completions' mean length and the
-clipped share of tokens. Every chart follows the run's ObjectiveStore; `kind()` picks the set.
+clipped share of tokens. The x axis of every chart is the step (no label: small charts keep the room
+for the curve). Every chart follows the run's ObjectiveStore; `kind()` picks the set.
 """
 
 from __future__ import annotations
@@ -42,21 +43,21 @@ class ObjectiveChartsWidget(QStackedWidget):
         self._grids: list[tuple[QGridLayout, list[LiveChart], int]] = []
         self.addWidget(QWidget())
         chosen = MultiSeriesChart(store, lambda: [("rewards/chosen", "chosen"), ("rewards/rejected", "rejected")],
-                                  "Chosen vs rejected", left="reward")
-        margin = MetricChart(store, "rewards/margins", "Reward margin", color="#10b981")
-        accuracy = MetricChart(store, "rewards/accuracies", "Accuracy", color="#a855f7")
-        kl = MetricChart(store, "kl", "KL to reference", color="#ef4444")
+                                  "Chosen vs rejected", left="reward", bottom="")
+        margin = MetricChart(store, "rewards/margins", "Reward margin", color="#10b981", bottom="")
+        accuracy = MetricChart(store, "rewards/accuracies", "Accuracy", color="#a855f7", bottom="")
+        kl = MetricChart(store, "kl", "KL to reference", color="#ef4444", bottom="")
         self.preference: dict[str, LiveChart] = {"rewards": chosen, "margin": margin, "accuracy": accuracy, "kl": kl}
         self.addWidget(self._grid(self.preference, columns=4))  # one row: each chart gets the full height
 
         reward = MultiSeriesChart(store, lambda: [("reward", "mean"), ("reward_std", "spread")],
-                                  "Mean reward", left="reward", dashed=lambda name: name == "reward_std")
-        functions = MultiSeriesChart(store, self._function_series, "Each reward",
+                                  "Mean reward", left="reward", bottom="", dashed=lambda name: name == "reward_std")
+        functions = MultiSeriesChart(store, self._function_series, "Each reward", bottom="",
                                      dashed=lambda name: name.endswith("/std"),
                                      group=lambda name: name.rsplit("/", 1)[0])
-        grpo_kl = MetricChart(store, "kl", "KL to reference", color="#ef4444")
-        length = MetricChart(store, "completions/mean_length", "Length (tokens)", color="#06b6d4")
-        clip = MultiSeriesChart(store, self._clip_series, "Clipped share")
+        grpo_kl = MetricChart(store, "kl", "KL to reference", color="#ef4444", bottom="")
+        length = MetricChart(store, "completions/mean_length", "Length (tokens)", color="#06b6d4", bottom="")
+        clip = MultiSeriesChart(store, self._clip_series, "Clipped share", bottom="")
         self.grpo: dict[str, LiveChart] = {"reward": reward, "functions": functions, "length": length,
                                            "clip": clip, "kl": grpo_kl}  # KL last: without grpo.beta it is hidden
         self.addWidget(self._grid(self.grpo, columns=3))
