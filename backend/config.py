@@ -377,6 +377,8 @@ def yaml_scalar(value: Any, flow: bool = False) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, BaseModel):  # a default RewardSpec: its fields as written, defaults left out
+        value = value.model_dump(mode="json", exclude_defaults=True)
     if isinstance(value, list):
         return "[" + ",".join(yaml_scalar(v, flow=True) for v in value) + "]"
     if isinstance(value, dict):

@@ -116,3 +116,6 @@ def test_yaml_scalar_writes_reward_dicts_that_parse_back():
     raw: dict = {}
     apply_overrides(raw, [f"grpo.rewards={yaml_scalar(rewards)}"])
     assert raw["grpo"]["rewards"] == rewards
+    from backend.config_help import fields_epilog
+
+    assert "grpo.rewards  (list of RewardSpec, default [{kind: exact_match}])" in fields_epilog(100)
