@@ -367,16 +367,27 @@ def parse_scalar(value: str) -> Any:
     return parsed
 
 
-def yaml_scalar(value: Any) -> str:
-    """A value as the CLI's `--set key=value` parses it back (YAML scalars); a string that would
-    read back as something else (`123`, `off`, `a #b`) is quoted."""
+FLOW_INDICATORS = frozenset(",[]{}:#&*!|>'\"%@`")
+"""Characters that end or change a plain scalar inside a flow list or mapping: such strings are quoted there."""
+
+
+def yaml_scalar(value: Any, flow: bool = False) -> str:
+    """A value as the CLI's `--set key=value` parses it back (YAML scalars, flow lists and mappings,
+    so grpo.rewards' list of dicts is one value); a string that would read back as something else
+    (`123`, `off`, `a #b`, or `a,b` inside a list) is quoted."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, BaseModel):  # a default RewardSpec: its fields as written, defaults left out
+        value = value.model_dump(mode="json", exclude_defaults=True)
     if isinstance(value, list):
-        return "[" + ",".join(yaml_scalar(v) for v in value) + "]"
-    if isinstance(value, str) and parse_scalar(value) != value:
+        return "[" + ",".join(yaml_scalar(v, flow=True) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{yaml_scalar(str(k), flow=True)}: {yaml_scalar(v, flow=True)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, str) and (parse_scalar(value) != value or value != value.strip()
+                                   or (flow and FLOW_INDICATORS.intersection(value))):
         return "'" + value.replace("'", "''") + "'"
     return str(value)
 

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QSplitter,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -29,15 +30,26 @@ from PySide6.QtWidgets import (
 from backend.paths import resolve_resource
 from studio.services.background_call import BackgroundCall
 from backend.training.dataset_profile import DatasetProfile
+from backend.training.objective_records import ObjectiveRecords, read_objective_records, reward_columns
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
 from studio.widgets.conversation_widget import ConversationWidget
 from studio.widgets.field_editors import FieldEditors, description
+from studio.widgets.objective_preview_widget import ObjectivePreviewWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.token_histogram_chart import TokenHistogramChart
 
 DEMO_DATASET = "bundled:datasets/demo_train.jsonl"
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow", ".txt")
+OBJECTIVE_GUIDES = {
+    "dpo": "DPO learns from preference pairs: each record holds a prompt, the chosen answer and the rejected "
+           "one (JSONL, JSON, CSV, Parquet or a save_to_disk folder). Read each pair side by side below.",
+    "kto": "KTO learns from single answers labelled good or bad: each record holds a prompt, a completion and "
+           "a label (true or false). The first records are shown below.",
+    "grpo": "GRPO needs only prompts: each record holds a prompt, plus any column a reward reads (an exact_match "
+            "reward compares the completion with its column). The model writes the answers while it trains.",
+}
+"""The page's guide for the objectives beyond SFT (the SFT guide is the header's own)."""
 FILTER = "Datasets (*.jsonl *.json *.csv *.parquet *.arrow *.txt);;All files (*)"
 
 
@@ -68,11 +80,12 @@ class DataPage(QWidget):
         self._loader.failed.connect(self._on_loader_failed)
         self.setAcceptDrops(True)
 
-        header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON, CSV, Parquet, TXT or "
+        self.header = header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON, CSV, Parquet, TXT or "
                                           "a datasets save_to_disk folder (drop it here). Alpaca, ShareGPT, "
                                           "messages and plain text are detected, or mapped by a LLaMA-Factory "
                                           "dataset_info.json beside the file; only the assistant's text "
                                           "(highlighted) is trained on.")
+        self._sft_guide = header.guide.text()
         self.path_edit = QLineEdit()
         self.path_edit.setPlaceholderText("/path/to/examples.jsonl")
         self.path_edit.setToolTip(description("data.path"))
@@ -119,6 +132,12 @@ class DataPage(QWidget):
         form.addRow("Split", self.split_label)
 
         self.preview = ConversationWidget()
+        self.objective_preview = ObjectivePreviewWidget()
+        self.records: ObjectiveRecords | None = None
+        """What was read for a DPO, KTO or GRPO objective (None for SFT)."""
+        self.previews = QStackedWidget()  # SFT: conversations; beyond SFT: the records' fields side by side
+        self.previews.addWidget(self.preview)
+        self.previews.addWidget(self.objective_preview)
         self.histogram = TokenHistogramChart()
         self.truncated_label = QLabel()
         self.truncated_label.setWordWrap(True)
@@ -132,8 +151,9 @@ class DataPage(QWidget):
         right_layout.addWidget(self.truncated_label)
         right_layout.addWidget(self.approx_label)
         split = QSplitter(Qt.Orientation.Horizontal)
-        split.addWidget(self.preview)
+        split.addWidget(self.previews)
         split.addWidget(right)
+        self.lengths_box = right
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 1)
 
@@ -180,7 +200,8 @@ class DataPage(QWidget):
     def _on_state_changed(self, key: str) -> None:
         if key in ("", "data.path"):
             self.path_edit.setText(display_path(self._state.get("data.path")))
-        if key in ("", "data.path", "data.format", "data.skip_invalid", "model.path"):
+        if key in ("", "data.path", "data.format", "data.skip_invalid", "model.path", "technique.objective") or (
+                key == "grpo.rewards" and self._state.get("technique.objective") == "grpo"):
             self.reload()
         if key in ("", "train.seq_len"):
             self.histogram.set_seq_len(int(self._state.get("train.seq_len")))
@@ -192,7 +213,12 @@ class DataPage(QWidget):
         data, model, fmt = (self._state.get("data.path"), self._state.get("model.path"),
                             self._state.get("data.format"))
         skip = bool(self._state.get("data.skip_invalid"))
+        objective = self._state.get("technique.objective")
         self.summary_label.setText("Reading…")
+        if objective != "sft":
+            needed = reward_columns(self._state.get("grpo.rewards")) if objective == "grpo" else ()
+            self._loader.call(lambda: read_objective_records(data, objective, needed))
+            return
         self._loader.call(lambda: DatasetProfile.read(data, model, fmt, skip_invalid=skip))
 
     def is_loading(self) -> bool:
@@ -201,7 +227,14 @@ class DataPage(QWidget):
     def _on_loader_failed(self, error: str) -> None:
         self._on_loader_finished(DatasetProfile(self._state.get("data.path"), problem=error))
 
-    def _on_loader_finished(self, profile: DatasetProfile) -> None:
+    def _on_loader_finished(self, profile: DatasetProfile | ObjectiveRecords) -> None:
+        if isinstance(profile, ObjectiveRecords):
+            self._show_records(profile)
+            return
+        self.records = None
+        self.header.guide.setText(self._sft_guide)
+        self.previews.setCurrentWidget(self.preview)
+        self.lengths_box.setVisible(True)
         self.profile = profile
         if profile.problem:
             hint = f" ({profile.hint})" if profile.hint else ""
@@ -216,6 +249,25 @@ class DataPage(QWidget):
         self._show_numbers()
         self.profile_ready.emit(profile)
 
+    def _show_records(self, records: ObjectiveRecords) -> None:
+        """A DPO, KTO or GRPO dataset: its fields side by side; the SFT token histogram does not apply."""
+        self.records = records
+        self.header.guide.setText(OBJECTIVE_GUIDES.get(records.objective, self._sft_guide))
+        self.previews.setCurrentWidget(self.objective_preview)
+        self.lengths_box.setVisible(False)
+        self.objective_preview.set_records(records)
+        if records.problem:
+            hint = f" ({records.hint})" if records.hint else ""
+            self.summary_label.setText(f"<span style='color:#dc2626'>{html.escape(records.problem + hint, quote=False)}</span>")
+        else:
+            columns = ", ".join(records.columns)
+            notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in records.notes)
+            self.summary_label.setText(f"<b>{records.what} for {records.objective}</b> · {records.count:,} records "
+                                       f"· fields {html.escape(columns, quote=False)}{notes}")
+        self.profile = DatasetProfile(records.path, count=records.count, problem=records.problem, hint=records.hint)
+        self._show_numbers()
+        self.profile_ready.emit(self.profile)
+
     def _show_numbers(self) -> None:
         profile = self.profile
         if profile is None or profile.problem:
@@ -226,6 +278,8 @@ class DataPage(QWidget):
         used = min(profile.count, self._state.get("data.max_examples") or profile.count)
         held = int(used * float(self._state.get("data.validation_split")))
         self.split_label.setText(f"{used - held:,} train · {held:,} validation")
+        if self.records is not None:  # token lengths are measured for supervised data only
+            return
         seq_len = int(self._state.get("train.seq_len"))
         share = profile.truncated_share(seq_len)
         longest = max(profile.lengths) if profile.lengths else 0

@@ -30,6 +30,7 @@ from backend.paths import HUB_PREFIX, resolve_resource
 from studio.services.model_info import ModelInfo
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
+from studio.widgets.adapter_picker_widget import AdapterPickerWidget
 from studio.widgets.field_editors import FieldEditors, description
 from studio.widgets.hub_download_widget import HubDownloadWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
@@ -92,6 +93,15 @@ class ModelPage(QWidget):
         rows.addRow("Folder", path_row)
         rows.addRow("Hub id", self.hub)
 
+        self.adapter = AdapterPickerWidget(state)
+        adapter = QGroupBox("Start from an earlier run's adapter (optional)")
+        adapter_layout = QVBoxLayout(adapter)
+        note = QLabel("Keep training an adapter, e.g. DPO or GRPO after an SFT run. Its rank, alpha and method "
+                      "must match the Techniques page's.")
+        note.setWordWrap(True)
+        adapter_layout.addWidget(note)
+        adapter_layout.addWidget(self.adapter)
+
         self.facts: dict[str, QLabel] = {}
         about = QGroupBox("About this model")
         facts = QFormLayout(about)
@@ -119,7 +129,7 @@ class ModelPage(QWidget):
         content = QWidget()
         rows_layout = QVBoxLayout(content)
         rows_layout.setContentsMargins(0, 0, 0, 0)
-        for part in (start, pick, self.problem_label, about, security):
+        for part in (start, pick, self.problem_label, adapter, about, security):
             rows_layout.addWidget(part)
         rows_layout.addStretch(1)
         layout = QVBoxLayout(self)

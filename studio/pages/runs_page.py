@@ -16,6 +16,7 @@ from PySide6.QtCore import QItemSelectionModel, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -32,11 +33,28 @@ from backend.memory_record import MemoryRecord
 from backend.runs import RunFolder, RunIndex, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
+from studio.state.run_metrics import LOSS, RunMetrics
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
 
 COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started", "Memory")
 MAX_OVERLAY = 8
+METRIC_NAMES = {"loss": "Training loss", "rewards/chosen": "Reward of chosen answers",
+                "rewards/rejected": "Reward of rejected answers", "rewards/margins": "Reward margin",
+                "rewards/accuracies": "Preference accuracy", "reward": "Mean reward", "reward_std": "Reward spread",
+                "kl": "KL to the reference", "completions/mean_length": "Completion length (tokens)",
+                "entropy": "Entropy"}
+"""Readable names of the metrics the Compare combo offers (others show as logged)."""
+
+
+def metric_title(name: str) -> str:
+    """"rewards/margins" -> "Reward margin"; rewards/<label>/mean -> "Reward <label> (mean)"."""
+    if name in METRIC_NAMES:
+        return METRIC_NAMES[name]
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0] == "rewards":
+        return f"Reward {parts[1]} ({'spread' if parts[2] == 'std' else parts[2]})"
+    return name
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -73,7 +91,7 @@ class RunsPage(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._index: RunIndex | None = None
-        self._curves: dict[str, tuple[tuple[int, int], tuple[list[float], list[float]]]] = {}
+        self.run_metrics = RunMetrics()
         self.summaries: list[RunSummary] = []
         self.confirm_delete: Callable[[list[RunSummary]], bool] = self._ask_delete
         """Asked before deleting; tests replace it to skip the dialog."""
@@ -120,6 +138,21 @@ class RunsPage(QWidget):
         self.status_label.setVisible(False)
 
         self.overlay = RunOverlayChart()
+        self.metric_combo = QComboBox()
+        self.metric_combo.setToolTip("The metric to compare across the selected runs: the loss, or what a DPO, KTO "
+                                     "or GRPO run logged (rewards, margins, accuracy, KL, completion length)")
+        self.metric_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.metric_combo.currentIndexChanged.connect(self._on_metric_combo_current_index_changed)
+        compare_row = QHBoxLayout()
+        compare_row.setContentsMargins(0, 0, 0, 0)
+        compare_row.addWidget(QLabel("Compare"))
+        compare_row.addWidget(self.metric_combo)
+        compare_row.addStretch(1)
+        compare = QWidget()
+        compare_layout = QVBoxLayout(compare)
+        compare_layout.setContentsMargins(0, 0, 0, 0)
+        compare_layout.addLayout(compare_row)
+        compare_layout.addWidget(self.overlay, 1)
         self.diff_table = QTableWidget(0, 3)
         self.diff_table.setHorizontalHeaderLabels(["Field", "A", "B"])
         self.diff_table.verticalHeader().setVisible(False)
@@ -136,7 +169,7 @@ class RunsPage(QWidget):
         diff_layout.addWidget(self.diff_label)
         diff_layout.addWidget(self.diff_table, 1)
         lower = QSplitter(Qt.Orientation.Horizontal)
-        lower.addWidget(self.overlay)
+        lower.addWidget(compare)
         lower.addWidget(diff)
         lower.setStretchFactor(0, 3)
         lower.setStretchFactor(1, 2)
@@ -247,28 +280,48 @@ class RunsPage(QWidget):
     # --- comparing --------------------------------------------------------------------------------
     def loss_curve(self, path: str) -> tuple[list[float], list[float]]:
         """(steps, losses) of a run, read once per version of its events.jsonl."""
-        events = RunFolder(path).events_path
-        try:
-            stat = events.stat()
-            version = (stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            return [], []
-        cached = self._curves.get(path)
-        if cached is None or cached[0] != version:
-            points = [(m["step"], m["loss"]) for m in RunFolder(path).metrics() if m.get("loss") is not None]
-            cached = (version, ([float(p[0]) for p in points], [float(p[1]) for p in points]))
-            self._curves[path] = cached
-        return cached[1]
+        return self.run_metrics.series(path, LOSS)
+
+    def metric(self) -> str:
+        """The metric the overlay compares (the loss unless another was chosen)."""
+        return str(self.metric_combo.currentData() or LOSS)
+
+    def set_metric(self, name: str) -> None:
+        index = self.metric_combo.findData(name)
+        if index >= 0:
+            self.metric_combo.setCurrentIndex(index)
 
     def _on_table_item_selection_changed(self) -> None:
         chosen = self.selected()
-        runs = []
-        for s in chosen[:MAX_OVERLAY]:
-            steps, losses = self.loss_curve(s.path)
-            runs.append((s.name if len(chosen) == 1 else f"{s.name} · {s.run_id[-4:]}", steps, losses))
-        self.overlay.set_runs(runs)
+        self._offer_metrics(chosen[:MAX_OVERLAY])
+        self._show_overlay(chosen)
         self._show_diff(chosen)
         self._update_buttons()
+
+    def _offer_metrics(self, chosen: list[RunSummary]) -> None:
+        """The Compare combo: every metric the selected runs logged (the choice kept while one still has it)."""
+        current = self.metric()
+        names = self.run_metrics.names([s.path for s in chosen])
+        self.metric_combo.blockSignals(True)
+        self.metric_combo.clear()
+        for name in names:
+            self.metric_combo.addItem(metric_title(name), name)
+        self.metric_combo.setCurrentIndex(max(0, self.metric_combo.findData(current)))
+        self.metric_combo.blockSignals(False)
+        self.metric_combo.setEnabled(len(names) > 1)
+
+    def _on_metric_combo_current_index_changed(self, _index: int) -> None:
+        self._show_overlay(self.selected())
+
+    def _show_overlay(self, chosen: list[RunSummary]) -> None:
+        name = self.metric()
+        runs = []
+        for s in chosen[:MAX_OVERLAY]:
+            steps, values = self.run_metrics.series(s.path, name)
+            if steps or name == LOSS:
+                runs.append((s.name if len(chosen) == 1 else f"{s.name} · {s.run_id[-4:]}", steps, values))
+        title = metric_title(name)
+        self.overlay.set_runs(runs, f"{title} of the selected runs", "loss" if name == LOSS else "")
 
     def _show_diff(self, chosen: list[RunSummary]) -> None:
         self.diff_table.setRowCount(0)

@@ -10,6 +10,7 @@ same setup headless.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
@@ -25,13 +26,20 @@ from studio.state.estimate_state import EstimateState
 from studio.widgets.column_flow_widget import ColumnFlowWidget
 from studio.widgets.command_line_widget import CommandLineWidget
 from studio.widgets.feasibility_marks import FeasibilityMarks
-from studio.widgets.field_editors import FieldEditors
+from studio.widgets.field_editors import FieldEditors, description
 from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.reward_editor_widget import RewardEditorWidget
 from studio.widgets.vertical_scroll_area import VerticalScrollArea
 
 GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("Objective", (("technique.objective", "Objective"), ("technique.dpo_beta", "DPO beta"),
+                   ("technique.dpo_loss", "DPO loss"), ("kto.beta", "KTO beta"),
+                   ("kto.desirable_weight", "Desirable weight"), ("kto.undesirable_weight", "Undesirable weight"),
+                   ("grpo.num_generations", "Generations per prompt"),
+                   ("grpo.max_completion_length", "Max completion length"), ("grpo.temperature", "Temperature"),
+                   ("grpo.loss", "GRPO loss"), ("grpo.beta", "KL beta"))),
     ("Method", (("technique.method", "Method"), ("technique.lora_rank", "LoRA rank"),
                 ("technique.lora_alpha", "LoRA alpha"), ("technique.lora_dropout", "LoRA dropout"),
                 ("technique.lora_targets", "LoRA targets"))),
@@ -47,9 +55,31 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                                     ("train.save_steps", "Save every (steps)"), ("train.eval_steps", "Evaluate every (steps)"))),
 )
 """The page's groups: (title, ((dotted key, label), ...)). Every TechniqueSection field is here."""
+COLUMNS = {"Objective": 0, "Method": 0, "Memory and speed": 1, "Data shaping": 1, "Batch, length and schedule": 1}
+"""Each group's column when the form has two (a new group goes to the left one)."""
+OBJECTIVE_ONLY = {"technique.dpo_beta": "dpo", "technique.dpo_loss": "dpo", "kto.beta": "kto",
+                  "kto.desirable_weight": "kto", "kto.undesirable_weight": "kto", "grpo.num_generations": "grpo",
+                  "grpo.max_completion_length": "grpo", "grpo.temperature": "grpo", "grpo.loss": "grpo",
+                  "grpo.beta": "grpo"}
+"""The settings shown only while their objective is chosen."""
+OBJECTIVE_TIPS = {
+    "sft": "Supervised fine-tuning. Data: instructions with their answers (alpaca, sharegpt, messages or text). "
+           "Teaches the model to answer like the examples.",
+    "dpo": "Direct Preference Optimization. Data: prompt, chosen and rejected answers. Teaches the model to "
+           "prefer the chosen answer over the rejected one. Needs lora or dora.",
+    "kto": "Kahneman-Tversky Optimization. Data: prompt, completion and a true/false label. Teaches more of "
+           "the answers labelled good and less of the bad ones, no pairs needed. Needs lora or dora.",
+    "grpo": "Group Relative Policy Optimization. Data: prompts (and the columns the rewards read). Samples "
+            "several answers per prompt and reinforces those your reward functions score above the group's "
+            "mean. Needs lora or dora.",
+}
+"""The objective combo's item tooltips: what each needs as data and what it teaches."""
+ADAPTER_METHODS = ("lora", "dora")
+"""The methods the objectives beyond SFT run with (the reference is the base with the adapters off)."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "technique.lora_dropout": 2, "technique.lora_alpha": 1,
-            "technique.neftune_alpha": 1}
+            "technique.neftune_alpha": 1, "grpo.temperature": 2, "grpo.beta": 4, "kto.desirable_weight": 2,
+            "kto.undesirable_weight": 2}
 
 
 class TechniquesPage(QWidget):
@@ -80,7 +110,13 @@ class TechniquesPage(QWidget):
                 text.setToolTip(widget.toolTip())
                 self.labels[key] = text
                 form.addRow(text, widget)
-            form_widget.add(box, 0 if index in (0, 2, 4) else 1)
+            if title == "Objective":
+                self.rewards = RewardEditorWidget(state)
+                self.rewards_label = QLabel("Rewards")
+                self.rewards_label.setToolTip(description("grpo.rewards"))
+                form.addRow(self.rewards_label, self.rewards)
+                self.objective_form = form
+            form_widget.add(box, COLUMNS.get(title, 0))
         self.hardware = HardwareWidget(state, editors)
         form_widget.add(self.hardware, 0)
         self.form = form_widget
@@ -104,6 +140,11 @@ class TechniquesPage(QWidget):
         layout.addWidget(self.feasibility_label)
         layout.addWidget(self.problem_label)
         layout.addWidget(self.command_line)
+        estimate.changed.connect(self._mark_adapter_methods)  # after the marks: they reset the items first
+        objective = self.editor("technique.objective")
+        for index in range(objective.count()):
+            objective.setItemData(index, OBJECTIVE_TIPS.get(objective.itemText(index), ""),
+                                  Qt.ItemDataRole.ToolTipRole)
         state.changed.connect(self._on_state_changed)
         self._on_state_changed("")
         self.marks.refresh()
@@ -118,6 +159,34 @@ class TechniquesPage(QWidget):
             for name in LORA_ONLY:
                 self.editor(name).setVisible(lora)
                 self.labels[name].setVisible(lora)
+        if key in ("", "technique.objective", "technique.method"):
+            self._show_objective()
         problem = self._state.problem()
         self.problem_label.setText(f"Cannot start: {problem}" if problem else "")
         self.problem_label.setVisible(bool(problem))
+
+    def _show_objective(self) -> None:
+        """Only the chosen objective's settings; the rewards only for GRPO; methods it cannot use marked."""
+        objective = self._state.get("technique.objective")
+        for key, owner in OBJECTIVE_ONLY.items():
+            self.objective_form.setRowVisible(self.labels[key], owner == objective)
+        self.objective_form.setRowVisible(self.rewards_label, objective == "grpo")
+        if objective == "sft":
+            self.marks.refresh()  # every method back, as this machine allows
+        self._mark_adapter_methods()
+
+    def _mark_adapter_methods(self) -> None:
+        """Beyond SFT only lora and dora run: the other methods are disabled (the chosen one stays, to change it)."""
+        objective = self._state.get("technique.objective")
+        if objective == "sft":
+            return  # FeasibilityMarks owns the items then
+        method = self.editor("technique.method")
+        model = method.model()
+        for index in range(method.count()):
+            value = method.itemText(index)
+            if value in ADAPTER_METHODS:
+                continue
+            if isinstance(model, QStandardItemModel):
+                model.item(index).setEnabled(index == method.currentIndex())
+            method.setItemData(index, f"technique.objective {objective} needs lora or dora (the reference is "
+                                      "the base with the adapters off)", Qt.ItemDataRole.ToolTipRole)

@@ -17,17 +17,20 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from studio.state.metric_store import MetricStore
 from studio.state.telemetry_store import TelemetryStore
+from studio.widgets.completion_list_widget import CompletionListWidget
 from studio.widgets.failure_panel_widget import FailurePanelWidget
 from studio.widgets.field_editors import FieldEditors
 from studio.widgets.gpu_panel_widget import GpuPanelWidget
 from studio.widgets.loss_chart import LossChart
 from studio.widgets.metric_chart import MetricChart
+from studio.widgets.objective_charts_widget import ObjectiveChartsWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.sample_list_widget import SampleListWidget
 from studio.widgets.units import clock_text
@@ -126,13 +129,37 @@ class TrainPage(QWidget):
         grid.setColumnStretch(0, 3)
         grid.setColumnStretch(1, 2)
         grid.setColumnStretch(2, 2)
+        self.objective_charts = ObjectiveChartsWidget(metrics.objective)
+        self.completions = CompletionListWidget(metrics.objective)
+        self.completions_box = QWidget()
+        completions_layout = QVBoxLayout(self.completions_box)
+        completions_layout.setContentsMargins(0, 0, 0, 0)
+        completions_layout.setSpacing(2)
+        completions_layout.addWidget(QLabel("Latest completions and their rewards (hover for the prompt)"))
+        completions_layout.addWidget(self.completions, 1)
+        objective = QSplitter(Qt.Orientation.Horizontal)
+        objective.addWidget(self.objective_charts)
+        objective.addWidget(self.completions_box)
+        objective.setStretchFactor(0, 3)
+        objective.setStretchFactor(1, 2)
+        objective.setSizes([620, 380])  # scaled to the width the tab gets
+        self.tabs = QTabWidget()  # SFT: one tab and no tab bar, the page as it always was
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(charts, "Loss and speed")
+        self.tabs.addTab(objective, "Objective")
+        self._objective_metrics = metrics.objective
+        metrics.objective.changed.connect(self._show_objective_tab)
+        self._show_objective_tab()
         self.gpu_panel = GpuPanelWidget(telemetry)
         split = QSplitter(Qt.Orientation.Vertical)
-        split.addWidget(charts)
+        split.addWidget(self.tabs)
         split.addWidget(self.gpu_panel)
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 1)
         split.setSizes([1000, 900])  # scaled to the space the page gets
+        self.split = split
+        self._objective_room = False
+        """Whether the charts were given more room for an objective's two rows (done once, then the person's)."""
 
         layout = QVBoxLayout(self)
         layout.addWidget(header)
@@ -146,7 +173,28 @@ class TrainPage(QWidget):
 
     def charts(self) -> list:
         return [self.chart, self.lr_chart, self.grad_chart, self.speed_chart,
-                self.gpu_panel.memory_chart, self.gpu_panel.util_chart]
+                self.gpu_panel.memory_chart, self.gpu_panel.util_chart, *self.objective_charts.charts()]
+
+    def _show_objective_tab(self) -> None:
+        """The Objective tab (and the tab bar) only for a run that logs DPO, KTO or GRPO metrics."""
+        kind = self.objective_charts.kind()
+        titles = {"preference": "Preference rewards", "grpo": "Rewards and completions"}
+        self.tabs.setTabVisible(1, bool(kind))
+        self.tabs.setTabText(1, titles.get(kind, "Objective"))
+        self.tabs.tabBar().setVisible(bool(kind))
+        self.completions_box.setVisible(kind == "grpo")
+        if not kind:
+            self.tabs.setCurrentIndex(0)
+        elif not self._objective_room and hasattr(self, "split"):
+            self._objective_room = True
+            total = sum(self.split.sizes())
+            if total > 0:
+                self.split.setSizes([total * 2 // 3, total - total * 2 // 3])
+
+    def show_objective(self) -> None:
+        """Bring the objective's charts to the front (the tour and tests; a person clicks the tab)."""
+        if self.objective_charts.kind():
+            self.tabs.setCurrentIndex(1)
 
     def clear_run(self) -> None:
         """Forget what the previous run showed: samples, plan, failure, readouts and chart ranges."""

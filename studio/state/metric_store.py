@@ -13,6 +13,7 @@ import numpy as np
 from PySide6.QtCore import QObject, Signal
 
 from backend.protocol import EvalFinished, MetricsLogged
+from studio.state.objective_store import ObjectiveStore
 from studio.state.series_buffer import SeriesBuffer
 
 SERIES = ("loss", "learning_rate", "grad_norm", "tokens_per_s", "memory_allocated", "eval_loss")
@@ -31,9 +32,12 @@ class MetricStore(QObject):
         self._series = {name: SeriesBuffer(capacity) for name in SERIES}
         self.step = 0
         self.max_steps = 0
+        self.objective = ObjectiveStore(capacity, parent=self)
+        """DPO/KTO/GRPO metrics and GRPO's completions of the same run (fed through `apply`)."""
 
     def apply(self, event: Any) -> None:
         """Take the events that carry numbers; ignore the rest (so it can listen to every event)."""
+        self.objective.apply(event)
         if isinstance(event, MetricsLogged):
             self.step, self.max_steps = event.step, event.max_steps
             self._add(event.step, "loss", event.loss)
@@ -49,6 +53,8 @@ class MetricStore(QObject):
     def load_history(self, events: Iterable[dict[str, Any]], up_to_step: int | None = None) -> None:
         """Put a run's recorded events back (MetricsLogged and EvalFinished dicts from events.jsonl),
         up to a step: what the chart showed before the run was stopped, so a resume continues it."""
+        events = list(events)
+        self.objective.load_history(events, up_to_step)
         for item in events:
             kind, step = item.get("type"), int(item.get("step", 0) or 0)
             if up_to_step is not None and step > up_to_step:
@@ -66,6 +72,7 @@ class MetricStore(QObject):
         """Forget every point (a new run starts)."""
         for buffer in self._series.values():
             buffer.clear()
+        self.objective.clear()
         self.step = self.max_steps = 0
         self.changed.emit()
 

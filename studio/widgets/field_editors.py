@@ -14,11 +14,11 @@ from typing import Any
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox, QWidget
 
-from backend.config import DataSection, HardwareSection, ModelSection, RunConfig, TechniqueSection, TrainSection
+from backend.config import RunConfig, section_models
 from studio.state.config_state import ConfigState
 
-SECTIONS: dict[str, type] = {"model": ModelSection, "data": DataSection, "technique": TechniqueSection,
-                             "train": TrainSection, "hardware": HardwareSection}
+SECTIONS: dict[str, type] = section_models()
+"""Every RunConfig section by name (model, data, technique, train, export, hardware, kto, grpo)."""
 INT_MAX = 2_000_000_000
 FLOAT_MAX = 1e9
 

@@ -9,7 +9,7 @@ from studio.widgets.live_chart import COLORS, LiveChart, arrays
 
 
 class RunOverlayChart(LiveChart):
-    """`set_runs([(label, steps, losses), ...])` replaces the curves."""
+    """`set_runs([(label, steps, values), ...])` replaces the curves (the loss, or a metric named by `title`)."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(title="Training loss of the selected runs", left="loss", parent=parent, grid=True)
@@ -17,8 +17,14 @@ class RunOverlayChart(LiveChart):
         self._runs: list[tuple[str, list[float], list[float]]] = []
         self._curves: list[pg.PlotDataItem] = []
 
-    def set_runs(self, runs: list[tuple[str, list[float], list[float]]]) -> None:
+    def set_runs(self, runs: list[tuple[str, list[float], list[float]]],
+                 title: str = "Training loss of the selected runs", left: str = "loss") -> None:
         self._runs = runs
+        item = self.getPlotItem()
+        if item.titleLabel.text != title:
+            item.setTitle(title, size="9pt")
+            item.setLabel("left", left)
+            self.reset_range()
         self.mark_dirty()
         self.flush()
 
@@ -31,7 +37,10 @@ class RunOverlayChart(LiveChart):
         for curve in self._curves:
             item.removeItem(curve)
         self._curves = []
-        for index, (label, steps, losses) in enumerate(self._runs):
+        data = []
+        for index, (label, steps, values) in enumerate(self._runs):
             pen = pg.mkPen(COLORS[index % len(COLORS)], width=2)
-            self._curves.append(item.plot(*arrays(steps, losses), name=label, pen=pen))
+            data.append(arrays(steps, values))
+            self._curves.append(item.plot(*data[-1], name=label, pen=pen))
+        self.fit_arrays(*data)
         self._apply_palette()

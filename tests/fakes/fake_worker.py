@@ -2,11 +2,12 @@
 
 GUI tests need a worker that starts in a blink, behaves the same every time and can misbehave on
 purpose (garbage on stdout, a crash mid-run, a run that only ends when told to stop). Run as
-`python tests/fakes/fake_worker.py --scenario normal|malformed|crash|sigkill|slow|stream|oom|disk_full|export_fail`.
+`python tests/fakes/fake_worker.py --scenario normal|malformed|crash|sigkill|slow|stream|oom|disk_full|export_fail|objectives`.
 
 The job in the StartJob picks the behaviour: finetune (the scenarios above; `oom` ends at step 3 with
 an out_of_memory JobFailed carrying a fix, `disk_full` ends at step 6, after a checkpoint), or an
 export, evaluate or chat job acting like backend/jobs (see fake_jobs.py; `export_fail` fails a check).
+`objectives` is a DPO, KTO or GRPO run after the config's technique.objective (fake_objectives.py).
 
 Like the real worker it writes events.jsonl itself, writes checkpoint folders with their completion
 marker, honours StopJob(save=...) (a cancel ends in JobFailed "cancelled") and a resume (continuing
@@ -56,7 +57,8 @@ from backend.protocol import (  # noqa: E402 (after the sys.path line, so the sc
     encode,
 )
 
-SCENARIOS = ("normal", "malformed", "crash", "sigkill", "slow", "stream", "oom", "disk_full", "export_fail")
+SCENARIOS = ("normal", "malformed", "crash", "sigkill", "slow", "stream", "oom", "disk_full", "export_fail",
+             "objectives")
 MIB = 1 << 20
 MARKER = "checkpoint_complete.json"  # backend.runs.CHECKPOINT_MARKER, without importing the runs module
 
@@ -146,6 +148,10 @@ class FakeWorker:
             from tests.fakes.fake_jobs import run_job
 
             return run_job(self, start)
+        if self.scenario == "objectives":
+            from tests.fakes.fake_objectives import run_objective
+
+            return run_objective(self, start)
         first, resumed = self.resume_point() if start.resume else (0, None)
         if self.scenario == "stream":
             train = start.config.get("train", {})

@@ -34,11 +34,15 @@ SIZES = ((1024, 700), (1600, 1000))
 """The smallest window the studio must be usable in, and a common desktop one."""
 THEMES = ("light", "dark")
 PAGES = ("model", "data", "techniques", "train", "runs", "export", "chat")
+OBJECTIVE_SHOTS = (("techniques_grpo", "techniques"), ("data_grpo", "data"), ("train_grpo", "train"),
+                   ("runs_compare", "runs"))
+"""(shot, page) after a GRPO run from the tiny_grpo preset: the objective's settings, data, charts, comparison."""
 
 
 def shot_names() -> list[str]:
     """Every screenshot's file name stem, in the order the tour takes them."""
-    return [f"{page}-{w}x{h}-{theme}" for theme in THEMES for w, h in SIZES for page in PAGES]
+    return ([f"{page}-{w}x{h}-{theme}" for theme in THEMES for w, h in SIZES for page in PAGES]
+            + [f"{shot}-{w}x{h}-{theme}" for theme in THEMES for w, h in SIZES for shot, _ in OBJECTIVE_SHOTS])
 
 
 def wait(app: QApplication, condition, timeout: float = 60.0) -> None:
@@ -89,6 +93,25 @@ def fill(app: QApplication, studio) -> None:
     wait(app, lambda: not chat.answering)  # the session stays loaded: the answer is the end
 
 
+def fill_grpo(app: QApplication, studio) -> None:
+    """The tiny_grpo preset with a second reward, trained by the fake worker's objectives scenario."""
+    from backend.paths import resources_dir
+
+    studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_grpo.yaml")
+    studio.config.set("grpo.rewards", [{"kind": "exact_match", "column": "answer", "weight": 1.0},
+                                       {"kind": "regex", "pattern": "^(yes|no)$", "weight": 0.5}])
+    studio.jobs["train"].worker_command = fake_command("objectives", 0.05, "--cuda")
+    studio.window.show_page("train")
+    wait(app, lambda: studio.train_page.start_button.isEnabled())
+    studio.train_page.start_button.click()
+    wait(app, lambda: not studio.jobs["train"].is_running(), timeout=120)
+    studio.train_page.show_objective()
+    runs = studio.pages["runs"]
+    studio.window.show_page("runs")
+    runs.select_runs([s.run_id for s in runs.summaries[:2]])
+    runs.set_metric("reward")
+
+
 def problems_of(studio, key: str) -> list[str]:
     """The layout faults of the page now shown."""
     page = studio.pages[key]
@@ -121,26 +144,37 @@ def main() -> int:
     fill(app, studio)
     studio.monitor.stop()  # the pictures hold still from here on
     shots, faults = [], 0
+
+    def shoot(key: str, name: str) -> None:
+        nonlocal faults
+        window.show_page(key)
+        settle(app)
+        for chart in studio.train_page.charts():
+            chart.flush()
+        settle(app, 0.1)
+        for problem in problems_of(studio, key):
+            faults += 1
+            print(f"PROBLEM {name}: {problem}", flush=True)
+        path = out / f"{name}.png"
+        window.grab().save(str(path))
+        screen = window.screen().grabWindow(0, window.x(), window.y(), window.width(), window.height())
+        screen.save(str(out / f"{name}-screen.png"))
+        shots.append(path)
+        print(f"SHOT {path}", flush=True)
+
     for theme in THEMES:
         studio.extras["theme"].apply(theme)
         for width, height in SIZES:
             window.resize(width, height)
             for key in PAGES:
-                window.show_page(key)
-                settle(app)
-                for chart in studio.train_page.charts():
-                    chart.flush()
-                settle(app, 0.1)
-                name = f"{key}-{width}x{height}-{theme}"
-                for problem in problems_of(studio, key):
-                    faults += 1
-                    print(f"PROBLEM {name}: {problem}", flush=True)
-                path = out / f"{name}.png"
-                window.grab().save(str(path))
-                screen = window.screen().grabWindow(0, window.x(), window.y(), window.width(), window.height())
-                screen.save(str(out / f"{name}-screen.png"))
-                shots.append(path)
-                print(f"SHOT {path}", flush=True)
+                shoot(key, f"{key}-{width}x{height}-{theme}")
+    fill_grpo(app, studio)
+    for theme in THEMES:
+        studio.extras["theme"].apply(theme)
+        for width, height in SIZES:
+            window.resize(width, height)
+            for shot, key in OBJECTIVE_SHOTS:
+                shoot(key, f"{shot}-{width}x{height}-{theme}")
     for jobs in studio.jobs.values():
         jobs.shutdown()  # the chat session keeps its worker until the studio quits
     QTimer.singleShot(0, window.close)

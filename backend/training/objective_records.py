@@ -1,0 +1,112 @@
+"""A first look at DPO, KTO and GRPO data for the Data page: the records' fields, a few rows, one refusal.
+
+Deliberately small and torch-free (the studio imports it): prompt/chosen/rejected pairs for dpo,
+prompt/completion/label for kto, a prompt and any other columns for grpo, from every file
+record_files reads. The trainers' own readers (preference.py, and the richer shape normalisation of
+preference_shapes.py) stay the judges of what trains; this only shows the rows and names the first
+record that lacks a field, so swapping it for those readers is one import.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.errors import JobError
+from backend.paths import resolve_resource
+from backend.training.record_files import read_parts
+
+FIELDS = {"dpo": ("prompt", "chosen", "rejected"), "kto": ("prompt", "completion", "label"), "grpo": ("prompt",)}
+"""The fields each objective reads from every record."""
+WHAT = {"dpo": "preference pairs", "kto": "labelled answers", "grpo": "prompts"}
+PREVIEW_ROWS = 20
+CHECKED_ROWS = 5000
+"""Records whose fields are checked (all of a small file; the first ones of a large one)."""
+
+
+@dataclass(frozen=True)
+class ObjectiveRecords:
+    """What the Data page shows for a non-SFT objective: columns, preview rows (text), a count, or a problem."""
+
+    path: str
+    objective: str
+    columns: tuple[str, ...] = ()
+    rows: tuple[dict[str, str], ...] = ()
+    count: int = 0
+    problem: str = ""
+    hint: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def what(self) -> str:
+        return WHAT.get(self.objective, "records")
+
+
+def as_text(value: Any) -> str:
+    """A field as a person reads it: text as is, a conversation as "role: content" lines, else JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
+        return "\n".join(f"{m.get('role', '?')}: {m['content']}" for m in value)
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def read_objective_records(data_path: str, objective: str, needed: tuple[str, ...] = (),
+                           limit: int = PREVIEW_ROWS) -> ObjectiveRecords:
+    """Never raises: the first record missing a field (of FIELDS or `needed`, the columns the
+    rewards read) comes back as `problem`, naming the file, the line and the field."""
+    required = tuple(dict.fromkeys(FIELDS.get(objective, ()) + tuple(needed)))
+    try:
+        parts = read_parts(resolve_resource(data_path))
+    except JobError as exc:
+        return ObjectiveRecords(data_path, objective, problem=exc.message, hint=exc.hint)
+    except (OSError, ValueError) as exc:
+        return ObjectiveRecords(data_path, objective, problem=f"{data_path}: {exc}")
+    rows: list[dict[str, str]] = []
+    columns: dict[str, None] = dict.fromkeys(FIELDS.get(objective, ()))
+    count = checked = 0
+    notes = tuple(note for part in parts for note in part.notes)
+    for part in parts:
+        for index, record in enumerate(part.rows):
+            count += 1
+            if checked >= CHECKED_ROWS:
+                continue
+            checked += 1
+            if not isinstance(record, dict):
+                return ObjectiveRecords(data_path, objective, problem=f"{part.path} {part.locate(index)}: "
+                                        "a record must be one object of named fields")
+            missing = [name for name in required if record.get(name) in (None, "")]
+            if missing:
+                fields = ", ".join(sorted(map(str, record))) or "none"
+                return ObjectiveRecords(
+                    data_path, objective, count=count,
+                    problem=(f"{part.path} {part.locate(index)}: {objective} reads {', '.join(required)}; this record "
+                             f"has no {' and no '.join(repr(m) for m in missing)} (its fields: {fields})"),
+                    hint=_hint(objective, missing))
+            if len(rows) < limit:
+                columns.update(dict.fromkeys(map(str, record)))
+                rows.append({str(key): as_text(value) for key, value in record.items()})
+    if not count:
+        return ObjectiveRecords(data_path, objective, problem=f"{data_path}: no records to train on",
+                                hint="check data.path")
+    return ObjectiveRecords(data_path, objective, tuple(columns), tuple(rows), count, notes=notes)
+
+
+def _hint(objective: str, missing: list[str]) -> str:
+    if objective == "dpo":
+        return "give every record prompt, chosen and rejected, or set technique.objective to sft for instruction data"
+    if objective == "kto":
+        return "give every record prompt, completion and label (true for a good answer, false for a bad one)"
+    named = [m for m in missing if m != "prompt"]
+    if named:
+        return f"add the column {named[0]!r} that a reward reads, or change that reward's column"
+    return "give every record a prompt"
+
+
+def reward_columns(rewards: Any) -> tuple[str, ...]:
+    """The data columns GRPO's rewards read (an exact_match reward's `column`)."""
+    if not isinstance(rewards, list):
+        return ()
+    return tuple(str(r.get("column") or "answer") for r in rewards
+                 if isinstance(r, dict) and r.get("kind") == "exact_match")

@@ -1,0 +1,59 @@
+"""RunMetrics: every metric a past run logged, read from its events.jsonl, for comparing runs.
+
+The loss, and the objective metrics TRL logged (MetricsLogged.extra: rewards/margins, reward, kl,
+...), each as (steps, values). A file is read once per version (modification time and size), so
+selecting runs again costs nothing; reading is plain JSON, no torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backend.runs import RunFolder
+
+LOSS = "loss"
+Series = tuple[list[float], list[float]]
+
+
+def read_metrics(path: str | Path) -> dict[str, Series]:
+    """{metric name: (steps, values)} of a run folder, the loss first, then extra metrics as they came."""
+    found: dict[str, Series] = {LOSS: ([], [])}
+    for event in RunFolder(path).metrics():
+        step = float(event.get("step", 0) or 0)
+        values = {LOSS: event.get(LOSS), **(event.get("extra") or {})}
+        for name, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+                steps, ys = found.setdefault(name, ([], []))
+                steps.append(step)
+                ys.append(float(value))
+    return found
+
+
+class RunMetrics:
+    """A cache of read_metrics per run folder, refreshed when its events.jsonl changes."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[tuple[int, int], dict[str, Series]]] = {}
+
+    def of(self, path: str) -> dict[str, Series]:
+        events = RunFolder(path).events_path
+        try:
+            stat = events.stat()
+            version = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            return {LOSS: ([], [])}
+        cached = self._cache.get(path)
+        if cached is None or cached[0] != version:
+            cached = (version, read_metrics(path))
+            self._cache[path] = cached
+        return cached[1]
+
+    def series(self, path: str, name: str) -> Series:
+        return self.of(path).get(name, ([], []))
+
+    def names(self, paths: list[str]) -> list[str]:
+        """The metrics any of these runs logged: the loss first, then the others in first-seen order."""
+        names: dict[str, None] = {LOSS: None}
+        for path in paths:
+            names.update(dict.fromkeys(name for name, (steps, _) in self.of(path).items() if steps))
+        return list(names)
