@@ -9,11 +9,10 @@ studio imports this module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from backend.config_base import Section as _Section
 from backend.config_errors import ConfigError, describe_error, is_cross_field, override_for, short_item, yaml_line

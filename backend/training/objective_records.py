@@ -1,10 +1,9 @@
 """A first look at DPO, KTO and GRPO data for the Data page: the records' fields, a few rows, one refusal.
 
-Deliberately small and torch-free (the studio imports it): prompt/chosen/rejected pairs for dpo,
-prompt/completion/label for kto, a prompt and any other columns for grpo, from every file
-record_files reads. The trainers' own readers (preference.py, and the richer shape normalisation of
-preference_shapes.py) stay the judges of what trains; this only shows the rows and names the first
-record that lacks a field, so swapping it for those readers is one import.
+Torch-free (the studio imports it). DPO and KTO rows go through the trainers' own reader,
+preference_shapes (every shape it accepts, a LLaMA-Factory dataset_info.json included), so the page
+shows what will train and refuses what the run would refuse, with the same line; GRPO rows are a
+prompt and any other columns, from every file record_files reads.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 
 from backend.errors import JobError
 from backend.paths import resolve_resource
+from backend.training import preference_shapes
 from backend.training.record_files import read_parts
 
 FIELDS = {"dpo": ("prompt", "chosen", "rejected"), "kto": ("prompt", "completion", "label"), "grpo": ("prompt",)}
@@ -47,6 +47,8 @@ def as_text(value: Any) -> str:
     """A field as a person reads it: text as is, a conversation as "role: content" lines, else JSON."""
     if isinstance(value, str):
         return value
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict) and value[0].get("role") == "assistant":
+        return str(value[0].get("content"))  # an answer: its text
     if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
         return "\n".join(f"{m.get('role', '?')}: {m['content']}" for m in value)
     return json.dumps(value, ensure_ascii=False, default=str)
@@ -56,6 +58,8 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
                            limit: int = PREVIEW_ROWS) -> ObjectiveRecords:
     """Never raises: the first record missing a field (of FIELDS or `needed`, the columns the
     rewards read) comes back as `problem`, naming the file, the line and the field."""
+    if objective in ("dpo", "kto"):
+        return _preference_records(data_path, objective, limit)
     required = tuple(dict.fromkeys(FIELDS.get(objective, ()) + tuple(needed)))
     try:
         parts = read_parts(resolve_resource(data_path))
@@ -91,6 +95,32 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
         return ObjectiveRecords(data_path, objective, problem=f"{data_path}: no records to train on",
                                 hint="check data.path")
     return ObjectiveRecords(data_path, objective, tuple(columns), tuple(rows), count, notes=notes)
+
+
+def _preference_records(data_path: str, objective: str, limit: int) -> ObjectiveRecords:
+    """DPO pairs or KTO labelled answers as the trainer reads them (a pair unpaired for KTO)."""
+    rows: list[dict[str, str]] = []
+    count = 0
+    try:
+        for where, record in preference_shapes.each_record(resolve_resource(data_path)):
+            count += 1
+            if count > CHECKED_ROWS:
+                continue
+            if objective == "dpo":
+                read = [preference_shapes.normalise_pair(record, where)]
+            elif preference_shapes.is_pair(record) and not any(n in record for n in preference_shapes.LABEL_FIELDS):
+                read = preference_shapes.unpair(preference_shapes.normalise_pair(record, where))
+            else:
+                read = [preference_shapes.normalise_unpaired(record, where)]
+            rows.extend({key: as_text(value) for key, value in row.items()} for row in read if len(rows) < limit)
+    except JobError as exc:
+        return ObjectiveRecords(data_path, objective, count=count, problem=exc.message, hint=exc.hint)
+    except (OSError, ValueError) as exc:
+        return ObjectiveRecords(data_path, objective, problem=f"{data_path}: {exc}")
+    if not count:
+        return ObjectiveRecords(data_path, objective, problem=f"{data_path}: no records to train on",
+                                hint="check data.path")
+    return ObjectiveRecords(data_path, objective, FIELDS[objective], tuple(rows), count)
 
 
 def _hint(objective: str, missing: list[str]) -> str:

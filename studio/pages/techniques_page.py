@@ -10,7 +10,6 @@ same setup headless.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
@@ -66,16 +65,15 @@ OBJECTIVE_TIPS = {
     "sft": "Supervised fine-tuning. Data: instructions with their answers (alpaca, sharegpt, messages or text). "
            "Teaches the model to answer like the examples.",
     "dpo": "Direct Preference Optimization. Data: prompt, chosen and rejected answers. Teaches the model to "
-           "prefer the chosen answer over the rejected one. Needs lora or dora.",
+           "prefer the chosen answer over the rejected one. Costs a reference pass (with full tuning, a frozen "
+           "copy of the base).",
     "kto": "Kahneman-Tversky Optimization. Data: prompt, completion and a true/false label. Teaches more of "
-           "the answers labelled good and less of the bad ones, no pairs needed. Needs lora or dora.",
+           "the answers labelled good and less of the bad ones, no pairs needed.",
     "grpo": "Group Relative Policy Optimization. Data: prompts (and the columns the rewards read). Samples "
             "several answers per prompt and reinforces those your reward functions score above the group's "
-            "mean. Needs lora or dora.",
+            "mean.",
 }
 """The objective combo's item tooltips: what each needs as data and what it teaches."""
-ADAPTER_METHODS = ("lora", "dora")
-"""The methods the objectives beyond SFT run with (the reference is the base with the adapters off)."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "technique.lora_dropout": 2, "technique.lora_alpha": 1,
             "technique.neftune_alpha": 1, "grpo.temperature": 2, "grpo.beta": 4, "kto.desirable_weight": 2,
@@ -140,7 +138,6 @@ class TechniquesPage(QWidget):
         layout.addWidget(self.feasibility_label)
         layout.addWidget(self.problem_label)
         layout.addWidget(self.command_line)
-        estimate.changed.connect(self._mark_adapter_methods)  # after the marks: they reset the items first
         objective = self.editor("technique.objective")
         for index in range(objective.count()):
             objective.setItemData(index, OBJECTIVE_TIPS.get(objective.itemText(index), ""),
@@ -166,27 +163,8 @@ class TechniquesPage(QWidget):
         self.problem_label.setVisible(bool(problem))
 
     def _show_objective(self) -> None:
-        """Only the chosen objective's settings; the rewards only for GRPO; methods it cannot use marked."""
+        """Only the chosen objective's settings; the rewards only for GRPO."""
         objective = self._state.get("technique.objective")
         for key, owner in OBJECTIVE_ONLY.items():
             self.objective_form.setRowVisible(self.labels[key], owner == objective)
         self.objective_form.setRowVisible(self.rewards_label, objective == "grpo")
-        if objective == "sft":
-            self.marks.refresh()  # every method back, as this machine allows
-        self._mark_adapter_methods()
-
-    def _mark_adapter_methods(self) -> None:
-        """Beyond SFT only lora and dora run: the other methods are disabled (the chosen one stays, to change it)."""
-        objective = self._state.get("technique.objective")
-        if objective == "sft":
-            return  # FeasibilityMarks owns the items then
-        method = self.editor("technique.method")
-        model = method.model()
-        for index in range(method.count()):
-            value = method.itemText(index)
-            if value in ADAPTER_METHODS:
-                continue
-            if isinstance(model, QStandardItemModel):
-                model.item(index).setEnabled(index == method.currentIndex())
-            method.setItemData(index, f"technique.objective {objective} needs lora or dora (the reference is "
-                                      "the base with the adapters off)", Qt.ItemDataRole.ToolTipRole)

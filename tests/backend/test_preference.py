@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from backend.config import RunConfig
-from backend.config_errors import ConfigError
 from backend.errors import JobError
 from backend.protocol import Capabilities, decode_event
 from backend.worker.reporter import Reporter

@@ -91,3 +91,17 @@ def test_a_kto_record_that_ends_on_the_user_is_refused_with_its_line(tmp_path):
     with pytest.raises(JobError) as caught:
         read_unpaired(tmp_path / "feedback.jsonl")
     assert "feedback.jsonl line 1" in caught.value.message and "assistant" in caught.value.message
+
+
+def test_the_data_page_preview_reads_what_the_trainer_reads(tmp_path):
+    from backend.training.objective_records import read_objective_records
+
+    write_info(tmp_path, {"dpo_en_demo": DPO_ENTRY})
+    record = {"conversations": [{"from": "human", "value": "Hi?"}], "chosen": {"from": "gpt", "value": "Hello."},
+              "rejected": {"from": "gpt", "value": "Go away."}}
+    (tmp_path / "dpo_en_demo.json").write_text(json.dumps([record, record]), encoding="utf-8")
+    seen = read_objective_records(str(tmp_path / "dpo_en_demo.json"), "dpo")
+    assert seen.problem == "" and seen.count == 2 and seen.columns == ("prompt", "chosen", "rejected")
+    assert seen.rows[0]["chosen"] == "Hello." and "Hi?" in seen.rows[0]["prompt"]
+    kto = read_objective_records(str(tmp_path / "dpo_en_demo.json"), "kto")  # pairs unpaired, as KTO trains them
+    assert kto.problem == "" and [row["label"] for row in kto.rows] == ["true", "false", "true", "false"]

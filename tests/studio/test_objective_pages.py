@@ -19,9 +19,9 @@ def test_the_data_page_previews_each_objectives_records_and_refuses_in_one_line(
     studio = make_studio()
     page = studio.pages["data"]
     studio.config.set("technique.objective", "dpo")
-    assert "dpo reads prompt, chosen, rejected" in page.summary_label.text()  # the SFT demo set is no pair data
+    assert "line 1: a preference pair needs the fields" in page.summary_label.text()  # the SFT demo set is no pair data
     assert page.objective_preview.rowCount() == 0 and not page.lengths_box.isVisibleTo(page)
-    qtbot.waitUntil(lambda: "dpo reads" in studio.estimate.start_blocker(), timeout=3000)
+    qtbot.waitUntil(lambda: "a preference pair needs" in studio.estimate.start_blocker(), timeout=3000)
     page.choose("bundled:datasets/demo_dpo.jsonl")
     assert "preference pairs for dpo" in page.summary_label.text() and "600 records" in page.summary_label.text()
     preview = page.objective_preview

@@ -1,4 +1,4 @@
-"""Techniques page, objectives: the chosen objective's settings only, the reward editor, lora/dora only beyond SFT."""
+"""Techniques page, objectives: the chosen objective's settings only, the reward editor, every method beyond SFT."""
 
 from __future__ import annotations
 
@@ -35,21 +35,19 @@ def test_switching_the_objective_shows_its_settings_only(qtbot, make_studio):
     assert_same_run(studio)
 
 
-def test_methods_beyond_sft_are_lora_or_dora(qtbot, make_studio):
+def test_every_method_this_machine_runs_stays_offered_beyond_sft(qtbot, make_studio):
     studio = make_studio()
     page = studio.pages["techniques"]
     method = page.editor("technique.method")
     model = method.model()
     assert isinstance(model, QStandardItemModel)
-    page.editor("technique.objective").setCurrentText("grpo")
     enabled = {method.itemText(i): model.item(i).isEnabled() for i in range(method.count())}
-    assert enabled == {"lora": True, "dora": True, "qlora": False, "lora8": False, "full": False}
-    assert "needs lora or dora" in method.itemData(2, Qt.ItemDataRole.ToolTipRole)
-    page.editor("technique.objective").setCurrentText("sft")
-    assert model.item(method.findText("full")).isEnabled()
-    studio.config.set("technique.method", "qlora")  # chosen before: refused with the fix, never silently changed
-    studio.config.set("technique.objective", "dpo")
-    assert "needs an adapter method" in page.problem_label.text()
+    page.editor("technique.objective").setCurrentText("grpo")
+    assert {method.itemText(i): model.item(i).isEnabled() for i in range(method.count())} == enabled
+    studio.config.set("technique.method", "full")
+    assert page.problem_label.text() == "" or "model.adapter" not in page.problem_label.text()
+    studio.config.set("model.adapter", "bundled:adapters/tiny-yes-no")  # full tuning has no adapter to continue
+    assert "model.adapter continues an adapter" in page.problem_label.text()
 
 
 def test_reward_editor_add_edit_remove_round_trip_into_the_config(qtbot, make_studio, tmp_path):
