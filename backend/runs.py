@@ -190,6 +190,8 @@ class RunFolder:
         try:
             config = self.load_config()
             model, method, name = config.model.path, config.technique.method, config.name
+            if config.technique.objective != "sft":
+                method = f"{method} {config.technique.objective}"  # "lora dpo": the Runs table tells them apart
         except Exception:  # a broken config still lists, by folder name
             name = self.run_id
         created = self.path.stat().st_mtime if self.path.exists() else 0.0

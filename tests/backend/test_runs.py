@@ -41,3 +41,11 @@ def test_torn_last_line_and_incomplete_checkpoints(studio_home):
     (folder.checkpoints_dir / "checkpoint-4").mkdir()
     assert folder.latest_checkpoint().name == "checkpoint-2"
     assert [p.name for p in folder.remove_incomplete_checkpoints()] == ["checkpoint-4"]
+
+
+def test_the_method_column_names_an_objective_beyond_sft(studio_home):
+    RunFolder.create(RunConfig(name="plain"))
+    RunFolder.create(RunConfig.from_dict({"name": "pref", "technique": {"objective": "dpo", "method": "dora"}}))
+    index = RunIndex()
+    assert {s.name: s.method for s in index.sync()} == {"plain": "lora", "pref": "dora dpo"}
+    index.close()
