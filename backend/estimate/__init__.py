@@ -163,7 +163,7 @@ from backend.estimate.architectures import (
     layer_kinds,
     layer_linears,
 )
-from backend.estimate.breakdown import GIB, MIB, PARTS, Breakdown, human_bytes
+from backend.estimate.breakdown import GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
 from backend.estimate.estimator import (
     ALLOCATOR_SLACK,
     CUBLAS_WORKSPACE_BYTES,
@@ -192,6 +192,7 @@ __all__ = [
     "MIB",
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
+    "OBJECTIVE_PARTS",
     "PARTS",
     "PHI3",
     "Arch",
