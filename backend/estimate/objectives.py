@@ -78,14 +78,17 @@ def fused_head(d: Dims, s: Setup, positions: int) -> dict[str, int]:
             "total": saved + max(forward, backward)}
 
 
-def no_grad_pass(arch: Arch, d: Dims, s: Setup, rows: int, seq: int, positions: int, head: bool = True) -> int:
+def no_grad_pass(arch: Arch, d: Dims, s: Setup, rows: int, seq: int, positions: int, head: bool = True,
+                 adapters_on: bool = False) -> int:
     """The largest moment of a no-grad forward over rows x seq tokens: one layer's temporaries beside
     the residual stream (gated MLP: act, up and their product; else fc1's output and its activation;
+    an adapted MLP input linear adds its LoRA output and the scaled copy when the adapters are on;
     eager attention's scores and softmax), or the fused head's tile with its hidden copy."""
     T = rows * seq
     e = s.e
     width = d.expert_intermediate * max(1, d.top_k) if d.experts else d.intermediate
-    mlp = T * width * e * (3 if arch.gated_mlp else 2)
+    lora = 2 if adapters_on and s.targets & {"gate", "up", "gate_up", "fc1"} else 0
+    mlp = T * width * e * ((3 if arch.gated_mlp else 2) + lora)
     attn = T * (d.heads + 2 * d.kv_heads) * d.head_dim * e * 2
     if s.attention == "eager" or not arch.sdpa:
         attn += rows * d.heads * seq * seq * (4 + (e if e != 4 else 0))
@@ -152,10 +155,9 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
         kv = d.layers * 2 * gen_rows * d.kv_heads * d.head_dim * (prompt + g.max_completion_length) * kv_e
         one_layer = kv // max(1, d.layers)  # the cache's cat makes each layer's K and V anew, one at a time
         prompt_kv = kv * prompt // (prompt + g.max_completion_length)
-        # The prefill: a PeftModel's forward takes no logits_to_keep, so generate() gets the logits of every
-        # prompt position (the weights' dtype), after one layer's no-grad temporaries at a time.
-        layer = no_grad_pass(arch, d, s, gen_rows, prompt, 0, head=False)
-        prefill = max(layer, gen_rows * prompt * d.hidden * s.r_e + gen_rows * prompt * d.vocab * s.w_e)
+        # The prefill, with the adapters on: one layer's no-grad temporaries at a time over every prompt
+        # position beside the cache so far; generate() keeps only the last position's logits.
+        prefill = no_grad_pass(arch, d, s, gen_rows, prompt, 0, head=False, adapters_on=True)
         sampling = gen_rows * d.vocab * 4 * 4  # the last position's logits, fp32, processed and softmaxed
         total = max(prompt_kv + prefill, kv + sampling + one_layer)
         generation = {"rows": gen_rows, "prompts": gen_rows // g.num_generations, "kv_cache": kv,
