@@ -71,9 +71,12 @@ def fused_head(d: Dims, s: Setup, positions: int) -> dict[str, int]:
     c = min(d.vocab, VOCAB_CHUNK)
     ce = s.e if s.autocast else s.w_e
     upcast = 4 if ce != 4 else 0
+    # On CUDA Triton kernels fold each tile in registers and write the gradient over it (derived from
+    # the kernel, not measured here); the torch fallback elsewhere makes the temporaries above.
+    fwd_temps, bwd_temps = (0, 0) if s.device == "cuda" else (HEAD_FWD_TEMPS + upcast, HEAD_BWD_TEMPS + upcast)
     saved = positions * d.hidden * s.r_e + positions * (8 + 4 * 8)  # hidden copy; targets, per-token outputs
-    forward = n * VOCAB_CHUNK * ce + n * c * (HEAD_FWD_TEMPS + upcast)
-    backward = positions * d.hidden * 4 + n * VOCAB_CHUNK * ce + n * c * (HEAD_BWD_TEMPS + upcast)
+    forward = n * VOCAB_CHUNK * ce + n * c * fwd_temps
+    backward = positions * d.hidden * 4 + n * VOCAB_CHUNK * ce + n * c * bwd_temps
     return {"positions": positions, "saved": saved, "forward": forward, "backward": backward,
             "total": saved + max(forward, backward)}
 
