@@ -111,7 +111,8 @@ def _scored(s: Setup, device: str, rows: int, seq: int, target: int | None) -> i
 
 def sft_run(run: RunConfig) -> RunConfig:
     """The run whose SFT estimate is the objective's training forward (DPO: 2 x micro-batch rows;
-    GRPO: prompt + completion tokens per row)."""
+    GRPO: prompt + completion tokens per row), unpacked and with the speed shortcuts off, as the worker
+    runs these objectives (so no bf16 base on the CPU either: techniques.py)."""
     t, train = run.technique, run.train
     batch, seq = train.micro_batch_size, train.seq_len
     if t.objective == "dpo":
@@ -119,7 +120,8 @@ def sft_run(run: RunConfig) -> RunConfig:
     elif t.objective == "grpo":
         seq += run.grpo.max_completion_length
     return run.model_copy(update={
-        "technique": t.model_copy(update={"objective": "sft", "packing": False, "liger_kernel": False}),
+        "technique": t.model_copy(update={"objective": "sft", "packing": False, "liger_kernel": False,
+                                          "shortcuts": "off"}),
         "train": train.model_copy(update={"micro_batch_size": batch, "seq_len": seq}),
     })
 

@@ -54,6 +54,15 @@ def test_each_objective_names_its_parts(objective, parts):
     assert b.total_bytes == b.details["peak_phases"]["peak"]
 
 
+def test_no_bf16_base_for_the_objectives():
+    """The worker turns the speed shortcuts off for DPO, KTO and GRPO: the CPU's bf16 base among them."""
+    auto = {"precision": "auto"}
+    sft = estimate(LLAMA, run("sft", **auto), device="cpu", cpu_bf16=True)
+    dpo = estimate(LLAMA, run("dpo", **auto), device="cpu", cpu_bf16=True)
+    assert sft.details["weights"].get("bf16_base") and not dpo.details["weights"].get("bf16_base")
+    assert dpo.weights > sft.weights
+
+
 def test_dpo_doubles_the_rows():
     sft, dpo = est("sft", batch=4, packing=False), est("dpo", batch=2)
     assert dpo.activations == sft.activations  # 2 x 2 rows of chosen + rejected = SFT's 4 rows
