@@ -84,7 +84,7 @@ def estimate(
                   autocast=autocast, target_tokens=target_tokens, cpu_bf16=cpu_bf16, calibration=calibration)
         base = estimate(model_config, sft_run(run), **kw)  # type: ignore[arg-type]
         return estimate_objective(model_config, run, base, device=device, bf16_supported=bf16_supported,
-                                  autocast=autocast, target_tokens=target_tokens)
+                                  autocast=autocast, target_tokens=target_tokens, zero_stage=zero_stage)
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if num_gpus < 1:

@@ -127,12 +127,12 @@ def sft_run(run: RunConfig) -> RunConfig:
 
 
 def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, device: str, bf16_supported: bool,
-                       autocast: bool | None, target_tokens: int | None) -> Breakdown:
+                       autocast: bool | None, target_tokens: int | None, zero_stage: int = 0) -> Breakdown:
     """`base` (the SFT estimate of `sft_run(run)`) with the objective's parts and phases added."""
     objective = run.technique.objective
     arch, d, _ = read_dims(load_model_config(model_config))
     train_run = sft_run(run)
-    deepspeed = device == "cuda" and run.technique.offload != "none"
+    deepspeed = device == "cuda" and (zero_stage > 0 or run.technique.offload != "none")
     s, _ = resolve_setup(arch, d, train_run, device, bf16_supported, autocast, deepspeed)
     notes: list[str] = []
     rows, seq = s.batch, s.seq
@@ -197,11 +197,13 @@ def _assemble(base: Breakdown, s: Setup, head: dict[str, int], logits: int, refe
             value += head["saved"]
         new[name] = value
     static = base.weights + base.adapters + base.optimizer + base.master_weights + ref_adapter
+    # DPO's and KTO's reference runs after the policy's forward, beside its activations; GRPO's while
+    # scoring the completions, before any training forward.
     held = act["total"] if not s.checkpointing else (
         act["checkpointed_inputs"] + act["checkpoint_extra_inputs"] + act["model_level"])
+    beside = 0 if objective == "grpo" else held + head["saved"]
     if reference:
-        new["reference_forward"] = (static + held + head["saved"] + reference
-                                    + (base.gradients if accumulate else 0))
+        new["reference_forward"] = static + beside + reference + (base.gradients if accumulate else 0)
     if generation:
         new["generation"] = static + generation["total"]
     new["peak"] = max(new.values()) + fixed
