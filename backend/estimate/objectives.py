@@ -51,9 +51,10 @@ their product) and the bool one-hot; measured."""
 PART_NOTES = {
     "ref_adapter": "A frozen copy of the start adapter (model.adapter) that TRL keeps as the reference "
                    "(its \"ref\" adapter), the same size as the trained one.",
-    "reference": "The no-grad forward passes after the policy's: the reference (the base with the adapters "
-                 "off) and KTO's KL batch. They save nothing for the backward pass; this is their largest "
-                 "moment (one layer's temporaries or the LM head's tile), while the policy's activations are held.",
+    "reference": "The no-grad forward passes: the reference (the base with the adapters off) and KTO's KL "
+                 "batch. They save nothing for the backward pass; this is their largest moment (one layer's "
+                 "temporaries or the LM head's tile), beside the policy's activations for DPO and KTO "
+                 "(GRPO's runs while it scores the completions, before training on them).",
     "generation": "GRPO's sampling phase, before training: the KV cache of every completion of the generation "
                   "batch (prompt + completion tokens each) and the prefill's temporaries. Freed before the "
                   "training forward runs.",
@@ -169,7 +170,7 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
                       "prefill": prefill, "sampling": sampling, "total": total}
         if g.beta > 0:
             reference = no_grad_pass(arch, d, s, rows, seq, head["positions"])
-        notes.append(f"grpo: {gen_rows} completions per generation ({gen_rows // g.num_generations} prompts x "
+        notes.append(f"grpo: {gen_rows} completions per generation ({gen_rows // g.num_generations} prompt(s) x "
                      f"{g.num_generations}), prompts counted at train.seq_len = {prompt} tokens; "
                      + ("reference pass counted (beta > 0)" if g.beta > 0 else "no reference pass (beta 0)"))
     ref_adapter = 0
