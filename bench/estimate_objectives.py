@@ -15,6 +15,8 @@ measures on the CPU, against real tensors:
   with beta > 0), against the reference part;
 - generation (GRPO): the KV cache generate() returns and the peak of new storage while it generates
   (min_new_tokens = max_completion_length), against the kv_cache detail and the generation part;
+- ref_adapter: with a start adapter (the model handed over already wrapped, as the worker does with
+  model.adapter), the bytes of TRL's frozen "ref" copy, against the ref_adapter part;
 - step: a second, steady-state trainer.training_step plus the fused AdamW step under PeakTracker (for
   GRPO this includes the generation), against the estimate's total (its largest phase).
 
@@ -59,15 +61,19 @@ class Case:
     attention: str = "sdpa"
     generations: int = 4
     beta: float = 0.0
+    start_adapter: bool = False
+    """Train on in an already wrapped PeftModel (model.adapter), which TRL copies as a frozen "ref" adapter."""
 
     @property
     def name(self) -> str:
         gc = "+gc" if self.checkpointing else ""
         extra = f"/g{self.generations}/b{self.beta:g}" if self.objective == "grpo" else ""
+        extra += "/start-adapter" if self.start_adapter else ""
         return f"{self.objective}/{self.arch}{gc}/{self.attention}/p{self.prompt}+a{self.answer}xb{self.batch}{extra}"
 
     def run_config(self, seq_len: int) -> RunConfig:
         return RunConfig.from_dict({
+            "model": {"adapter": "start-adapter"} if self.start_adapter else {},
             "technique": {"objective": self.objective, "method": "lora", "lora_rank": 8, "lora_alpha": 16,
                           "lora_targets": "all-linear", "gradient_checkpointing": self.checkpointing,
                           "attention": self.attention, "precision": "fp32"},
@@ -82,6 +88,7 @@ CASES = [
     Case("kto", "llama"), Case("kto", "qwen2", checkpointing=True), Case("kto", "gpt_neox", batch=4),
     Case("grpo", "llama", batch=4), Case("grpo", "qwen2", batch=8, generations=8, beta=0.04),
     Case("grpo", "gpt_neox", batch=4, answer=48, checkpointing=True),
+    Case("dpo", "qwen2", start_adapter=True), Case("grpo", "llama", batch=4, beta=0.04, start_adapter=True),
 ]
 CI_SLICE = [Case("dpo", "llama", batch=1, prompt=16, answer=8),
             Case("grpo", "llama", batch=2, prompt=16, answer=8, generations=2)]
@@ -109,6 +116,10 @@ def _trainer(case: Case) -> tuple[Any, Any]:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+    if case.start_adapter:  # as backend/jobs/finetune.py passes a start adapter: wrapped, no peft_config
+        from peft import get_peft_model
+
+        model, lora = get_peft_model(model, lora), None
     out = tempfile.mkdtemp(prefix="objective-bench-")
     common = dict(output_dir=out, per_device_train_batch_size=case.batch, gradient_checkpointing=case.checkpointing,
                   gradient_checkpointing_kwargs={"use_reentrant": False}, report_to=[], use_cpu=True, bf16=False, fp16=False,
@@ -179,6 +190,8 @@ def measure(case: Case) -> tuple[dict[str, int], int]:
     else:
         seq = inputs["input_ids"].shape[1]
     got: dict[str, int] = {}
+    if case.start_adapter:
+        got["ref_adapter"] = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".ref." in n)
     tensors = [t for t in (inputs.values() if isinstance(inputs, dict) else []) if isinstance(t, torch.Tensor)]
     # -- activations: what the trainer's compute_loss leaves saved for the backward pass
     with _SavedTensorMeter() as meter:
@@ -258,6 +271,8 @@ def predict(case: Case, seq: int) -> tuple[Breakdown, dict[str, int]]:
             "step_peak": b.total_bytes})
     if b.reference:
         want["reference"] = b.reference
+    if case.start_adapter:
+        want["ref_adapter"] = b.ref_adapter
     if case.objective == "grpo":
         gen = b.details["objective"]["generation"]
         want["generation"] = gen["total"] - gen["kv_cache"]
