@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         for part, (p, m, err) in rows.items():
             print(f"  {part:<12}{p / 2**20:>10.2f} MiB predicted {m / 2**20:>10.2f} MiB measured {err:>+7.1%}")
             key = f"{case.objective}:{part}"
-            if abs(err) > abs(worst.get(key, (0.0, ""))[0]):
+            if key not in worst or abs(err) > abs(worst[key][0]):
                 worst[key] = (err, case.name)
     print(f"\nworst per objective and part ({time.perf_counter() - start:.0f} s):")
     for key, (err, name) in sorted(worst.items()):
