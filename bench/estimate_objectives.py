@@ -122,7 +122,8 @@ def _trainer(case: Case) -> tuple[Any, Any]:
         model, lora = get_peft_model(model, lora), None
     out = tempfile.mkdtemp(prefix="objective-bench-")
     common = dict(output_dir=out, per_device_train_batch_size=case.batch, gradient_checkpointing=case.checkpointing,
-                  gradient_checkpointing_kwargs={"use_reentrant": False}, report_to=[], use_cpu=True, bf16=False, fp16=False,
+                  gradient_checkpointing_kwargs={"use_reentrant": False}, report_to=[], use_cpu=True,
+                  bf16=False, fp16=False,  # GRPOConfig defaults bf16 to True: the worker always sets both
                   logging_steps=1000, save_strategy="no", disable_dropout=True)
     n = 16
     if case.objective == "dpo":
@@ -130,8 +131,8 @@ def _trainer(case: Case) -> tuple[Any, Any]:
 
         rows = [{"prompt": _text("a", case.prompt), "chosen": _text("b", case.answer),
                  "rejected": _text("c", case.answer)} for _ in range(n)]
-        args = DPOConfig(**common, dataset_num_proc=None, max_length=4096, padding_free=False, precompute_ref_log_probs=False,
-                         train_sampling_strategy="random")
+        args = DPOConfig(**common, dataset_num_proc=None, max_length=4096, padding_free=False,
+                         precompute_ref_log_probs=False, train_sampling_strategy="random")
         trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                              peft_config=lora)
     elif case.objective == "kto":
@@ -148,7 +149,10 @@ def _trainer(case: Case) -> tuple[Any, Any]:
         rows = [{"prompt": _text("a", case.prompt)} for _ in range(n)]
         args = GRPOConfig(**common, num_generations=case.generations, max_completion_length=case.answer,
                           beta=case.beta, generation_kwargs={"min_new_tokens": case.answer}, log_completions=False)
-        trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
+        def reward(completions, **kw):
+            return [float(len(c)) for c in completions]
+
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward],
                               args=args, train_dataset=Dataset.from_list(rows), processing_class=tok, peft_config=lora)
     return trainer, tok
 
@@ -242,7 +246,8 @@ def measure(case: Case) -> tuple[dict[str, int], int]:
                                      min_new_tokens=case.answer, do_sample=True, return_dict_in_generate=True,
                                      pad_token_id=tok.pad_token_id)
             cache = out.past_key_values
-            kv["bytes"] = sum(t.untyped_storage().nbytes() for layer in cache.layers for t in (layer.keys, layer.values))
+            kv["bytes"] = sum(t.untyped_storage().nbytes() for layer in cache.layers
+                              for t in (layer.keys, layer.values))
 
         got["generation"] = _peak(generate, params + [ids])
         got["kv_cache"] = kv["bytes"]
