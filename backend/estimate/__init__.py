@@ -82,6 +82,12 @@ runtime
     copy of the largest quantized linear (QLoRA / 8-bit), DoRA's weight-norm buffers (see
     `dora_transient`), and FSDP's foreach AdamW buffer (the worker's fused AdamW has none).
 
+ref_adapter, reference, generation (DPO, KTO and GRPO only; objectives.py)
+    What TRL's trainers run beyond SFT's one pass: a frozen copy of a start adapter, the no-grad
+    reference and KL passes, GRPO's generation (KV cache and prefill). With these objectives the
+    activations are those of the rows TRL builds (DPO: chosen and rejected, 2 x micro_batch_size) and
+    the logits part is TRL's fused LM head; bench/estimate_objectives.py measures them.
+
 `total_bytes` is the step's peak: the largest of its phases (`details["peak_phases"]`: the start
 of the backward pass; with checkpointing, the loss phase and the recompute phase, since the loss
 buffers are freed before the first layer is recomputed; the end of the backward pass for a tied
@@ -163,7 +169,7 @@ from backend.estimate.architectures import (
     layer_kinds,
     layer_linears,
 )
-from backend.estimate.breakdown import GIB, MIB, PARTS, Breakdown, human_bytes
+from backend.estimate.breakdown import GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
 from backend.estimate.estimator import (
     ALLOCATOR_SLACK,
     CUBLAS_WORKSPACE_BYTES,
@@ -192,6 +198,7 @@ __all__ = [
     "MIB",
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
+    "OBJECTIVE_PARTS",
     "PARTS",
     "PHI3",
     "Arch",

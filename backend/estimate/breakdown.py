@@ -7,6 +7,8 @@ from typing import Any
 
 PARTS = ("weights", "adapters", "gradients", "optimizer", "master_weights", "activations", "logits", "runtime")
 """The parts of a Breakdown, in display order."""
+OBJECTIVE_PARTS = ("ref_adapter", "reference", "generation")
+"""The parts DPO, KTO and GRPO add (backend/estimate/objectives.py), shown only when not zero."""
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -24,6 +26,9 @@ class Breakdown:
     activations: int = 0
     logits: int = 0
     runtime: int = 0
+    ref_adapter: int = 0
+    reference: int = 0
+    generation: int = 0
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -40,7 +45,8 @@ class Breakdown:
         return int(peak) if isinstance(peak, int) and peak > 0 else self.sum_bytes
 
     def breakdown(self) -> dict[str, int]:
-        return {part: int(getattr(self, part)) for part in PARTS}
+        extra = {part: int(getattr(self, part)) for part in OBJECTIVE_PARTS if getattr(self, part)}
+        return {**{part: int(getattr(self, part)) for part in PARTS}, **extra}
 
     def to_json(self, details: bool = False) -> dict[str, Any]:
         """`{"total_bytes": peak, "sum_of_parts_bytes": int, "breakdown": {part: int}}` (and

@@ -77,6 +77,14 @@ def estimate(
     no baseline, the tensors alone (what bench/estimate_accuracy.py measures). The estimate itself
     reads no file but config.json, so the same arguments always give the same Breakdown.
     """
+    if run.technique.objective != "sft":  # DPO, KTO, GRPO: SFT's estimate of their training forward, then their passes
+        from backend.estimate.objectives import estimate_objective, sft_run
+
+        kw = dict(num_gpus=num_gpus, zero_stage=zero_stage, device=device, bf16_supported=bf16_supported,
+                  autocast=autocast, target_tokens=target_tokens, cpu_bf16=cpu_bf16, calibration=calibration)
+        base = estimate(model_config, sft_run(run), **kw)  # type: ignore[arg-type]
+        return estimate_objective(model_config, run, base, device=device, bf16_supported=bf16_supported,
+                                  autocast=autocast, target_tokens=target_tokens, zero_stage=zero_stage)
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if num_gpus < 1:

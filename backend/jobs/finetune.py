@@ -278,7 +278,7 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
     reporter.emit(PhaseChanged(phase="tokenize", detail=f"{stats.train_examples} train / {stats.eval_examples} "
                                                         f"validation {stats.format}"))
     torch.manual_seed(config.train.seed)
-    ledger.start(plan.device, capabilities)  # the estimate is SFT's: the objective's extra passes are not in it
+    ledger.start(plan.device, capabilities)  # the estimate counts the objective's passes (backend/estimate/objectives.py)
     base, lora = adapter_config(load_model(model_path, config, plan), config, plan)
     start = start_adapter_folder(config)
     if start is not None:  # model.adapter: the earlier run's adapter trains on; TRL wraps nothing more

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backend.estimate.objectives import PART_NOTES
 from studio.state.estimate_state import EstimateState
 from studio.widgets.units import human_bytes
 
@@ -31,11 +32,15 @@ PART_COLORS = {
     "activations": "#a855f7",
     "logits": "#ec4899",
     "runtime": "#94a3b8",
+    "ref_adapter": "#0e7490",
+    "reference": "#7c3aed",
+    "generation": "#be185d",
 }
 PART_WORDS = {
     "weights": "Weights", "adapters": "Adapters", "gradients": "Gradients", "optimizer": "Optimizer state",
     "master_weights": "Master weights", "activations": "Activations", "logits": "Logits / loss",
     "runtime": "Runtime (CUDA, slack)",
+    "ref_adapter": "Reference adapter", "reference": "Reference / KL passes", "generation": "Generation (KV cache)",
 }
 CPU_RUNTIME_WORDS = "Runtime (process baseline)"
 VERDICTS = {
@@ -52,6 +57,9 @@ def logits_note(details: dict) -> str:
     positions, answer = logits.get("positions"), logits.get("target_tokens")
     if positions is None:
         return ""
+    if logits.get("fused_head"):
+        return (f"TRL's fused LM head over {positions:,} positions: a copy of the final hidden states and one "
+                "4096-token tile of log-probabilities at a time, never the whole logits.")
     if answer is None:
         return (f"Counted at all {positions:,} positions of a micro-batch, the worst case: the data is not "
                 "measured yet (or only a sample of it was), and raw text trains on every token.")
@@ -201,6 +209,8 @@ class MemoryBreakdownWidget(QWidget):
                 label.setToolTip(weights_note(details))
             elif name == "runtime":
                 label.setToolTip(runtime_note(details))
+            elif name in PART_NOTES:
+                label.setToolTip(PART_NOTES[name])
             elif name == "total":
                 label.setToolTip(total_note(value, breakdown.sum_bytes))
             if name in PART_COLORS:
