@@ -82,7 +82,7 @@ runtime
     copy of the largest quantized linear (QLoRA / 8-bit), DoRA's weight-norm buffers (see
     `dora_transient`), and FSDP's foreach AdamW buffer (the worker's fused AdamW has none).
 
-ref_adapter, reference, generation (DPO, KTO and GRPO only; objectives.py)
+ref_model, ref_adapter, reference, generation (DPO, KTO and GRPO only; objectives.py)
     What TRL's trainers run beyond SFT's one pass: a frozen copy of a start adapter, the no-grad
     reference and KL passes, GRPO's generation (KV cache and prefill). With these objectives the
     activations are those of the rows TRL builds (DPO: chosen and rejected, 2 x micro_batch_size) and

@@ -7,7 +7,7 @@ from typing import Any
 
 PARTS = ("weights", "adapters", "gradients", "optimizer", "master_weights", "activations", "logits", "runtime")
 """The parts of a Breakdown, in display order."""
-OBJECTIVE_PARTS = ("ref_adapter", "reference", "generation")
+OBJECTIVE_PARTS = ("ref_model", "ref_adapter", "reference", "generation")
 """The parts DPO, KTO and GRPO add (backend/estimate/objectives.py), shown only when not zero."""
 
 GIB = 1 << 30
@@ -26,6 +26,7 @@ class Breakdown:
     activations: int = 0
     logits: int = 0
     runtime: int = 0
+    ref_model: int = 0
     ref_adapter: int = 0
     reference: int = 0
     generation: int = 0

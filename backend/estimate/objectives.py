@@ -49,6 +49,8 @@ HEAD_BWD_TEMPS = 7 * 4 + 1
 their product) and the bool one-hot; measured."""
 
 PART_NOTES = {
+    "ref_model": "With full tuning, the frozen copy of the base that TRL loads from the model folder as the "
+                 "reference, in the trained weights' dtype: the weights twice.",
     "ref_adapter": "A frozen copy of the start adapter (model.adapter) that TRL keeps as the reference "
                    "(its \"ref\" adapter), the same size as the trained one.",
     "reference": "The no-grad forward passes: the reference (the base with the adapters off) and KTO's KL "
@@ -137,9 +139,6 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
     s, _ = resolve_setup(arch, d, train_run, device, bf16_supported, autocast, deepspeed)
     notes: list[str] = []
     rows, seq = s.batch, s.seq
-    if s.full:
-        notes.append(f"{objective} with full tuning is refused in this release (it would need a frozen reference "
-                     "copy of every weight); not estimated beyond the training forward")
     # -- the training forward's head: the fused LM head replaces SFT's logits
     answer = run.grpo.max_completion_length if objective == "grpo" else target_tokens
     head = fused_head(d, s, _scored(s, device, rows, seq, answer))
@@ -173,31 +172,36 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
         notes.append(f"grpo: {gen_rows} completions per generation ({gen_rows // g.num_generations} prompt(s) x "
                      f"{g.num_generations}), prompts counted at train.seq_len = {prompt} tokens; "
                      + ("reference pass counted (beta > 0)" if g.beta > 0 else "no reference pass (beta 0)"))
+    needs_reference = objective != "grpo" or run.grpo.beta > 0
+    ref_model = base.weights if s.full and needs_reference else 0
+    if ref_model:
+        notes.append(f"{objective} with full tuning: TRL loads a frozen copy of the base as the reference")
     ref_adapter = 0
     if run.model.adapter and (objective != "grpo" or run.grpo.beta > 0):
         ref_adapter = base.adapters
         notes.append("model.adapter: TRL keeps a frozen copy of the start adapter as the reference")
-    return _assemble(base, s, head, logits, reference, generation, ref_adapter, objective, notes,
-                     accumulate=run.train.gradient_accumulation_steps > 1)
+    return _assemble(base, s, head, logits, reference, generation, ref_adapter + ref_model, objective, notes,
+                     accumulate=run.train.gradient_accumulation_steps > 1, ref_model=ref_model)
 
 
 def _assemble(base: Breakdown, s: Setup, head: dict[str, int], logits: int, reference: int,
-              generation: dict[str, int], ref_adapter: int, objective: str, notes: list[str], *,
-              accumulate: bool) -> Breakdown:
-    """The Breakdown with the new parts and the phases redone around them."""
+              generation: dict[str, int], frozen: int, objective: str, notes: list[str], *,
+              accumulate: bool, ref_model: int = 0) -> Breakdown:
+    """The Breakdown with the new parts and the phases redone around them; `frozen` is every reference
+    weight held all step (the start adapter's copy and, with full tuning, the base's)."""
     details = dict(base.details)
     phases = {k: v for k, v in (details.get("peak_phases") or {}).items() if k not in ("peak", "fixed_runtime")}
     fixed = int((details.get("peak_phases") or {}).get("fixed_runtime", 0))
     act = details["activations"]
     new: dict[str, int] = {}
     for name, value in phases.items():
-        value += ref_adapter
+        value += frozen
         if name in ("backward_start", "loss_backward"):
             value += logits - base.logits
         elif name in ("forward_end", "recompute"):
             value += head["saved"]
         new[name] = value
-    static = base.weights + base.adapters + base.optimizer + base.master_weights + ref_adapter
+    static = base.weights + base.adapters + base.optimizer + base.master_weights + frozen
     # DPO's and KTO's reference runs after the policy's forward, beside its activations; GRPO's while
     # scoring the completions, before any training forward.
     held = act["total"] if not s.checkpointing else (
@@ -212,7 +216,8 @@ def _assemble(base: Breakdown, s: Setup, head: dict[str, int], logits: int, refe
     details["peak_phases"] = new
     details["logits"] = {**details.get("logits", {}), "fused_head": head, "positions": head["positions"]}
     details["objective"] = {"name": objective, "reference": reference, "generation": generation,
-                            "ref_adapter": ref_adapter, "notes": PART_NOTES}
+                            "ref_adapter": frozen - ref_model, "ref_model": ref_model, "notes": PART_NOTES}
     details["warnings"] = list(details.get("warnings", [])) + notes
-    return dataclasses.replace(base, logits=logits, ref_adapter=ref_adapter, reference=reference,
+    return dataclasses.replace(base, logits=logits, ref_adapter=frozen - ref_model, ref_model=ref_model,
+                               reference=reference,
                                generation=generation.get("total", 0), details=details)

@@ -32,6 +32,7 @@ PART_COLORS = {
     "activations": "#a855f7",
     "logits": "#ec4899",
     "runtime": "#94a3b8",
+    "ref_model": "#155e75",
     "ref_adapter": "#0e7490",
     "reference": "#7c3aed",
     "generation": "#be185d",
@@ -40,7 +41,7 @@ PART_WORDS = {
     "weights": "Weights", "adapters": "Adapters", "gradients": "Gradients", "optimizer": "Optimizer state",
     "master_weights": "Master weights", "activations": "Activations", "logits": "Logits / loss",
     "runtime": "Runtime (CUDA, slack)",
-    "ref_adapter": "Reference adapter", "reference": "Reference / KL passes", "generation": "Generation (KV cache)",
+    "ref_model": "Reference model (frozen copy)", "ref_adapter": "Reference adapter", "reference": "Reference / KL passes", "generation": "Generation (KV cache)",
 }
 CPU_RUNTIME_WORDS = "Runtime (process baseline)"
 VERDICTS = {

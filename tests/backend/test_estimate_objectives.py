@@ -108,3 +108,25 @@ def test_measured_slice_within_ten_percent():
     for case in bench.CI_SLICE:
         for part, (predicted, measured, err) in bench.compare(case).items():
             assert abs(err) <= bench.TOLERANCE, f"{case.name} {part}: {predicted} vs {measured} ({err:+.1%})"
+
+
+def test_full_tuning_counts_the_frozen_reference_copy_trl_loads(tmp_path):
+    from peft import LoraConfig  # noqa: F401  (peft imported as the worker does)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from backend.training import preference
+
+    preset = ROOT / "resources" / "presets" / "tiny_dpo.yaml"
+    config = RunConfig.load(preset, ["technique.method=full", "technique.precision=fp32"])
+    b = estimate(config.resolved_model_path() / "config.json", config, device="cpu")
+    assert b.ref_model == b.weights > 0 and "ref_model" in b.breakdown()
+    assert est("grpo", method="full").ref_model == 0  # beta 0: no reference at all
+    tokenizer = AutoTokenizer.from_pretrained(config.resolved_model_path())
+    train, _, _ = preference.build_datasets(config, tokenizer)
+    base = AutoModelForCausalLM.from_pretrained(config.resolved_model_path())
+    arguments = {"output_dir": str(tmp_path), "max_steps": 1, "per_device_train_batch_size": 2, "report_to": [],
+                 "use_cpu": True, "save_strategy": "no"}
+    trainer = preference.make_trainer(config, base, None, tokenizer, train.select(range(4)), None, arguments, [])
+    tensors = [*trainer.ref_model.parameters(), *trainer.ref_model.buffers()]  # the rotary table too
+    held = sum(t.numel() * t.element_size() for t in tensors)
+    assert held == b.ref_model and trainer.ref_model is not trainer.model  # a copy, run under no_grad
