@@ -20,7 +20,7 @@ from backend.protocol import CompletionScored
 from backend.training.data import split_rows
 from backend.training.record_files import read_parts
 from backend.training.rewards import RewardFn, completion_text, reward_functions
-from backend.training.trl_counting import counting_trainer
+from backend.training.trl_counting import build_trl_trainer
 
 SAMPLES_PER_GENERATION = 3
 """Completions of one prompt shown per generation: enough to see the group's scores differ."""
@@ -163,28 +163,20 @@ def make_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, train_
     """The GRPO trainer on `base` (loaded, not yet wrapped) with the adapter `lora`."""
     from trl import GRPOTrainer
 
-    from backend.training.loading import check_adapters
-
     functions = reward_functions(config.grpo.rewards, Path.cwd())
     board = ScoreBoard(functions, [r.weight for r in config.grpo.rewards], reporter, config.grpo.num_generations)
     if getattr(tokenizer, "pad_token", None) is None:
         tokenizer.pad_token = tokenizer.eos_token
-    try:
-        trainer = counting_trainer(GRPOTrainer)(
-            model=base,
-            reward_funcs=board.wrapped(),
-            args=grpo_config(config, arguments),
-            train_dataset=train_set,
-            eval_dataset=eval_set,
-            processing_class=tokenizer,
-            peft_config=lora,
-            callbacks=callbacks,
-        )
-    except ValueError as exc:
-        first = str(exc).splitlines()[0]
-        if "target modules" in first.lower() or "target_modules" in first:
-            raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
-        raise
-    board.trainer = trainer
-    check_adapters(trainer.model, config)
+    trainer = build_trl_trainer(
+        GRPOTrainer, config,
+        model=base,
+        reward_funcs=board.wrapped(),
+        args=grpo_config(config, arguments),
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=callbacks,
+    )
+    board.trainer = trainer  # the board skips the evaluation's generations
     return trainer

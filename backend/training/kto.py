@@ -22,7 +22,7 @@ from backend.errors import bad_input
 from backend.training.data import split_rows
 from backend.training.preference import PreferenceStats
 from backend.training.preference_shapes import as_trl_row, read_unpaired
-from backend.training.trl_counting import counting_trainer
+from backend.training.trl_counting import build_trl_trainer
 
 
 def kto_rows(config: RunConfig, chat: bool) -> tuple[list[dict[str, Any]], list[str]]:
@@ -81,23 +81,15 @@ def make_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, train_
     reference is `base` with the adapter off."""
     from trl import KTOTrainer
 
-    from backend.training.loading import check_adapters
-
-    try:
-        trainer = counting_trainer(KTOTrainer)(
-            model=base,
-            ref_model=None,
-            args=kto_config(config, arguments),
-            train_dataset=train_set,
-            eval_dataset=eval_set,
-            processing_class=tokenizer,
-            peft_config=lora,
-            callbacks=callbacks,
-        )
-    except ValueError as exc:
-        first = str(exc).splitlines()[0]
-        if "target modules" in first.lower() or "target_modules" in first:
-            raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
-        raise
-    check_adapters(trainer.model, config)
+    trainer = build_trl_trainer(
+        KTOTrainer, config,
+        model=base,
+        ref_model=None,
+        args=kto_config(config, arguments),
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=callbacks,
+    )
     return trainer

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from backend.config import RunConfig
-from backend.errors import bad_input
 from backend.training import preference_shapes
 from backend.training.data import split_rows
 from backend.training.preference_shapes import PAIR_FIELDS  # noqa: F401  (re-exported: callers read it here)
-from backend.training.trl_counting import counting_trainer
+from backend.training.trl_counting import build_trl_trainer
 
 log = logging.getLogger(__name__)
 
@@ -93,25 +92,17 @@ def preference_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, 
     reference is `base` with the adapter off."""
     from trl import DPOTrainer
 
-    from backend.training.loading import check_adapters
-
-    try:
-        trainer = counting_trainer(DPOTrainer)(
-            model=base,
-            ref_model=None,
-            args=dpo_config(config, arguments),
-            train_dataset=train_set,
-            eval_dataset=eval_set,
-            processing_class=tokenizer,
-            peft_config=lora,
-            callbacks=callbacks,
-        )
-    except ValueError as exc:
-        first = str(exc).splitlines()[0]
-        if "target modules" in first.lower() or "target_modules" in first:
-            raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
-        raise
-    check_adapters(trainer.model, config)
+    trainer = build_trl_trainer(
+        DPOTrainer, config,
+        model=base,
+        ref_model=None,
+        args=dpo_config(config, arguments),
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=callbacks,
+    )
     return trainer
 
 

@@ -56,3 +56,21 @@ def counting_trainer(base: type) -> type:
 
     CountingTrainer.__name__ = CountingTrainer.__qualname__ = f"Counting{base.__name__}"
     return CountingTrainer
+
+
+def build_trl_trainer(trainer_class: type, config: Any, **arguments: Any) -> Any:
+    """`trainer_class` (DPOTrainer, KTOTrainer, GRPOTrainer) made counting and built: TRL's refusal of
+    LoRA targets the model lacks becomes a one-line technique.lora_targets error, and the adapters are
+    checked against the config as the SFT job checks them."""
+    from backend.errors import bad_input
+    from backend.training.loading import check_adapters
+
+    try:
+        trainer = counting_trainer(trainer_class)(**arguments)
+    except ValueError as exc:
+        first = str(exc).splitlines()[0]
+        if "target modules" in first.lower() or "target_modules" in first:
+            raise bad_input(f"technique.lora_targets: {first}", "use all-linear or names like q_proj,v_proj") from None
+        raise
+    check_adapters(trainer.model, config)
+    return trainer

@@ -12,9 +12,10 @@ import pytest
 
 from backend.config import RunConfig
 from backend.errors import JobError
-from backend.protocol import Capabilities, decode_event
+from backend.protocol import Capabilities
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
+from tests.backend.objective_runs import run_preset
 from tests.conftest import ROOT
 
 GRPO_PRESET = ROOT / "resources" / "presets" / "tiny_grpo.yaml"
@@ -23,17 +24,7 @@ METRICS = {"reward", "reward_std", "rewards/exact_match/mean", "completions/mean
 
 
 def run_grpo(tmp_path: Path, overrides: list[str], name: str = "run", resume: bool = False) -> list:
-    from backend.jobs.finetune import run_finetune
-
-    config = RunConfig.load(GRPO_PRESET, overrides)
-    run_dir = tmp_path / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config.save(run_dir / "config.yaml")
-    reporter = Reporter(io.StringIO())
-    reporter.attach_run(run_dir)
-    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), resume=resume, capabilities=CPU)
-    reporter.close()
-    return [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return run_preset(tmp_path, GRPO_PRESET, overrides, name, resume)
 
 
 def evaluate(run_dir: Path) -> dict:

@@ -4,7 +4,6 @@ unpaired with a note, and malformed data, one-label data and a batch of 1 are re
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from pathlib import Path
@@ -15,10 +14,9 @@ import torch
 from backend.config import RunConfig
 from backend.config_errors import ConfigError
 from backend.errors import JobError
-from backend.protocol import Capabilities, decode_event
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.protocol import Capabilities
 from tests.backend.test_preference import answer_logp, base_and_tuned_accuracy, held_out_pairs
+from tests.backend.objective_runs import run_preset
 from tests.conftest import ROOT
 
 KTO_PRESET = ROOT / "resources" / "presets" / "tiny_kto.yaml"
@@ -27,16 +25,7 @@ METRICS = {"kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps
 
 
 def run_kto(tmp_path: Path, overrides: list[str], name: str = "run") -> list:
-    from backend.jobs.finetune import run_finetune
-
-    config = RunConfig.load(KTO_PRESET, overrides)
-    run_dir = tmp_path / name
-    run_dir.mkdir(parents=True)
-    reporter = Reporter(io.StringIO())
-    reporter.attach_run(run_dir)
-    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=CPU)
-    reporter.close()
-    return [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return run_preset(tmp_path, KTO_PRESET, overrides, name)
 
 
 def held_out_kto() -> list[dict]:

@@ -7,7 +7,6 @@ reference (none, or another model) shows there before any step is taken.
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
@@ -15,9 +14,8 @@ import pytest
 
 from backend.config import RunConfig
 from backend.config_errors import ConfigError
-from backend.protocol import Capabilities, decode_event
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.protocol import Capabilities
+from tests.backend.objective_runs import run_preset
 from tests.conftest import ROOT
 
 PRESETS = ROOT / "resources" / "presets"
@@ -25,16 +23,7 @@ CPU = Capabilities(cuda=False)
 
 
 def run(tmp_path: Path, preset: str, overrides: list[str]) -> list:
-    from backend.jobs.finetune import run_finetune
-
-    config = RunConfig.load(PRESETS / preset, overrides)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(parents=True)
-    reporter = Reporter(io.StringIO())
-    reporter.attach_run(run_dir)
-    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=CPU)
-    reporter.close()
-    return [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return run_preset(tmp_path, PRESETS / preset, overrides)
 
 
 def plan_line(events: list) -> str:

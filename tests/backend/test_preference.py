@@ -17,6 +17,7 @@ from backend.errors import JobError
 from backend.protocol import Capabilities, decode_event
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
+from tests.backend.objective_runs import run_preset
 from tests.conftest import ROOT
 
 DPO_PRESET = ROOT / "resources" / "presets" / "tiny_dpo.yaml"
@@ -25,16 +26,7 @@ REWARDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/acc
 
 
 def run_dpo(tmp_path: Path, overrides: list[str], name: str = "run") -> list:
-    from backend.jobs.finetune import run_finetune
-
-    config = RunConfig.load(DPO_PRESET, overrides)
-    run_dir = tmp_path / name
-    run_dir.mkdir(parents=True)
-    reporter = Reporter(io.StringIO())
-    reporter.attach_run(run_dir)
-    run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=CPU)
-    reporter.close()
-    return [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return run_preset(tmp_path, DPO_PRESET, overrides, name)
 
 
 def held_out_pairs() -> list[dict[str, str]]:
