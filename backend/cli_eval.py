@@ -12,6 +12,7 @@ import json
 import sys
 from typing import IO, Any
 
+from backend.evaluation.report_rows import report_note, report_rows
 from backend.cli_checks import existing_file, non_negative_float, open_run_folder, positive_int, probability
 from backend.config import ConfigError
 from backend.runs import RunFolder
@@ -40,7 +41,7 @@ def _eval_progress(event: dict[str, Any], out: IO[str]) -> None:
         return
     detail = event.get("detail", "")
     text = f"[{event['phase']}] {detail}"
-    batches = event["phase"] in ("perplexity", "exact_match", "mean_reward")
+    batches = event["phase"] in ("perplexity", "exact_match", "mean_reward", "preference")
     if out.isatty():
         out.write("\r\033[K" + text + ("" if batches else "\n"))
     elif not batches or _stage_done(detail):
@@ -61,15 +62,11 @@ def format_report(report: dict[str, Any]) -> str:
         value = section[which].get(key)
         return format(value, spec) if isinstance(value, (int, float)) else "-"
 
-    reward = report.get("mean_reward")
-    if reward:  # a GRPO run: its reward functions' mean on held-out prompts
-        rows = [f"{'':22} {'base':>12} {'tuned':>12}",
-                f"{'mean reward':22} {reward['base']['mean']:>12.3f} {reward['tuned']['mean']:>12.3f}"]
-        rows += [f"{'  ' + name:22} {reward['base']['per_function'][name]:>12.3f} "
-                 f"{reward['tuned']['per_function'][name]:>12.3f}" for name in reward["base"]["per_function"]]
-        note = (f"mean reward: {reward['prompts']} {reward['source']} x {reward['samples']} samples at temperature "
-                f"{reward['temperature']:g}, {reward['max_new_tokens']} new tokens at most; base: {report['base_model']}")
-        return "\n".join(rows + ["", note])
+    if report.get("mean_reward") or report.get("preference"):  # GRPO, DPO, KTO: their own rows
+        table = [f"{'':22} {'base':>12} {'tuned':>12}"]
+        table += [f"{row.label.rstrip(' ↑↓').lower() if not row.label.startswith(' ') else row.label:22} "
+                  f"{row.base:>12} {row.tuned:>12}" for row in report_rows(report)]
+        return "\n".join(table + ["", report_note(report)])
     ppl, em = report.get("perplexity"), report.get("exact_match")
     rows = [
         f"{'':22} {'base':>12} {'tuned':>12}",

@@ -135,10 +135,12 @@ def run_evaluate(
                               (params or {}).get("max_new_tokens"), batch,
                               lambda phase, which: _progress(reporter, stop, phase, which), began, write_report)
         return
-    if config.technique.objective != "sft":
-        raise bad_input(f"evaluate measures SFT runs (perplexity, exact match) and GRPO runs (mean reward); this run's "
-                        f"objective is {config.technique.objective}, whose training already logged its reward "
-                        "accuracy on the validation pairs (see the run's charts)")
+    if config.technique.objective in ("dpo", "kto"):  # judged answers, ranked by log-probability
+        from backend.jobs.evaluate_preference import run_preference_evaluation
+
+        run_preference_evaluation(config, run_dir, reporter, models, request.limit,
+                                  lambda phase, which: _progress(reporter, stop, phase, which), began, write_report)
+        return
 
     set_phase("load")
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))

@@ -1,4 +1,5 @@
-"""EvaluationWidget: the base and the tuned model side by side (perplexity, exact match) for one run.
+"""EvaluationWidget: the base and the tuned model side by side for one run (perplexity and exact match;
+GRPO's mean reward, DPO's pairs ranked right, KTO's answers moved as labelled: backend.evaluation.report_rows).
 
 Evaluate runs the evaluate job (backend/jobs/evaluate.py) in a fresh worker on the run's folder;
 the figures come from the eval_report.json it writes there (an existing report is shown as soon as
@@ -25,14 +26,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backend.evaluation.report_rows import report_note, report_rows
 from backend.protocol import PhaseChanged
 from backend.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 REPORT = "eval_report.json"
-ROWS = (("Perplexity ↓", "Perplexity on the validation split: lower is better"),
-        ("Exact match ↑", "Held-out prompts answered exactly: higher is better"))
-"""(row label, its tooltip): short labels, so the table reads in the narrow Evaluate column."""
+ROWS = tuple((row.label, row.tip) for row in report_rows(None))
+"""An SFT run's (row label, its tooltip): short labels, so the table reads in the narrow Evaluate column."""
 
 
 class EvaluationWidget(QWidget):
@@ -135,20 +136,20 @@ class EvaluationWidget(QWidget):
         table.setMinimumWidth(frame + table.verticalHeader().sizeHint().width() + columns)
 
     def show_report(self, report: dict[str, Any] | None) -> None:
-        for row in range(len(ROWS)):
-            for column in range(2):
-                self.table.setItem(row, column, QTableWidgetItem("—"))
+        rows = report_rows(report)
+        self.table.setRowCount(len(rows))
+        for index, row in enumerate(rows):
+            header = QTableWidgetItem(row.label)
+            header.setToolTip(row.tip)
+            self.table.setVerticalHeaderItem(index, header)
+            self.table.setItem(index, 0, QTableWidgetItem(row.base))
+            self.table.setItem(index, 1, QTableWidgetItem(row.tuned))
         self.examples.clear()
         if not report:
             self._fit_table()
             return
-        ppl, em = report.get("perplexity"), report.get("exact_match")
-        for column, which in enumerate(("base", "tuned")):
-            if ppl:
-                self.table.item(0, column).setText(f"{ppl[which]['perplexity']:.2f}")
-            if em:
-                item = em[which]
-                self.table.item(1, column).setText(f"{item['accuracy']:.1%} ({item['hits']}/{item['n']})")
+        if report_note(report) and not self.status_label.text():
+            self._say(report_note(report))
         self._fit_table()
         skipped = report.get("skipped") or []
         if skipped and not self.status_label.text():
@@ -164,7 +165,7 @@ class EvaluationWidget(QWidget):
 
     def figures(self) -> list[tuple[str, str]]:
         """(base, tuned) text of each row (for tests)."""
-        return [(self.table.item(r, 0).text(), self.table.item(r, 1).text()) for r in range(len(ROWS))]
+        return [(self.table.item(r, 0).text(), self.table.item(r, 1).text()) for r in range(self.table.rowCount())]
 
     def _update_buttons(self) -> None:
         running = self.jobs.is_running()

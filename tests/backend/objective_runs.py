@@ -26,3 +26,15 @@ def run_preset(tmp_path: Path, preset: Path, overrides: list[str], name: str = "
     run_finetune(config, run_dir, reporter, StopListener(io.StringIO()), resume=resume, capabilities=CPU)
     reporter.close()
     return [decode_event(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def evaluate_run(run_dir: Path, params: dict | None = None) -> dict:
+    """Run the evaluate job in-process on a finished run; its eval_report.json."""
+    import json
+
+    from backend.jobs.evaluate import run_evaluate
+
+    config = RunConfig.load(run_dir / "config.yaml")
+    run_evaluate(config, run_dir, Reporter(io.StringIO()), StopListener(io.StringIO()), capabilities=CPU,
+                 params=params or {})
+    return json.loads((run_dir / "eval_report.json").read_text())

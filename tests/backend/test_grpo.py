@@ -4,18 +4,14 @@ refuses bad prompts, reward files and start adapters in one line."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
 from backend.errors import JobError
 from backend.protocol import Capabilities
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
-from tests.backend.objective_runs import run_preset
+from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
 
 GRPO_PRESET = ROOT / "resources" / "presets" / "tiny_grpo.yaml"
@@ -28,12 +24,7 @@ def run_grpo(tmp_path: Path, overrides: list[str], name: str = "run", resume: bo
 
 
 def evaluate(run_dir: Path) -> dict:
-    from backend.jobs.evaluate import run_evaluate
-
-    config = RunConfig.load(run_dir / "config.yaml")
-    reporter = Reporter(io.StringIO())
-    run_evaluate(config, run_dir, reporter, StopListener(io.StringIO()), capabilities=CPU, params={"limit": 24})
-    return json.loads((run_dir / "eval_report.json").read_text())
+    return evaluate_run(run_dir, {"limit": 24})
 
 
 def test_grpo_raises_the_mean_reward_from_where_it_started(bundled_model, tmp_path):

@@ -16,7 +16,7 @@ from backend.config_errors import ConfigError
 from backend.errors import JobError
 from backend.protocol import Capabilities
 from tests.backend.test_preference import answer_logp, base_and_tuned_accuracy, held_out_pairs
-from tests.backend.objective_runs import run_preset
+from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
 
 KTO_PRESET = ROOT / "resources" / "presets" / "tiny_kto.yaml"
@@ -56,7 +56,7 @@ def label_accuracy(adapter: Path, examples: list[dict]) -> float:
 
 
 def test_kto_makes_the_model_prefer_the_desirable_answers(bundled_model, tmp_path):
-    events = run_kto(tmp_path, ["train.save_steps=40", "data.validation_split=0"])  # the preset's 40 steps
+    events = run_kto(tmp_path, ["train.save_steps=40", "train.eval_steps=0"])  # the preset's 40 steps
     finished = events[-1]
     assert finished.type == "JobFinished" and finished.steps == 40 and not finished.stopped, finished
     metrics = [e for e in events if e.type == "MetricsLogged"]
@@ -73,6 +73,11 @@ def test_kto_makes_the_model_prefer_the_desirable_answers(bundled_model, tmp_pat
     print(f"held-out preference accuracy: base {before:.2f}, tuned {after:.2f}; label accuracy {labels:.2f}")
     assert after >= 0.9 and after > before + 0.2, (before, after)
     assert labels >= 0.8, labels
+
+    moved = evaluate_run(tmp_path / "run")["preference"]  # finetune-studio eval: the run's validation answers
+    print(f"eval, validation answers moved as labelled: {moved['tuned']}")
+    assert moved["kind"] == "labelled" and moved["n"] == 30
+    assert moved["tuned"]["desirable"] >= 0.8 and moved["tuned"]["undesirable"] >= 0.8, moved
 
 
 def tokenizer():

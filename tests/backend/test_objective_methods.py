@@ -37,7 +37,8 @@ def plan_line(events: list) -> str:
 ])
 def test_dpo_starts_at_ln2_and_learns_on_every_method(tmp_path, method, learning_rate, reference):
     events = run(tmp_path, "tiny_dpo.yaml", [f"technique.method={method}", "train.max_steps=4",
-                                             f"train.learning_rate={learning_rate}", "train.save_steps=100"])
+                                             f"train.learning_rate={learning_rate}", "train.save_steps=100",
+                                             "data.max_examples=64", "data.validation_split=0"])
     assert events[-1].type == "JobFinished", events[-1]
     losses = [e.loss for e in events if e.type == "MetricsLogged"]
     assert abs(losses[0] - math.log(2)) < 2e-3, losses
@@ -51,7 +52,8 @@ def test_dpo_starts_at_ln2_and_learns_on_every_method(tmp_path, method, learning
 
 def test_grpo_full_tuning_with_a_kl_penalty_loads_its_reference(tmp_path):
     events = run(tmp_path, "tiny_grpo.yaml", ['model.adapter=""', "technique.method=full", "train.max_steps=2",
-                                              "grpo.beta=0.04", "train.learning_rate=0.0001", "train.save_steps=100"])
+                                              "grpo.beta=0.04", "train.learning_rate=0.0001", "train.save_steps=100",
+                                              "data.max_examples=64", "data.validation_split=0"])
     assert events[-1].type == "JobFinished", events[-1]
     assert "a frozen copy of the base" in plan_line(events)
     kls = [e.extra.get("kl") for e in events if e.type == "MetricsLogged"]
@@ -59,7 +61,8 @@ def test_grpo_full_tuning_with_a_kl_penalty_loads_its_reference(tmp_path):
 
 
 def test_grpo_continues_a_lora_start_adapter_on_a_quantized_base(tmp_path):
-    events = run(tmp_path, "tiny_grpo.yaml", ["technique.method=qlora", "train.max_steps=1", "train.save_steps=100"])
+    events = run(tmp_path, "tiny_grpo.yaml", ["technique.method=qlora", "train.max_steps=1", "train.save_steps=100",
+                                              "data.max_examples=64", "data.validation_split=0"])
     assert events[-1].type == "JobFinished", events[-1]
     assert "no reference pass (grpo.beta 0)" in plan_line(events)
 

@@ -17,7 +17,8 @@ from backend.errors import JobError
 from backend.protocol import Capabilities, decode_event
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
-from tests.backend.objective_runs import run_preset
+from backend.cli_eval import format_report
+from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
 
 DPO_PRESET = ROOT / "resources" / "presets" / "tiny_dpo.yaml"
@@ -74,8 +75,8 @@ def base_and_tuned_accuracy(adapter: Path, pairs) -> tuple[float, float]:
 
 
 def test_dpo_makes_the_model_prefer_the_chosen_answers(bundled_model, tmp_path):
-    events = run_dpo(tmp_path, ["train.max_steps=30", "train.save_steps=15", "data.max_examples=240",
-                                "data.validation_split=0"])
+    events = run_dpo(tmp_path, ["train.max_steps=30", "train.save_steps=15", "data.max_examples=264",
+                                "data.validation_split=0.1", "train.eval_steps=0"])
     finished = events[-1]
     assert finished.type == "JobFinished" and finished.steps == 30 and not finished.stopped, finished
     metrics = [e for e in events if e.type == "MetricsLogged"]
@@ -93,6 +94,16 @@ def test_dpo_makes_the_model_prefer_the_chosen_answers(bundled_model, tmp_path):
     before, after = base_and_tuned_accuracy(adapter, held_out_pairs())
     print(f"held-out preference accuracy: base {before:.2f}, tuned {after:.2f}")
     assert after >= 0.9 and after > before + 0.2, (before, after)
+
+    report = evaluate_run(tmp_path / "run")  # finetune-studio eval: the run's own validation pairs
+    pairs = report["preference"]
+    print(f"eval, validation pairs ranked right: base {pairs['base']['accuracy']:.2f}, "
+          f"tuned {pairs['tuned']['accuracy']:.2f}")
+    assert pairs["kind"] == "pairs" and pairs["n"] >= 20, pairs
+    assert pairs["tuned"]["accuracy"] >= pairs["base"]["accuracy"] + 0.3, pairs
+    assert pairs["tuned"]["margin"] > pairs["base"]["margin"]
+    table = format_report(report)
+    assert "pairs ranked right" in table and f"{pairs['tuned']['accuracy']:.1%}" in table
 
 
 def test_a_malformed_pair_is_refused_with_its_line_and_field(bundled_model, tmp_path):
