@@ -32,6 +32,7 @@ from backend.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 REPORT = "eval_report.json"
+LEGEND = "↓ lower is better · ↑ higher is better"
 ROWS = tuple((row.label, row.tip) for row in report_rows(None))
 """An SFT run's (row label, its tooltip): short labels, so the table reads in the narrow Evaluate column."""
 
@@ -65,7 +66,7 @@ class EvaluationWidget(QWidget):
         self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        self.legend = QLabel("↓ lower is better · ↑ higher is better")
+        self.legend = QLabel(LEGEND)
         self.legend.setWordWrap(True)
         self.legend.setStyleSheet("color: palette(placeholder-text);")
         self.examples = QTextBrowser()
@@ -145,11 +146,11 @@ class EvaluationWidget(QWidget):
             self.table.setItem(index, 0, QTableWidgetItem(row.base))
             self.table.setItem(index, 1, QTableWidgetItem(row.tuned))
         self.examples.clear()
+        note = report_note(report) if report else ""
+        self.legend.setText(f"{LEGEND}. {note[0].upper()}{note[1:]}" if note else LEGEND)  # what was measured
         if not report:
             self._fit_table()
             return
-        if report_note(report) and not self.status_label.text():
-            self._say(report_note(report))
         self._fit_table()
         skipped = report.get("skipped") or []
         if skipped and not self.status_label.text():

@@ -119,3 +119,19 @@ def test_runs_compare_the_objective_metrics_they_logged(qtbot, make_studio):
     assert page.metric() == "loss" and [page.metric_combo.itemText(i) for i in range(page.metric_combo.count())] == [
         "Training loss", "Mean reward", "Reward exact_match (mean)"]
     assert RunMetrics().series(str(g.path), "reward") == ([1.0, 2.0], [0.1, 0.5])
+
+
+def test_the_evaluate_table_shows_each_objectives_figures(qtbot, make_studio):
+    evaluation = make_studio().pages["export"].evaluation
+    reward = {"mean": 0.358, "per_function": {"exact_match": 0.358}}
+    evaluation.show_report({"base_model": "tiny", "mean_reward": {
+        "prompts": 30, "source": "validation prompts", "samples": 4, "temperature": 1.0, "max_new_tokens": 8,
+        "base": reward, "tuned": {"mean": 0.692, "per_function": {"exact_match": 0.692}}}})
+    assert evaluation.figures() == [("0.358", "0.692"), ("0.358", "0.692")]
+    assert evaluation.table.verticalHeaderItem(0).text() == "Mean reward ↑"
+    evaluation.show_report({"base_model": "tiny", "preference": {
+        "kind": "pairs", "n": 26, "base": {"accuracy": 0.35, "margin": -0.1}, "tuned": {"accuracy": 0.96, "margin": 2.5}}})
+    assert evaluation.figures() == [("35.0%", "96.0%"), ("-0.10", "2.50")]
+    assert "26 validation pairs" in evaluation.legend.text()
+    evaluation.show_report(None)  # back to SFT's two empty rows
+    assert evaluation.figures() == [("—", "—"), ("—", "—")] and "validation" not in evaluation.legend.text()
