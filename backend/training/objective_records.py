@@ -8,6 +8,7 @@ prompt and any other columns, from every file record_files reads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from backend.errors import JobError
 from backend.paths import resolve_resource
 from backend.training import preference_shapes
+from backend.training.chat_template_text import Render, template_renderer
 from backend.training.record_files import read_parts
 
 FIELDS = {"dpo": ("prompt", "chosen", "rejected"), "kto": ("prompt", "completion", "label"), "grpo": ("prompt",)}
@@ -37,6 +39,8 @@ class ObjectiveRecords:
     problem: str = ""
     hint: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    templated: bool = False
+    """Whether the rows are shown through the model's chat template (as the model will read them)."""
 
     @property
     def what(self) -> str:
@@ -54,12 +58,47 @@ def as_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+def _turns(value: Any) -> list[dict[str, Any]]:
+    return value if isinstance(value, list) else [{"role": "user", "content": str(value)}]
+
+
+def rendered(row: dict[str, Any], render: Render) -> dict[str, str]:
+    """A row as the model will read it: the prompt through the chat template up to the assistant's
+    turn, each answer as the text the template adds after it (what the loss is taken on)."""
+    prompt = _turns(row["prompt"])
+    head = render(prompt, True)
+    out = {"prompt": head}
+    for name in ("chosen", "rejected", "completion"):
+        if name in row:
+            answer = row[name] if isinstance(row[name], list) else [{"role": "assistant", "content": str(row[name])}]
+            full = render(prompt + answer, False)
+            out[name] = full[len(head):] if full.startswith(head) else full
+    return out | {k: as_text(v) for k, v in row.items() if k not in out}
+
+
+def _safely(row: dict[str, Any], render: Render | None, plain: dict[str, str]) -> dict[str, str]:
+    """The row through the template, or as its fields where the template refuses it (training says why)."""
+    if render is None:
+        return plain
+    try:
+        return rendered(row, render)
+    except Exception:  # noqa: BLE001 - a template's own error (raise_exception, a missing key) is not the preview's
+        return plain
+
+
 def read_objective_records(data_path: str, objective: str, needed: tuple[str, ...] = (),
-                           limit: int = PREVIEW_ROWS) -> ObjectiveRecords:
+                           limit: int = PREVIEW_ROWS, model_path: str | None = None) -> ObjectiveRecords:
     """Never raises: the first record missing a field (of FIELDS or `needed`, the columns the
-    rewards read) comes back as `problem`, naming the file, the line and the field."""
+    rewards read) comes back as `problem`, naming the file, the line and the field. With
+    `model_path`, rows are shown through its chat template where it has one."""
+    render = None
+    if model_path:
+        try:
+            render = template_renderer(resolve_resource(model_path))
+        except (OSError, ValueError):
+            render = None
     if objective in ("dpo", "kto"):
-        return _preference_records(data_path, objective, limit)
+        return _with_template(_preference_records(data_path, objective, limit, render), render)
     required = tuple(dict.fromkeys(FIELDS.get(objective, ()) + tuple(needed)))
     try:
         parts = read_parts(resolve_resource(data_path))
@@ -90,14 +129,22 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
                     hint=_hint(objective, missing))
             if len(rows) < limit:
                 columns.update(dict.fromkeys(map(str, record)))
-                rows.append({str(key): as_text(value) for key, value in record.items()})
+                plain = {str(key): as_text(value) for key, value in record.items()}
+                rows.append(_safely(record, render, plain))
     if not count:
         return ObjectiveRecords(data_path, objective, problem=f"{data_path}: no records to train on",
                                 hint="check data.path")
-    return ObjectiveRecords(data_path, objective, tuple(columns), tuple(rows), count, notes=notes)
+    return _with_template(ObjectiveRecords(data_path, objective, tuple(columns), tuple(rows), count, notes=notes),
+                          render)
 
 
-def _preference_records(data_path: str, objective: str, limit: int) -> ObjectiveRecords:
+def _with_template(records: ObjectiveRecords, render: Render | None) -> ObjectiveRecords:
+    if render is None or records.problem:
+        return records
+    return dataclasses.replace(records, templated=True)
+
+
+def _preference_records(data_path: str, objective: str, limit: int, render: Render | None = None) -> ObjectiveRecords:
     """DPO pairs or KTO labelled answers as the trainer reads them (a pair unpaired for KTO)."""
     rows: list[dict[str, str]] = []
     count = 0
@@ -112,7 +159,8 @@ def _preference_records(data_path: str, objective: str, limit: int) -> Objective
                 read = preference_shapes.unpair(preference_shapes.normalise_pair(record, where))
             else:
                 read = [preference_shapes.normalise_unpaired(record, where)]
-            rows.extend({key: as_text(value) for key, value in row.items()} for row in read if len(rows) < limit)
+            rows.extend(_safely(row, render, {key: as_text(value) for key, value in row.items()})
+                        for row in read if len(rows) < limit)
     except JobError as exc:
         return ObjectiveRecords(data_path, objective, count=count, problem=exc.message, hint=exc.hint)
     except (OSError, ValueError) as exc:

@@ -217,7 +217,7 @@ class DataPage(QWidget):
         self.summary_label.setText("Reading…")
         if objective != "sft":
             needed = reward_columns(self._state.get("grpo.rewards")) if objective == "grpo" else ()
-            self._loader.call(lambda: read_objective_records(data, objective, needed))
+            self._loader.call(lambda: read_objective_records(data, objective, needed, model_path=model))
             return
         self._loader.call(lambda: DatasetProfile.read(data, model, fmt, skip_invalid=skip))
 
@@ -263,7 +263,8 @@ class DataPage(QWidget):
             columns = ", ".join(records.columns)
             notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in records.notes)
             self.summary_label.setText(f"<b>{records.what} for {records.objective}</b> · {records.count:,} records "
-                                       f"· fields {html.escape(columns, quote=False)}{notes}")
+                                       f"· fields {html.escape(columns, quote=False)}"
+                                       f"{' · shown through the chat template' if records.templated else ''}{notes}")
         self.profile = DatasetProfile(records.path, count=records.count, problem=records.problem, hint=records.hint)
         self._show_numbers()
         self.profile_ready.emit(self.profile)
