@@ -72,3 +72,17 @@ def test_a_start_adapter_with_full_tuning_is_refused_in_one_line():
         RunConfig.load(PRESETS / "tiny_grpo.yaml", ["technique.method=full"])
     text = str(caught.value)
     assert "model.adapter continues an adapter" in text and "\n" not in text
+
+
+def test_a_dpo_run_from_a_start_adapter_exports_its_one_tuned_adapter(tmp_path):
+    from backend.runs import RunFolder
+    from tests.backend.test_export import export
+
+    events = run(tmp_path, "tiny_dpo.yaml", ["model.adapter=bundled:adapters/tiny-yes-no", "train.max_steps=2",
+                                             "train.save_steps=100", "data.max_examples=64", "data.validation_split=0"])
+    assert events[-1].type == "JobFinished", events[-1]
+    folder = RunFolder(tmp_path / "run")
+    assert (folder.adapter_dir / "ref").is_dir()  # TRL's reference copy of the start adapter, saved beside it
+    events, report = export(folder, "merged")
+    assert events[-1]["type"] == "JobFinished" and report["passed"] is True, report
+    assert not any("ref" in f["name"] for f in report["files"])
