@@ -117,7 +117,14 @@ def _fmt(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--objectives" in argv:  # DPO, KTO and GRPO against real TRL steps (bench/estimate_objectives.py)
+        import estimate_objectives
+
+        return estimate_objectives.main([a for a in argv if a != "--objectives"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--objectives", action="store_true",
+                        help="measure DPO, KTO and GRPO instead (bench/estimate_objectives.py; --only and --ci apply)")
     parser.add_argument("--quick", action="store_true", help="four configurations only")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
