@@ -64,5 +64,5 @@ def report_note(report: dict[str, Any]) -> str:
                 f"{reward['temperature']:g}, {reward['max_new_tokens']} new tokens at most; base: {report['base_model']}")
     if preference:
         what = "pairs" if preference["kind"] == "pairs" else "labelled answers (the tuned model against the base)"
-        return f"{preference['kind']}: {preference['n']} validation {what}; base: {report['base_model']}"
+        return f"measured on {preference['n']} validation {what}; base: {report['base_model']}"
     return ""

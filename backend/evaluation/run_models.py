@@ -10,6 +10,7 @@ Refusals come before anything loads, one sentence each.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import logging
 from pathlib import Path
@@ -20,9 +21,10 @@ import torch
 from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.run_continuation import how_to_finish
-from backend.protocol import Capabilities
+from backend.protocol import Capabilities, PhaseChanged
 from backend.runs import RunFolder
 from backend.training.loading import check_model_folder, load_model, load_tokenizer
+from backend.training.phase import set_phase
 from backend.training.start_adapter import start_adapter_folder
 from backend.training.techniques import TechniquePlan, plan_techniques
 
@@ -119,3 +121,25 @@ class RunModels:
 
     def close(self) -> None:
         self._drop()
+
+    def each(self, reporter: Any) -> Iterator[tuple[Which, Any]]:
+        """(which, model) for base then tuned, each loaded in turn with its load_model phase reported; the
+        models are dropped after the last (the evaluation's loop)."""
+        for which in ("base", "tuned"):
+            reporter.emit(PhaseChanged(phase="load_model", detail=which))
+            set_phase("load")
+            with self.use(which) as model:
+                set_phase("evaluate")
+                yield which, model
+        self.close()
+
+    def report_head(self, run_dir: Path) -> dict[str, Any]:
+        """The fields every eval_report.json starts with: when, which run, which two models."""
+        return {
+            "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "run_dir": str(run_dir),
+            "base_model": str(self.base_path) + (f" + adapter {self.config.model.adapter}" if self.start else ""),
+            "tuned_model": str(self.weights_dir),
+            "method": self.config.technique.method,
+            "objective": self.config.technique.objective,
+        }

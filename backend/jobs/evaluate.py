@@ -10,7 +10,6 @@ ends the job between batches with JobFailed(cancelled) and no report.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -160,25 +159,16 @@ def run_evaluate(
 
     ppl: dict[str, PerplexityResult] = {}
     em: dict[str, ExactMatchResult] = {}
-    for which in ("base", "tuned"):
-        reporter.emit(PhaseChanged(phase="load_model", detail=which))
-        set_phase("load")
-        with models.use(which) as model:
-            set_phase("evaluate")
-            if eval_set is not None:
-                ppl[which] = perplexity(model, eval_set, tokenizer.pad_token_id, batch,
-                                        _progress(reporter, stop, "perplexity", which))
-            if prompts:
-                em[which] = exact_match(model, tokenizer, prompts, request.max_new_tokens, max(batch, 16),
-                                        _progress(reporter, stop, "exact_match", which))
-    models.close()
+    for which, model in models.each(reporter):
+        if eval_set is not None:
+            ppl[which] = perplexity(model, eval_set, tokenizer.pad_token_id, batch,
+                                    _progress(reporter, stop, "perplexity", which))
+        if prompts:
+            em[which] = exact_match(model, tokenizer, prompts, request.max_new_tokens, max(batch, 16),
+                                    _progress(reporter, stop, "exact_match", which))
 
     report: dict[str, Any] = {
-        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "run_dir": str(run_dir),
-        "base_model": str(models.base_path),
-        "tuned_model": str(models.weights_dir),
-        "method": config.technique.method,
+        **models.report_head(run_dir),
         "perplexity": None,
         "exact_match": None,
         "skipped": [s for s in (ppl_skipped, request.skipped) if s],

@@ -8,7 +8,6 @@ continued an adapter). The report goes to eval_report.json as for SFT and GRPO.
 
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +17,6 @@ from backend.errors import bad_input
 from backend.evaluation.preference_accuracy import answer_logps, label_accuracy, pair_accuracy
 from backend.protocol import JobFinished, PhaseChanged
 from backend.training.objectives import door
-from backend.training.phase import set_phase
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -44,13 +42,8 @@ def run_preference_evaluation(config: RunConfig, run_dir: Path, reporter: Any, m
              else [(r["prompt"], r["completion"]) for r in rows])
     reporter.emit(PhaseChanged(phase="tokenize", detail=f"{len(rows)} validation {'pairs' if pairs else 'answers'}"))
     logps: dict[str, list[float]] = {}
-    for which in ("base", "tuned"):
-        reporter.emit(PhaseChanged(phase="load_model", detail=which))
-        set_phase("load")
-        with models.use(which) as model:
-            set_phase("evaluate")
-            logps[which] = answer_logps(model, tokenizer, items, config.train.seq_len, progress("preference", which))
-    models.close()
+    for which, model in models.each(reporter):
+        logps[which] = answer_logps(model, tokenizer, items, config.train.seq_len, progress("preference", which))
     n = len(rows)
     if pairs:
         section = {"kind": "pairs", "n": n, **{w: pair_accuracy(logps[w][:n], logps[w][n:]) for w in logps}}
@@ -58,12 +51,7 @@ def run_preference_evaluation(config: RunConfig, run_dir: Path, reporter: Any, m
         moved = label_accuracy(logps["base"], logps["tuned"], [bool(r["label"]) for r in rows])
         section = {"kind": "labelled", "n": n, "base": {"accuracy": None}, "tuned": moved}
     report: dict[str, Any] = {
-        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "run_dir": str(run_dir),
-        "base_model": str(models.base_path) + (f" + adapter {config.model.adapter}" if config.model.adapter else ""),
-        "tuned_model": str(models.weights_dir),
-        "method": config.technique.method,
-        "objective": objective,
+        **models.report_head(run_dir),
         "perplexity": None,
         "exact_match": None,
         "preference": section,

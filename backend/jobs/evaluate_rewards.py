@@ -8,7 +8,6 @@ when the run continued an adapter. The report goes to eval_report.json as for SF
 
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +16,6 @@ from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.evaluation.mean_reward import RewardResult, mean_reward
 from backend.protocol import JobFinished, PhaseChanged
-from backend.training.phase import set_phase
 from backend.training.rewards import reward_functions
 
 EXAMPLES = 5
@@ -57,22 +55,11 @@ def run_reward_evaluation(config: RunConfig, run_dir: Path, reporter: Any, model
     functions = reward_functions(grpo.rewards, Path.cwd())
     weights = [r.weight for r in grpo.rewards]
     results: dict[str, RewardResult] = {}
-    for which in ("base", "tuned"):
-        reporter.emit(PhaseChanged(phase="load_model", detail=which))
-        set_phase("load")
-        with models.use(which) as model:
-            set_phase("evaluate")
-            results[which] = mean_reward(model, tokenizer, rows, functions, weights, grpo.num_generations, length,
-                                         grpo.temperature, config.train.seed, max(batch, 16),
-                                         progress("mean_reward", which))
-    models.close()
+    for which, model in models.each(reporter):
+        results[which] = mean_reward(model, tokenizer, rows, functions, weights, grpo.num_generations, length,
+                                     grpo.temperature, config.train.seed, max(batch, 16), progress("mean_reward", which))
     report: dict[str, Any] = {
-        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "run_dir": str(run_dir),
-        "base_model": str(models.base_path) + (f" + adapter {config.model.adapter}" if config.model.adapter else ""),
-        "tuned_model": str(models.weights_dir),
-        "method": config.technique.method,
-        "objective": "grpo",
+        **models.report_head(run_dir),
         "perplexity": None,
         "exact_match": None,
         "mean_reward": {

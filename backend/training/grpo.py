@@ -1,11 +1,12 @@
-"""GRPO: prompts read and checked, the reward functions built, and TRL's GRPOTrainer on a LoRA or DoRA adapter.
+"""GRPO: prompts read and checked, the reward functions built, and TRL's GRPOTrainer on any method.
 
 The door of `technique.objective: grpo` (backend.training.objectives). Data: records with a `prompt`
 (text, or a list of chat messages) and any other columns, which reach the reward functions by name
 (exact_match reads `answer` by default). For each prompt TRL samples grpo.num_generations completions,
 scores them with the weighted rewards, and reinforces those above their group's mean. The reference
-for the KL term (grpo.beta > 0) is the base with the adapters off. A few completions of every
-generation, with what each reward gave them, go to the window as CompletionScored.
+for the KL term (grpo.beta > 0) is the base with the adapters off (with full tuning, a frozen copy TRL
+loads). A few completions of every generation, with what each reward gave them, go to the window as
+CompletionScored.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from backend.config import RunConfig
 from backend.errors import bad_input
 from backend.protocol import CompletionScored
 from backend.training.data import split_rows
-from backend.training.record_files import read_parts
+from backend.training.prompt_records import read_prompts
 from backend.training.rewards import RewardFn, completion_text, reward_functions
 from backend.training.trl_counting import build_trl_trainer
 
@@ -33,41 +34,6 @@ class PromptStats:
     eval_examples: int
     format: str
     notes: tuple[str, ...] = field(default_factory=tuple)
-
-
-def _is_messages(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
-
-
-def read_prompts(path: Path, columns: tuple[str, ...], limit: int | None = None) -> list[dict[str, Any]]:
-    """Every record with its prompt (text or messages) and its other fields, in order; the first record
-    without a usable prompt, or without a column a reward reads, is refused with its line."""
-    rows: list[dict[str, Any]] = []
-    for part in read_parts(path):
-        for index, record in enumerate(part.rows):
-            if limit is not None and len(rows) >= limit:
-                return rows
-            where = f"{part.path} {part.locate(index)}"
-            if "prompt" not in record:
-                raise bad_input(f"{where}: GRPO needs a 'prompt' field in every record (its fields: "
-                                f"{', '.join(sorted(map(str, record)))})",
-                                "give every record a prompt (text or chat messages), with the columns your rewards read")
-            prompt = record["prompt"]
-            if isinstance(prompt, str):
-                if not prompt.strip():
-                    raise bad_input(f"{where}: the field 'prompt' is empty", "fill it in or remove the record")
-            elif not _is_messages(prompt):
-                raise bad_input(f"{where}: the field 'prompt' is {type(prompt).__name__ if prompt is not None else 'null'}, "
-                                "not text or a list of {role, content} messages", "write the prompt as text or as chat messages")
-            missing = [c for c in columns if c not in record or record[c] is None]
-            if missing:
-                raise bad_input(f"{where}: the reward reads the column {missing[0]!r}, which this record does not have",
-                                f"give every record {missing[0]!r}, or change the reward's column")
-            rows.append(dict(record))
-    if not rows:
-        raise bad_input(f"{path}: no prompt to train on", "check data.path")
-    return rows
 
 
 def as_trl_row(row: dict[str, Any], chat: bool, where: str) -> dict[str, Any]:
@@ -167,16 +133,7 @@ def make_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, train_
     board = ScoreBoard(functions, [r.weight for r in config.grpo.rewards], reporter, config.grpo.num_generations)
     if getattr(tokenizer, "pad_token", None) is None:
         tokenizer.pad_token = tokenizer.eos_token
-    trainer = build_trl_trainer(
-        GRPOTrainer, config,
-        model=base,
-        reward_funcs=board.wrapped(),
-        args=grpo_config(config, arguments),
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=callbacks,
-    )
+    trainer = build_trl_trainer(GRPOTrainer, config, base, lora, tokenizer, train_set, eval_set, callbacks,
+                                reward_funcs=board.wrapped(), args=grpo_config(config, arguments))
     board.trainer = trainer  # the board skips the evaluation's generations
     return trainer

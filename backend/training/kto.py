@@ -1,4 +1,4 @@
-"""KTO: answers labelled good or bad read and checked, and TRL's KTOTrainer built on a LoRA or DoRA adapter.
+"""KTO: answers labelled good or bad read and checked, and TRL's KTOTrainer built on any method.
 
 The door of `technique.objective: kto` (backend.training.objectives: build_datasets, make_trainer). Data:
 unpaired examples, a prompt, one answer and a label saying whether the answer is desirable, in any
@@ -9,7 +9,7 @@ The training rows are shuffled with train.seed: TRL reads them in order (its KL 
 prompt with the next example's answer within a batch), so a file sorted by label would give one-label batches.
 
 As for DPO the reference is the base with the adapters off (TRL wraps the base with our peft config),
-and run folder, events, checkpoints and stop-and-save are the SFT job's.
+or with full tuning a frozen copy TRL loads; run folder, events, checkpoints and stop-and-save are the SFT job's.
 """
 
 from __future__ import annotations
@@ -77,19 +77,9 @@ def kto_config(config: RunConfig, arguments: dict[str, Any]) -> Any:
 
 def make_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, train_set: Any, eval_set: Any,
                  arguments: dict[str, Any], callbacks: list[Any], reporter: Any = None) -> Any:
-    """The KTO trainer on `base` (loaded, not yet wrapped) with the adapter `lora`; ref_model None: the
-    reference is `base` with the adapter off."""
+    """The KTO trainer on `base` (loaded, not yet wrapped) with the adapter `lora`; ref_model None: TRL
+    uses `base` with the adapter off, or with full tuning loads a frozen copy."""
     from trl import KTOTrainer
 
-    trainer = build_trl_trainer(
-        KTOTrainer, config,
-        model=base,
-        ref_model=None,
-        args=kto_config(config, arguments),
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=callbacks,
-    )
-    return trainer
+    return build_trl_trainer(KTOTrainer, config, base, lora, tokenizer, train_set, eval_set, callbacks,
+                             ref_model=None, args=kto_config(config, arguments))

@@ -2,8 +2,8 @@
 
 Torch-free (the studio imports it). DPO and KTO rows go through the trainers' own reader,
 preference_shapes (every shape it accepts, a LLaMA-Factory dataset_info.json included), so the page
-shows what will train and refuses what the run would refuse, with the same line; GRPO rows are a
-prompt and any other columns, from every file record_files reads.
+shows what will train and refuses what the run would refuse, with the same line; GRPO rows (a
+prompt and any other columns) go through the trainer's own check, prompt_records.check_prompt.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from backend.errors import JobError
 from backend.paths import resolve_resource
 from backend.training import preference_shapes
 from backend.training.chat_template_text import Render, template_renderer
+from backend.training.prompt_records import check_prompt
 from backend.training.record_files import read_parts
 
 FIELDS = {"dpo": ("prompt", "chosen", "rejected"), "kto": ("prompt", "completion", "label"), "grpo": ("prompt",)}
@@ -99,8 +100,7 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
             render = None
     if objective in ("dpo", "kto"):
         return _with_template(_preference_records(data_path, objective, limit, render), render)
-    required = tuple(dict.fromkeys(FIELDS.get(objective, ()) + tuple(needed)))
-    try:
+    try:  # GRPO: prompts, checked by the trainer's own check
         parts = read_parts(resolve_resource(data_path))
     except JobError as exc:
         return ObjectiveRecords(data_path, objective, problem=exc.message, hint=exc.hint)
@@ -108,29 +108,20 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
         return ObjectiveRecords(data_path, objective, problem=f"{data_path}: {exc}")
     rows: list[dict[str, str]] = []
     columns: dict[str, None] = dict.fromkeys(FIELDS.get(objective, ()))
-    count = checked = 0
+    count = 0
     notes = tuple(note for part in parts for note in part.notes)
     for part in parts:
         for index, record in enumerate(part.rows):
             count += 1
-            if checked >= CHECKED_ROWS:
+            if count > CHECKED_ROWS:
                 continue
-            checked += 1
-            if not isinstance(record, dict):
-                return ObjectiveRecords(data_path, objective, problem=f"{part.path} {part.locate(index)}: "
-                                        "a record must be one object of named fields")
-            missing = [name for name in required if record.get(name) in (None, "")]
-            if missing:
-                fields = ", ".join(sorted(map(str, record))) or "none"
-                return ObjectiveRecords(
-                    data_path, objective, count=count,
-                    problem=(f"{part.path} {part.locate(index)}: {objective} reads {', '.join(required)}; this record "
-                             f"has no {' and no '.join(repr(m) for m in missing)} (its fields: {fields})"),
-                    hint=_hint(objective, missing))
+            try:
+                row = check_prompt(record, f"{part.path} {part.locate(index)}", tuple(needed))
+            except JobError as exc:
+                return ObjectiveRecords(data_path, objective, count=count, problem=exc.message, hint=exc.hint)
             if len(rows) < limit:
-                columns.update(dict.fromkeys(map(str, record)))
-                plain = {str(key): as_text(value) for key, value in record.items()}
-                rows.append(_safely(record, render, plain))
+                columns.update(dict.fromkeys(map(str, row)))
+                rows.append(_safely(row, render, {str(key): as_text(value) for key, value in row.items()}))
     if not count:
         return ObjectiveRecords(data_path, objective, problem=f"{data_path}: no records to train on",
                                 hint="check data.path")
@@ -169,17 +160,6 @@ def _preference_records(data_path: str, objective: str, limit: int, render: Rend
         return ObjectiveRecords(data_path, objective, problem=f"{data_path}: no records to train on",
                                 hint="check data.path")
     return ObjectiveRecords(data_path, objective, FIELDS[objective], tuple(rows), count)
-
-
-def _hint(objective: str, missing: list[str]) -> str:
-    if objective == "dpo":
-        return "give every record prompt, chosen and rejected, or set technique.objective to sft for instruction data"
-    if objective == "kto":
-        return "give every record prompt, completion and label (true for a good answer, false for a bad one)"
-    named = [m for m in missing if m != "prompt"]
-    if named:
-        return f"add the column {named[0]!r} that a reward reads, or change that reward's column"
-    return "give every record a prompt"
 
 
 def reward_columns(rewards: Any) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""DPO: preference pairs read and checked, and TRL's DPOTrainer built on a LoRA or DoRA adapter.
+"""DPO: preference pairs read and checked, and TRL's DPOTrainer built on any method.
 
 The door of `technique.objective: dpo` (backend.training.objectives: build_datasets, make_trainer). Data:
 preference pairs in any shape backend.training.preference_shapes reads (prompt, chosen and rejected as
@@ -9,7 +9,7 @@ tuned model is trained as it will be prompted in chat; without one, as plain tex
 
 The reference model is the base with the adapters switched off: TRL wraps the base with our peft
 LoraConfig itself (passing an already wrapped model would make it copy the adapter as a "ref"
-adapter), so no second copy of the weights is loaded. Run folder, events, checkpoints and
+adapter), so no second copy of the weights is loaded; with full tuning TRL loads a frozen copy. Run folder, events, checkpoints and
 stop-and-save are the SFT job's: DPOTrainer is a transformers Trainer and ReportingCallback watches it.
 """
 
@@ -23,7 +23,6 @@ from typing import Any
 from backend.config import RunConfig
 from backend.training import preference_shapes
 from backend.training.data import split_rows
-from backend.training.preference_shapes import PAIR_FIELDS  # noqa: F401  (re-exported: callers read it here)
 from backend.training.trl_counting import build_trl_trainer
 
 log = logging.getLogger(__name__)
@@ -88,22 +87,12 @@ def dpo_config(config: RunConfig, arguments: dict[str, Any]) -> Any:
 
 def preference_trainer(config: RunConfig, base: Any, lora: Any, tokenizer: Any, train_set: Any, eval_set: Any,
                        arguments: dict[str, Any], callbacks: list[Any], reporter: Any = None) -> Any:
-    """The DPO trainer on `base` (loaded, not yet wrapped) with the adapter `lora`; ref_model None: the
-    reference is `base` with the adapter off."""
+    """The DPO trainer on `base` (loaded, not yet wrapped) with the adapter `lora`; ref_model None: TRL
+    uses `base` with the adapter off, or with full tuning loads a frozen copy."""
     from trl import DPOTrainer
 
-    trainer = build_trl_trainer(
-        DPOTrainer, config,
-        model=base,
-        ref_model=None,
-        args=dpo_config(config, arguments),
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=callbacks,
-    )
-    return trainer
+    return build_trl_trainer(DPOTrainer, config, base, lora, tokenizer, train_set, eval_set, callbacks,
+                             ref_model=None, args=dpo_config(config, arguments))
 
 
 build_datasets = build_preference_datasets

@@ -58,15 +58,19 @@ def counting_trainer(base: type) -> type:
     return CountingTrainer
 
 
-def build_trl_trainer(trainer_class: type, config: Any, **arguments: Any) -> Any:
-    """`trainer_class` (DPOTrainer, KTOTrainer, GRPOTrainer) made counting and built: TRL's refusal of
-    LoRA targets the model lacks becomes a one-line technique.lora_targets error, and the adapters are
-    checked against the config as the SFT job checks them."""
+def build_trl_trainer(trainer_class: type, config: Any, base: Any, lora: Any, tokenizer: Any, train_set: Any,
+                      eval_set: Any, callbacks: list[Any], **own: Any) -> Any:
+    """`trainer_class` (DPOTrainer, KTOTrainer, GRPOTrainer) made counting and built on the loaded, unwrapped
+    `base` with the peft config `lora` (None for full tuning) and the objective's `own` arguments (its
+    args, ref_model, reward_funcs). TRL's refusal of LoRA targets the model lacks becomes a one-line
+    technique.lora_targets error, and the adapters are checked against the config as the SFT job checks them."""
     from backend.errors import bad_input
     from backend.training.loading import check_adapters
 
     try:
-        trainer = counting_trainer(trainer_class)(**arguments)
+        trainer = counting_trainer(trainer_class)(model=base, train_dataset=train_set, eval_dataset=eval_set,
+                                                  processing_class=tokenizer, peft_config=lora, callbacks=callbacks,
+                                                  **own)
     except ValueError as exc:
         first = str(exc).splitlines()[0]
         if "target modules" in first.lower() or "target_modules" in first:
