@@ -12,6 +12,7 @@ from pathlib import Path
 
 from backend.config import RunConfig
 from backend.cpu_features import RUNTIME_ENV
+from backend.hub_kernels import switch_off
 from backend.protocol import StartJob, encode
 from backend.runs import RunFolder
 
@@ -28,7 +29,8 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the worker.
 
     RUNTIME_ENV (cpu_features.py): passive OpenMP waits, and bounded oneDNN kernel caches.
-    HF_HUB_OFFLINE keeps the worker off the network unless the user asks for a download.
+    HF_HUB_OFFLINE keeps the worker off the network unless the user asks for a download; Hub kernels are
+    off whatever the caller's environment says (hub_kernels.py).
     """
     env = dict(os.environ if base is None else base)
     for name, value in RUNTIME_ENV.items():
@@ -37,6 +39,7 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    switch_off(env)
     env["PYTHONUNBUFFERED"] = "1"
     env["FINETUNE_STUDIO_CLIENT_PID"] = str(os.getpid())  # the worker ends with us (worker/parent_watch.py)
     root = str(Path(__file__).resolve().parent.parent)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from backend.export import verify
+from backend.hub_kernels import LOAD_KWARGS
 from backend.export.gguf_families import family_of, head_dim, kv_heads
 from backend.export.gguf_pages import released_pages
 
@@ -105,7 +106,7 @@ def read_back(path: Path, config: Any, dtype: torch.dtype, device: str) -> tuple
     try:
         with released_pages():
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                         device_map={"": device}).eval()
+                                                         device_map={"": device}, **LOAD_KWARGS).eval()
     except Exception as exc:  # its loader raises on shapes it rebuilt wrong; say what it said
         return None, "", (f"transformers' GGUF loader failed on this file "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from backend.export.checkpoint_files import read_config
+from backend.hub_kernels import LOAD_KWARGS
 from backend.export.merge import DTYPES, TrainedRun, placement
 from backend.export.merged_source import MergedSource
 from backend.export.safetensors_writer import write_safetensors
@@ -60,9 +61,10 @@ def bnb_serialization_problem(bits: int, device: str) -> str | None:
                                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
             LlamaForCausalLM(config).to(torch.float16).save_pretrained(root / "fp16")
             kwargs = {"quantization_config": bnb_config(bits, "fp16"), "device_map": {"": device}}
-            quantized = AutoModelForCausalLM.from_pretrained(root / "fp16", dtype=torch.float32, **kwargs)
+            quantized = AutoModelForCausalLM.from_pretrained(root / "fp16", dtype=torch.float32, **kwargs, **LOAD_KWARGS)
             quantized.save_pretrained(root / "q")
-            reloaded = AutoModelForCausalLM.from_pretrained(root / "q", dtype=torch.float32, device_map={"": device})
+            reloaded = AutoModelForCausalLM.from_pretrained(root / "q", dtype=torch.float32, device_map={"": device},
+                                                            **LOAD_KWARGS)
             ids = torch.arange(8, device=device)[None]
             with torch.no_grad():
                 error = (quantized(ids).logits - reloaded(ids).logits).abs().max().item()
@@ -116,7 +118,7 @@ def write_bnb(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Path, 
 
     quantized = AutoModelForCausalLM.from_pretrained(
         scratch, dtype=DTYPES[dtype], quantization_config=bnb_config(bits, dtype), device_map={"": bnb_device()},
-        trust_remote_code=run.config.model.trust_remote_code,
+        trust_remote_code=run.config.model.trust_remote_code, **LOAD_KWARGS,
     )
     # Saved before any forward pass: bitsandbytes repacks CPU 4-bit weights in place on the first one.
     quantized.save_pretrained(tmp, safe_serialization=True)
@@ -133,7 +135,7 @@ def load_merged_export(path: Path, dtype: str, device: str, trust_remote_code: b
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", **placement(device),
-                                                 trust_remote_code=trust_remote_code)
+                                                 trust_remote_code=trust_remote_code, **LOAD_KWARGS)
     saved = {p.dtype for p in model.parameters()}
     if saved != {DTYPES[dtype]}:
         raise RuntimeError(f"{path} loaded as {sorted(str(s) for s in saved)}, expected {dtype}")
@@ -148,7 +150,7 @@ def load_bnb_export(path: Path, bits: int, dtype: str, device: str,
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], device_map={"": device},
-                                                 trust_remote_code=trust_remote_code)
+                                                 trust_remote_code=trust_remote_code, **LOAD_KWARGS)
     kind = bnb.nn.Linear4bit if bits == 4 else bnb.nn.Linear8bitLt
     layers = [m for m in model.modules() if isinstance(m, kind)]
     if not layers:

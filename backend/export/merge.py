@@ -21,6 +21,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.hub_kernels import LOAD_KWARGS
 from backend.run_continuation import how_to_finish
 from backend.export.adapter_weights import AdapterWeights
 from backend.export.checkpoint_files import CheckpointFiles, read_config
@@ -173,7 +174,7 @@ def load_trained(run: TrainedRun, dtype: torch.dtype, device: str, adapter_dir: 
     from transformers import AutoModelForCausalLM
 
     common = {"trust_remote_code": run.config.model.trust_remote_code,
-              "use_safetensors": not run.config.model.allow_pickle}
+              "use_safetensors": not run.config.model.allow_pickle, **LOAD_KWARGS}
     if run.full:
         model = AutoModelForCausalLM.from_pretrained(run.weights_dir, dtype=dtype, **placement(device), **common)
     elif run.quantization:

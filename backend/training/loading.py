@@ -15,6 +15,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.errors import bad_input
+from backend.hub_kernels import LOAD_KWARGS
 from backend.training.model_check import check_model_folder  # noqa: F401 (re-exported: the jobs import it here)
 from backend.training.moe import enable_aux_loss, keep_experts_dtype, peft_targets
 from backend.training.techniques import TechniquePlan
@@ -54,6 +55,7 @@ def load_model(path: Path, config: RunConfig, plan: TechniquePlan) -> Any:
         trust_remote_code=config.model.trust_remote_code,
         use_safetensors=not config.model.allow_pickle,
         attn_implementation=attention_implementation(plan),
+        **LOAD_KWARGS,
         **kwargs,
     )
     model.config.use_cache = False
@@ -119,11 +121,13 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
 
 
 def adapter_config(model: Any, config: RunConfig, plan: TechniquePlan) -> tuple[Any, Any]:
-    """-> (the base, prepared for adapters, and the peft LoraConfig to wrap it with). The DPO trainer
-    wraps it itself (backend.training.preference): its reference is then the base with the adapters off."""
+    """-> (the base, prepared for adapters, and the peft LoraConfig to wrap it with; None for method full).
+    The TRL trainers wrap it themselves: their reference is then the base with the adapters off."""
     from peft import LoraConfig, prepare_model_for_kbit_training
 
     technique = config.technique
+    if technique.method == "full":  # no adapter: every weight trains, and TRL loads a frozen reference copy
+        return model.requires_grad_(True), None
     if plan.quantization:
         # Casts norms to fp32 and freezes the quantized base; checkpointing is set by the Trainer.
         # A MoE's unquantized fused experts keep their dtype (moe.py).

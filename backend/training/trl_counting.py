@@ -67,6 +67,10 @@ def build_trl_trainer(trainer_class: type, config: Any, base: Any, lora: Any, to
     from backend.errors import bad_input
     from backend.training.loading import check_adapters
 
+    if lora is None and own.get("ref_model") is None and "args" in own:
+        from backend.hub_kernels import LOAD_KWARGS
+
+        own["args"].model_init_kwargs = dict(LOAD_KWARGS)  # TRL loads its frozen reference copy from the path
     try:
         trainer = counting_trainer(trainer_class)(model=base, train_dataset=train_set, eval_dataset=eval_set,
                                                   processing_class=tokenizer, peft_config=lora, callbacks=callbacks,

@@ -46,6 +46,9 @@ def test_dpo_starts_at_ln2_and_learns_on_every_method(tmp_path, method, learning
     assert reference in plan_line(events)
     saved = "model" if method == "full" else "adapter"
     assert (tmp_path / "run" / saved).is_dir()
+    if method == "full":  # every weight trained: a whole model is saved, not an adapter
+        assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+        assert not (tmp_path / "run" / "model" / "adapter_config.json").exists()
     if method == "qlora":
         assert "base weights nf4" in plan_line(events)
 
