@@ -57,13 +57,9 @@ def test_dataset_info_entry_is_honoured_and_agrees_with_detection(tmp_path, name
 
 def test_the_preference_entry_is_refused_naming_it(tmp_path):
     shutil.copy(PEER / "dataset_info.json", tmp_path / "dataset_info.json")
-    dpo = SHARED / "dpo_en_demo.json"
-    if dpo.is_file():
-        shutil.copy(dpo, tmp_path / "dpo_en_demo.json")
-    else:  # a clean clone: one record of the same shape
-        turn = {"from": "human", "value": "Hi"}
-        (tmp_path / "dpo_en_demo.json").write_text(json.dumps([{"conversations": [turn], "chosen": {
-            "from": "gpt", "value": "Hello!"}, "rejected": {"from": "gpt", "value": "Go away."}}]))
+    turn = {"from": "human", "value": "Hi"}  # one record of dpo_en_demo.json's shape
+    (tmp_path / "dpo_en_demo.json").write_text(json.dumps([{"conversations": [turn], "chosen": {
+        "from": "gpt", "value": "Hello!"}, "rejected": {"from": "gpt", "value": "Go away."}}]))
     with pytest.raises(JobError) as caught:
         DatasetReader(tmp_path / "dpo_en_demo.json")
     message = caught.value.message
