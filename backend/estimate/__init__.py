@@ -94,7 +94,7 @@ buffers are freed before the first layer is recomputed; the end of the backward 
 embedding's two gradients; the optimizer step), plus the fixed runtime costs. `sum_bytes` is the
 sum of the parts, an upper bound that holds every part at its own peak at once.
 
-Where this differs from the seed articles (shared/seeds):
+Where this differs from the published figures it was first checked against (the "seed" articles):
 - The 16 bytes/parameter (and 24 GB for 1.5B parameters) agree exactly.
 - The seed's "65B QLoRA fine-tune < 48 GB" is about the weights: NF4 with double quantization
   (block 64 for weights, 256 for constants) is 0.5 + 0.0159 bytes/parameter = 4.127 bits; here too.

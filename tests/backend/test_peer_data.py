@@ -1,9 +1,9 @@
 """The two real datasets from another project load as they are, by their entries in the project's own
-dataset_info.json (or, without it, with their format detected), and fine-tune the bundled model
-(shared/peer-data, kept byte for byte); its preference entry is refused for SFT.
+dataset_info.json (or, without it, with their format detected), and fine-tune the bundled model;
+its preference entry is refused for SFT.
 
-A byte-for-byte copy lives in tests/fixtures/peer-data so that a clone without ../shared (CI's clean
-clone) runs these tests too; where ../shared is present, the copy is checked against it."""
+The files are LLaMA-Factory's `data/` demo files, kept byte for byte in tests/fixtures/peer-data
+(its README.md says where they come from); their SHA-256 sums below pin those bytes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from backend.training.examples import DatasetReader
 from backend.training.records import detect_format, read_records, to_conversation
 from tests.conftest import ROOT
 
-SHARED = ROOT.parent / "shared" / "peer-data"
 PEER = ROOT / "tests" / "fixtures" / "peer-data"
 CASES = [("alpaca_en_demo.json", "alpaca", 999), ("glaive_toolcall_en_demo.json", "sharegpt", 300)]
 SHA256 = {"alpaca_en_demo.json": "bcc37c64db1a739a0789a1b81f251146fcf4459f903474bc9e3c21bbb5628318",
@@ -31,8 +30,6 @@ def test_fixture_copy_is_unchanged(name):
     """The copy must stay the peer project's bytes, or the test stops proving anything about them."""
     data = (PEER / name).read_bytes()
     assert hashlib.sha256(data).hexdigest() == SHA256[name]
-    if SHARED.is_dir():
-        assert data == (SHARED / name).read_bytes()
 
 
 @pytest.mark.parametrize("name, fmt, count", CASES)
@@ -60,13 +57,9 @@ def test_dataset_info_entry_is_honoured_and_agrees_with_detection(tmp_path, name
 
 def test_the_preference_entry_is_refused_naming_it(tmp_path):
     shutil.copy(PEER / "dataset_info.json", tmp_path / "dataset_info.json")
-    dpo = SHARED / "dpo_en_demo.json"
-    if dpo.is_file():
-        shutil.copy(dpo, tmp_path / "dpo_en_demo.json")
-    else:  # a clean clone: one record of the same shape
-        turn = {"from": "human", "value": "Hi"}
-        (tmp_path / "dpo_en_demo.json").write_text(json.dumps([{"conversations": [turn], "chosen": {
-            "from": "gpt", "value": "Hello!"}, "rejected": {"from": "gpt", "value": "Go away."}}]))
+    turn = {"from": "human", "value": "Hi"}  # one record of dpo_en_demo.json's shape
+    (tmp_path / "dpo_en_demo.json").write_text(json.dumps([{"conversations": [turn], "chosen": {
+        "from": "gpt", "value": "Hello!"}, "rejected": {"from": "gpt", "value": "Go away."}}]))
     with pytest.raises(JobError) as caught:
         DatasetReader(tmp_path / "dpo_en_demo.json")
     message = caught.value.message
