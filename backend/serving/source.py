@@ -1,0 +1,139 @@
+"""What a serving estimate is of: a model folder, an export, or a run folder, turned into the
+config.json to read, the format the server loads, and the path (and flags) vLLM is given.
+
+A run folder is served from its export of the asked format when one is there; a run without a merged
+export is served as its base with the adapter beside it (vLLM's --enable-lora); a format not yet
+exported is predicted from the base's config.json and said so. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backend.estimate.families import FAMILIES, load_model_config, text_part
+from backend.export.formats import EXPORT_REPORT, is_gguf
+from backend.serving.weights import SERVED_FORMATS
+
+ORDER = ("merged", "bnb-8bit", "bnb-4bit", "gguf-f16", "gguf-q8_0", "gguf-q5_0", "gguf-q4_0")
+"""Which of a run's exports is sized when --format is not given: the first one there."""
+
+
+@dataclass
+class ServeSource:
+    """The model to size and the `vllm serve` target."""
+
+    serve_path: str
+    config: dict[str, Any]
+    fmt: str
+    adapter_bytes: int = 0
+    flags: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve(text: str, fmt: str | None) -> ServeSource:
+    """The ServeSource of a folder the user named, or a one-line ValueError saying what it lacks."""
+    if fmt is not None and fmt not in SERVED_FORMATS:
+        raise ValueError(f"--format {fmt}: a server loads {', '.join(SERVED_FORMATS)}")
+    path = Path(text).expanduser().absolute()
+    if path.is_file() and path.suffix == ".gguf" and (path.parent / EXPORT_REPORT).is_file():
+        path = path.parent
+    if not path.exists():
+        raise ValueError(f"{path}: no such folder; give a run folder, an export folder or a model folder with config.json")
+    if not path.is_dir():
+        raise ValueError(f"{path}: is a file; give a run folder, an export folder or a model folder with config.json")
+    if (path / "config.yaml").is_file():
+        return _run(path, fmt)
+    if (path / EXPORT_REPORT).is_file():
+        return _export(path, fmt)
+    if (path / "config.json").is_file():
+        return ServeSource(str(path), load_model_config(path), fmt or "merged",
+                           notes=[] if fmt in (None, "merged") else
+                           [f"a model folder sized as if exported to {fmt}; the line serves the folder itself"])
+    raise ValueError(f"{path}: no config.json, {EXPORT_REPORT} or config.yaml in it; give a model folder, an export "
+                     "or a run folder (`finetune-studio runs list` shows the runs)")
+
+
+def _export(path: Path, fmt: str | None) -> ServeSource:
+    try:
+        report = json.loads((path / EXPORT_REPORT).read_text(encoding="utf-8"))
+        written = str(report["format"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{path / EXPORT_REPORT}: unreadable or without a format; export the run again") from None
+    if fmt is not None and fmt != written:
+        raise ValueError(f"--format {fmt}: {path} is a {written} export; leave --format out or name its run folder")
+    if written == "adapter":
+        raise ValueError(f"{path} is an adapter; give its run folder to serve it on its base")
+    flags: list[str] = []
+    if is_gguf(written):
+        base = Path(str(report.get("base_model", "")))
+        config = load_model_config(base if (base / "config.json").is_file() else path)
+        flags = ["--tokenizer", str(path)]
+        return ServeSource(str(path / "model.gguf"), config, written, flags=flags,
+                           notes=["vLLM's GGUF loading is experimental; llama.cpp's server loads the same file"])
+    if written.startswith("bnb-"):
+        flags = ["--quantization", "bitsandbytes"]
+    return ServeSource(str(path), load_model_config(path), written, flags=flags)
+
+
+def _run(path: Path, fmt: str | None) -> ServeSource:
+    from backend.config import RunConfig
+
+    exports = path / "exports"
+    chosen = fmt or next((f for f in ORDER if (exports / f / EXPORT_REPORT).is_file()), "merged")
+    if (exports / chosen / EXPORT_REPORT).is_file():
+        return _export(exports / chosen, None)
+    config = RunConfig.load(path / "config.yaml")
+    method = config.technique.method
+    base = path / "model" if method == "full" else config.resolved_model_path()
+    raw = load_model_config(base)
+    adapter = path / "adapter"
+    if chosen == "merged" and method != "full" and (adapter / "adapter_model.safetensors").is_file():
+        params = safetensors_params(adapter / "adapter_model.safetensors")
+        rank = config.technique.lora_rank
+        return ServeSource(str(base), raw, "merged", adapter_bytes=2 * params,
+                           flags=["--enable-lora", "--lora-modules", f"{path.name}={adapter}",
+                                  "--max-lora-rank", str(_lora_slot(rank))],
+                           notes=[f"no merged export: the base served with the adapter ({params:,} parameters, "
+                                  "counted in 16-bit); `finetune-studio export RUN_DIR --format merged` serves it "
+                                  "without LoRA's extra matmuls"])
+    target = exports / chosen
+    return ServeSource(str(target), raw, chosen,
+                       flags=["--quantization", "bitsandbytes"] if chosen.startswith("bnb-") else [],
+                       notes=[f"not exported yet: sized from {base}/config.json; `finetune-studio export {path} "
+                              f"--format {chosen}` writes {target}"])
+
+
+def _lora_slot(rank: int) -> int:
+    """vLLM's --max-lora-rank takes 8, 16, 32, 64, ...: the smallest that holds the run's rank."""
+    return max(8, 1 << math.ceil(math.log2(rank)))
+
+
+def safetensors_params(path: Path) -> int:
+    """Element count of a safetensors file from its header (8-byte length, then JSON): no tensor read."""
+    try:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        raise ValueError(f"{path}: not a readable safetensors file; train or export the run again") from None
+
+
+def max_positions(raw: dict[str, Any]) -> int:
+    """The longest context the model takes (vLLM refuses a longer --max-model-len): config.json's
+    max_position_embeddings (GPT-2: n_positions), else its config class's default."""
+    text, _ = text_part(raw)
+    value = text.get("max_position_embeddings", text.get("n_positions"))
+    if value is None:
+        value = FAMILIES.get(str(text.get("model_type")), (None, {}))[1].get(
+            "n_positions" if text.get("model_type") == "gpt2" else "max_position_embeddings")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        source = raw.get("_source", "config.json")
+        raise ValueError(f"{source}: max_position_embeddings is {value!r}, not a positive integer; copy config.json "
+                         "unchanged from the model's Hugging Face repository")
+    return value

@@ -1,0 +1,60 @@
+"""The weights an export holds on the GPU, by format: the parameter count times each format's bytes.
+
+16-bit: 2 B per parameter (vLLM's dtype auto serves an fp32 checkpoint in 16-bit too). bitsandbytes
+quantizes the decoder's nn.Linear weights only (backend.estimate.states says why the fused experts
+and routers stay 16-bit): LLM.int8 1 B plus one fp32 scale per output row; NF4 with double
+quantization as backend.estimate.quantization counts it. GGUF: the block sizes of the GGML types
+(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.export.formats states the same per
+parameter) for every matrix, F32 for 1-D tensors. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backend.estimate.architectures import Arch, Dims, all_linears, count_params
+from backend.estimate.quantization import nf4_bytes
+
+GGUF_BLOCK_BYTES: dict[str, float] = {"gguf-f16": 2.0, "gguf-q8_0": 34 / 32, "gguf-q5_0": 22 / 32, "gguf-q4_0": 18 / 32}
+"""GGML type bytes per weight: a block of 32 weights is one fp16 scale plus 8-, 5- or 4-bit values."""
+
+SERVED_FORMATS = ("merged", "bnb-8bit", "bnb-4bit", *GGUF_BLOCK_BYTES)
+"""Formats a server loads as they are (an adapter is served on its base: see source.py)."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Bytes of the weights per GPU, and how they were counted."""
+
+    bytes: int
+    params: int
+    how: str
+
+
+def weight_bytes(arch: Arch, dims: Dims, fmt: str, tensor_parallel: int = 1) -> Weights:
+    """The weights of `fmt` on one GPU; tensor parallelism splits every matrix (and vLLM's
+    vocabulary-parallel embedding) across the GPUs, so the share is 1/T of the whole."""
+    counts = count_params(arch, dims)
+    total = counts.total
+    if fmt == "merged":
+        held, how = 2 * total, "16-bit: 2 B per parameter"
+    elif fmt == "bnb-8bit":
+        linears = [(lin.inp, lin.out, n) for lin, n in all_linears(arch, dims)] + list(dims.extra_linears)
+        scales = sum(out * n for _, out, n in linears) * 4
+        linear = counts.linear_weights + dims.extra_linear_params
+        held = linear + scales + 2 * (total - linear)
+        how = "LLM.int8: 1 B per linear weight + one fp32 scale per row; the rest 16-bit"
+    elif fmt == "bnb-4bit":
+        linears = [(lin.inp, lin.out, n) for lin, n in all_linears(arch, dims)] + list(dims.extra_linears)
+        nf4 = sum(sum(nf4_bytes(inp * out, double_quant=True).values()) * n for inp, out, n in linears)
+        linear = counts.linear_weights + dims.extra_linear_params
+        held = nf4 + 2 * (total - linear)
+        how = "NF4 with double quantization: about 0.52 B per linear weight; the rest 16-bit"
+    elif fmt in GGUF_BLOCK_BYTES:
+        vectors = counts.norms + counts.linear_biases
+        per = GGUF_BLOCK_BYTES[fmt]
+        held = int((counts.text - vectors) * per) + 4 * vectors  # the GGUF writer skips a vision tower
+        how = f"GGUF {fmt[5:].upper()}: {per:.4g} B per matrix weight, 1-D tensors F32"
+    else:
+        raise ValueError(f"--format {fmt}: a server loads {', '.join(SERVED_FORMATS)} (an adapter is served on its base)")
+    return Weights(-(-held // tensor_parallel), total, how + (f", split over {tensor_parallel} GPUs" if tensor_parallel > 1 else ""))
