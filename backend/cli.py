@@ -312,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     from backend.cli_export import add_export_parser
 
     add_export_parser(sub)
+    from backend.cli_serve import add_serve_estimate_parser
+
+    add_serve_estimate_parser(sub)
     return parser
 
 
