@@ -27,7 +27,7 @@ def estimate_serving(source: ServeSource, card: Card, context: int | None, concu
     if context is not None and context > positions:
         raise ValueError(f"--context {context}: the model takes at most {positions:,} tokens "
                          "(max_position_embeddings); vLLM refuses a longer --max-model-len")
-    sizing = Sizing(arch, dims, source.fmt, card, positions, source.adapter_bytes)
+    sizing = Sizing(arch, dims, source.fmt, card, positions, source.lora_rank)
     result: dict[str, Any] = {
         "model": source.serve_path, "format": source.fmt, "model_type": dims.model_type,
         "card_gb": card.gb, "gpu_memory_utilization": card.utilization, "tensor_parallel_size": card.tensor_parallel,

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.estimate.architectures import Arch, Dims
+from backend.estimate.architectures import Arch, Dims, all_linears
 from backend.estimate.breakdown import GIB
 from backend.estimate.estimator import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
 from backend.serving.kv_cache import KVLayout
@@ -80,6 +80,13 @@ def activation_bytes(arch: Arch, dims: Dims, card: Card, seqs: int) -> int:
     return forward + rows * math.ceil(dims.vocab / tp) * SAMPLER_BYTES_PER_LOGIT
 
 
+def lora_slot_bytes(arch: Arch, dims: Dims, rank: int, tensor_parallel: int = 1) -> int:
+    """What --enable-lora adds on the GPU: vLLM wraps every decoder linear and preallocates A and B at
+    --max-lora-rank for --max-loras adapters (1 by default), 16-bit, whatever the adapter targets."""
+    per_rank = sum((lin.inp + lin.out) * count for lin, count in all_linears(arch, dims))
+    return -(-2 * rank * per_rank // tensor_parallel)
+
+
 def runtime_bytes() -> int:
     """Memory outside the KV cache and the profile: the CUDA context and cuBLAS workspace, as the
     training estimate counts them (measured on an H200: docs/benchmarks.md)."""
@@ -89,15 +96,16 @@ def runtime_bytes() -> int:
 class Sizing:
     """One model, one format, one card: solves for sequences at a context and context at a count."""
 
-    def __init__(self, arch: Arch, dims: Dims, fmt: str, card: Card, max_positions: int, adapter_bytes: int = 0) -> None:
+    def __init__(self, arch: Arch, dims: Dims, fmt: str, card: Card, max_positions: int, lora_rank: int = 0) -> None:
         if dims.heads % card.tensor_parallel:
             raise ValueError(f"--tensor-parallel {card.tensor_parallel}: vLLM splits the {dims.heads} attention "
                              "heads evenly over the GPUs; pick a count that divides them")
         self.arch, self.dims, self.card, self.max_positions = arch, dims, card, max_positions
         weights = weight_bytes(arch, dims, fmt, card.tensor_parallel)
-        if adapter_bytes:  # a LoRA adapter served beside its base (source.py)
-            weights = Weights(weights.bytes + -(-adapter_bytes // card.tensor_parallel), weights.params,
-                              weights.how + f"; + the adapter's {adapter_bytes / 2**20:.1f} MiB")
+        if lora_rank:
+            slot = lora_slot_bytes(arch, dims, lora_rank, card.tensor_parallel)
+            weights = Weights(weights.bytes + slot, weights.params,
+                              weights.how + f"; + one LoRA slot of rank {lora_rank}, {slot / 2**20:.1f} MiB")
         self.weights: Weights = weights
         self.kv = KVLayout.of(dims, tensor_parallel=card.tensor_parallel)
         self.runtime = runtime_bytes()

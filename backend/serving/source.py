@@ -30,7 +30,8 @@ class ServeSource:
     serve_path: str
     config: dict[str, Any]
     fmt: str
-    adapter_bytes: int = 0
+    lora_rank: int = 0
+    """--max-lora-rank when the adapter is served beside its base (0: no LoRA)."""
     flags: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -94,13 +95,13 @@ def _run(path: Path, fmt: str | None) -> ServeSource:
     adapter = path / "adapter"
     if chosen == "merged" and method != "full" and (adapter / "adapter_model.safetensors").is_file():
         params = safetensors_params(adapter / "adapter_model.safetensors")
-        rank = config.technique.lora_rank
-        return ServeSource(str(base), raw, "merged", adapter_bytes=2 * params,
-                           flags=["--enable-lora", "--lora-modules", f"{path.name}={adapter}",
-                                  "--max-lora-rank", str(_lora_slot(rank))],
-                           notes=[f"no merged export: the base served with the adapter ({params:,} parameters, "
-                                  "counted in 16-bit); `finetune-studio export RUN_DIR --format merged` serves it "
-                                  "without LoRA's extra matmuls"])
+        slot = lora_slot(config.technique.lora_rank)
+        return ServeSource(str(base), raw, "merged", lora_rank=slot,
+                           flags=["--enable-lora", "--lora-modules", f"{path.name}={adapter}", "--max-lora-rank",
+                                  str(slot)],
+                           notes=[f"no merged export: the base served with the adapter ({params:,} parameters) in a "
+                                  f"LoRA slot of rank {slot}; `finetune-studio export {path} --format merged` serves "
+                                  "it without LoRA's extra matmuls"])
     target = exports / chosen
     return ServeSource(str(target), raw, chosen,
                        flags=["--quantization", "bitsandbytes"] if chosen.startswith("bnb-") else [],
@@ -108,9 +109,17 @@ def _run(path: Path, fmt: str | None) -> ServeSource:
                               f"--format {chosen}` writes {target}"])
 
 
-def _lora_slot(rank: int) -> int:
-    """vLLM's --max-lora-rank takes 8, 16, 32, 64, ...: the smallest that holds the run's rank."""
-    return max(8, 1 << math.ceil(math.log2(rank)))
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM's --max-lora-rank accepts (vllm/config/lora.py, MaxLoRARanks)."""
+
+
+def lora_slot(rank: int) -> int:
+    """The smallest --max-lora-rank that holds the run's rank, or a one-line refusal above 512."""
+    slot = next((r for r in LORA_RANKS if r >= rank), None)
+    if slot is None:
+        raise ValueError(f"technique.lora_rank {rank}: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}; export the run "
+                         "merged (`finetune-studio export RUN_DIR --format merged`) and size that")
+    return slot
 
 
 def safetensors_params(path: Path) -> int:

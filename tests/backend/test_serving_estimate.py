@@ -183,7 +183,17 @@ def test_a_run_without_export_is_its_base_with_the_adapter(tmp_path, capsys):
     assert data["format"] == "merged" and data["model"].endswith("meta-llama--Llama-3.2-1B-Instruct")
     assert f"--lora-modules {folder.path.name}={folder.path / 'adapter'} --max-lora-rank 8" in data["plans"][0]["vllm"]
     arch, dims, _ = read_dims(model_configs.load("meta-llama--Llama-3.2-1B-Instruct"))
-    assert data["plans"][0]["weights"] == weight_bytes(arch, dims, "merged").bytes + 2 * 8 * 1024
+    per_rank = 16 * (2 * (2048 + 2048) + 2 * (2048 + 512) + 3 * (2048 + 8192))  # per layer: q o, k v, gate up down
+    assert data["plans"][0]["weights"] == weight_bytes(arch, dims, "merged").bytes + 2 * 8 * per_rank
+    assert "(8,192 parameters) in a LoRA slot of rank 8" in data["notes"][0]
+
+
+def test_lora_ranks_vllm_takes():
+    from backend.serving.source import lora_slot
+
+    assert [lora_slot(r) for r in (1, 4, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
+    with pytest.raises(ValueError, match="up to 512"):
+        lora_slot(1024)
 
 
 def test_a_run_uses_its_export(tmp_path, capsys):
