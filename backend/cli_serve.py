@@ -3,7 +3,7 @@
 Prints the memory split (weights, KV cache per token, activations, runtime), the most sequences at
 a context and the longest context at a concurrency that fit in gpu_memory_utilization x the card,
 and the `vllm serve` line with those numbers (printed, never run). Torch-free; a bad folder or an
-unusable config.json is one line and exit 2.
+unusable config.json is one line and exit 2; a model that does not fit the card is said and exits 1.
 """
 
 from __future__ import annotations
@@ -65,11 +65,8 @@ def cmd_serve_estimate(args: argparse.Namespace) -> int:
         raise
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(format_result(result))
-    return 0 if not result.get("does_not_fit") else 1
+    print(json.dumps(result) if args.json else format_result(result))
+    return 1 if result.get("does_not_fit") else 0
 
 
 def _gib(value: int) -> str:

@@ -49,6 +49,32 @@ def test_kv_cache_matches_what_transformers_holds(family, tokens):
         assert held == tokens * layout.token_bytes  # 2 x layers x KV heads x head_dim x bytes, per token
 
 
+def paged_cache(family: str, blocks: int = 64, page: int = 16) -> tuple[int, int, KVLayout]:
+    """(bytes of the paged cache tensor transformers' continuous batching allocates for `blocks` pages of
+    `page` tokens in every layer, less its two trash sectors; the same from the formula; the layout)."""
+    import torch
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    config = families.tiny_config(family)
+    settings = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=64, max_memory_percent=0.5,
+                                        max_blocks_per_request=8)
+    cache = PagedAttentionCache(config, settings, "cpu", DistributedHelper(None, None), dtype=torch.float32)
+    held = cache.cache_tensor.numel() * cache.cache_tensor.element_size() - 2 * cache.bytes_per_sector
+    _, dims, _ = read_dims(config.to_dict())
+    layout = KVLayout.of(dims, value_bytes=4)
+    return held, blocks * page * layout.token_bytes, layout
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen3_moe"])
+def test_a_servers_paged_cache_is_the_formula_per_block(family):
+    """transformers' continuous-batching cache (what `transformers serve` batches with): a page of 16
+    tokens in every layer costs 16 x the per-token figure, sliding layers included."""
+    held, predicted, _ = paged_cache(family)
+    assert held == predicted
+
+
 def test_sliding_layers_keep_window_minus_one_tokens():
     held, _, layout = measured_cache("gemma2", 50)
     assert layout.sliding_layers == 1 and layout.full_layers == 1 and layout.window == 32
@@ -140,6 +166,8 @@ def test_cli_prints_the_line_without_torch():
     done = _cli(_fixture("Qwen--Qwen3-8B"), "--card-gb", "24", "--concurrency", "4")
     assert done.returncode == 0, done.stderr
     assert "max_num_seqs" in done.stdout and done.stdout.count("vllm serve ") == 2
+    big = _cli(_fixture("meta-llama--Llama-3.3-70B-Instruct"), "--card-gb", "24", "--json")
+    assert big.returncode == 1 and json.loads(big.stdout)["does_not_fit"].startswith("the weights")
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -223,6 +251,11 @@ def main() -> None:
         held, predicted, layout = measured_cache(family, tokens)
         print(f"| {family} | {tokens} | {layout.window or '-'} | {held:,} | {predicted:,} | "
               f"{tokens * layout.token_bytes:,} |")
+    print("\n| family | paged cache, 64 blocks of 16 tokens (B, trash sectors excluded) | formula (B) |")
+    print("|---|---|---|")
+    for family in ("llama", "gemma2", "gpt2", "qwen3_moe"):
+        held, predicted, _ = paged_cache(family)
+        print(f"| {family} | {held:,} | {predicted:,} |")
 
 
 if __name__ == "__main__":
