@@ -99,7 +99,11 @@ def format_result(r: dict[str, Any]) -> str:
             lines.append(f"\n{plan['max_num_seqs']} sequences at once: context up to {plan['context']:,} tokens "
                          f"({per_seq} of KV cache each, {_gib(plan['kv_budget'])} free for it)")
         lines += [f"  note: {note}" for note in plan["notes"]]
-        lines.append(f"  {plan['vllm']}" if plan.get("vllm") else "  nothing fits: not even one block per sequence")
+        if plan.get("vllm"):
+            lines.append(f"  {plan['vllm']}")
+        else:
+            lines.append(f"  nothing fits: {plan['max_num_seqs']} sequences cannot each hold even one token" if
+                         plan["given"] == "concurrency" else "  nothing fits: not one sequence of that length")
     lines += [f"note: {note}" for note in r["notes"]]
     lines.append("note: every sequence is counted at its full context at once (vLLM preempts past that); CUDA graphs "
                  "are captured after the KV cache is sized and come out of the card's other "

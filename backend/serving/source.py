@@ -73,7 +73,8 @@ def _export(path: Path, fmt: str | None) -> ServeSource:
     if is_gguf(written):
         base = Path(str(report.get("base_model", "")))
         config = load_model_config(base if (base / "config.json").is_file() else path)
-        flags = ["--tokenizer", str(path)]
+        # The GGUF export holds the tokenizer inside the file only; vLLM reads a Hugging Face one beside it.
+        flags = ["--tokenizer", str(path if (path / "tokenizer.json").is_file() else base)]
         return ServeSource(str(path / "model.gguf"), config, written, flags=flags,
                            notes=["vLLM's GGUF loading is experimental; llama.cpp's server loads the same file"])
     if written.startswith("bnb-"):

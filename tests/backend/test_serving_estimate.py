@@ -134,6 +134,18 @@ def test_a_smaller_format_serves_more():
     assert _sizing("meta-llama--Llama-3.3-70B-Instruct").does_not_fit().startswith("the weights")
 
 
+def test_the_profile_run_grows_with_the_sampler_rows_up_to_the_batched_tokens():
+    from backend.serving.sizing import activation_bytes
+
+    arch, dims, _ = read_dims(model_configs.load("meta-llama--Llama-3.1-8B-Instruct"))
+    card = Card(24)
+    one, many = activation_bytes(arch, dims, card, 1), activation_bytes(arch, dims, card, 101)
+    assert many - one == 100 * 128256 * 14  # 16-bit logits + fp32 copy, probabilities, log-probabilities
+    assert activation_bytes(arch, dims, card, 5000) == activation_bytes(arch, dims, card, card.batched_tokens)
+    # Llama's MLP (gate, up, activation output: 3 x 14336) is the larger half of a layer over 2048 tokens.
+    assert one == 2048 * 2 * (2 * 4096 + 3 * 14336) + 128256 * 14
+
+
 def test_tensor_parallel_must_divide_the_heads():
     arch, dims, _ = read_dims(model_configs.load("meta-llama--Llama-3.1-8B-Instruct"))
     with pytest.raises(ValueError, match="--tensor-parallel 3"):
@@ -235,7 +247,7 @@ def test_a_run_uses_its_export(tmp_path, capsys):
     assert main(["serve-estimate", str(folder.path), "--card-gb", "8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["format"] == "gguf-q4_0" and data["model"] == str(gguf / "model.gguf")
-    assert data["plans"][0]["vllm"].endswith(f"--tokenizer {gguf}")
+    assert data["plans"][0]["vllm"].endswith(f"--tokenizer {_fixture('meta-llama--Llama-3.2-1B-Instruct')}")
     assert main(["serve-estimate", str(gguf), "--card-gb", "8", "--format", "merged"]) == 2
     assert "is a gguf-q4_0 export" in capsys.readouterr().err
     assert main(["serve-estimate", str(folder.path), "--card-gb", "8", "--format", "bnb-4bit", "--json"]) == 0
