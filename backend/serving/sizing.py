@@ -73,8 +73,10 @@ def activation_bytes(arch: Arch, dims: Dims, card: Card, seqs: int) -> int:
     sampler's rows (one per sequence, at most one per scheduled token)."""
     t, tp = card.batched_tokens, card.tensor_parallel
     attention = (2 * dims.q_dim + 2 * dims.kv_dim) // tp
-    inter = dims.expert_intermediate * dims.top_k if dims.moe_layers else dims.intermediate
-    mlp = 3 * inter // tp + (dims.hidden if dims.moe_layers else 0)
+    dense = 3 * dims.intermediate if dims.layers > dims.moe_layers else 0
+    # A MoE layer: each token's top-k experts' gate-up and activation output, their outputs, a shared expert.
+    moe = 3 * (dims.expert_intermediate * dims.top_k + dims.shared_intermediate) + dims.hidden if dims.moe_layers else 0
+    mlp = max(dense, moe) // tp
     forward = t * 2 * (2 * dims.hidden + max(attention, mlp))
     rows = min(seqs, t)
     return forward + rows * math.ceil(dims.vocab / tp) * SAMPLER_BYTES_PER_LOGIT
