@@ -169,14 +169,9 @@ from backend.estimate.architectures import (
     layer_kinds,
     layer_linears,
 )
-from backend.estimate.breakdown import GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
-from backend.estimate.estimator import (
-    ALLOCATOR_SLACK,
-    CUBLAS_WORKSPACE_BYTES,
-    CUDA_CONTEXT_BYTES,
-    dora_transient,
-    estimate,
-)
+from backend.estimate.breakdown import CUDA_PARTS, GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
+from backend.estimate.cuda import ALLOCATOR_RESERVE, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+from backend.estimate.estimator import dora_transient, estimate
 from backend.estimate.families import FAMILIES, load_model_config, read_dims
 from backend.estimate.quantization import ADAM8_BLOCK, ADAM8_MIN_SIZE, NF4_BLOCK, NF4_DQ_BLOCK, nf4_bytes
 from backend.estimate.setup import Setup, resolve_setup
@@ -187,10 +182,11 @@ ARCHITECTURES: dict[str, Arch] = {model_type: arch for model_type, (arch, _) in 
 __all__ = [
     "ADAM8_BLOCK",
     "ADAM8_MIN_SIZE",
-    "ALLOCATOR_SLACK",
+    "ALLOCATOR_RESERVE",
     "ARCHITECTURES",
     "CUBLAS_WORKSPACE_BYTES",
     "CUDA_CONTEXT_BYTES",
+    "CUDA_PARTS",
     "FAMILIES",
     "GIB",
     "GPT_NEOX",
