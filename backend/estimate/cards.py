@@ -8,6 +8,9 @@ such cards report (the H200's is 98.6%), so a "fits" errs on the safe side.
 
 from __future__ import annotations
 
+from typing import Any
+
+from backend.config import RunConfig
 from backend.estimate.breakdown import GIB
 
 CARD_SIZES_GB = (8, 12, 16, 24, 32, 40, 48, 80, 96, 141)
@@ -41,3 +44,18 @@ def cards_sentence(total_bytes: int) -> str:
         return f"fits none of the common cards (up to {CARD_SIZES_GB[-1]} GB)"
     text = "fits " + ", ".join(str(gb) for gb in fits) + " GB cards"
     return text + (f"; not {_join(not_fits)}" if not_fits else "")
+
+
+def cuda_cards(config: RunConfig, result: Any, answer: int | None, gpus: int | None, zero_stage: int | None) -> dict:
+    """Which common card sizes the run fits on CUDA (a CUDA estimate even on a CPU machine)."""
+    from backend.device_caps import device_caps
+    from backend.run_estimate import estimate_run
+
+    if result.device != "cuda":
+        result = estimate_run(config, "cuda", caps=device_caps("cuda"), target_tokens=answer, num_gpus=gpus,
+                              zero_stage=zero_stage)
+    total = result.total_bytes
+    if total is None:
+        return {"fits": [], "not": [], "sentence": f"no CUDA estimate: {result.problem}"}
+    fits, not_fits = fitting_cards(total)
+    return {"fits": fits, "not": not_fits, "sentence": cards_sentence(total), "cuda_total_bytes": total}

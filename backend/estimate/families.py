@@ -328,3 +328,13 @@ def _moe_dims(arch: Arch, r: _Reader, layers: int) -> dict[str, Any]:
     if arch.shared_expert:
         out["shared_intermediate"] = r.positive("shared_expert_intermediate_size")
     return out
+
+
+def max_positions(raw: dict[str, Any]) -> int | None:
+    """The longest sequence the model's positions cover (max_position_embeddings, GPT-2's n_positions),
+    read through the same aliases and defaults as read_dims; None when neither file nor class says."""
+    text, _ = text_part(raw)
+    arch, defaults = FAMILIES.get(str(text.get("model_type") or ""), (LLAMA, dict(_COMMON)))
+    aliases = {**ATTRIBUTE_MAPS.get(str(text.get("model_type")), {}), **_OWN_KEYS.get(arch.family, {})}
+    value = _Reader(text, defaults, aliases, str(text.get("_source", "config.json"))).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
