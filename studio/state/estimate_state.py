@@ -182,7 +182,7 @@ class EstimateState(QObject):
             config = None
         raw = self.model_config(config.model.path) if config is not None else None
         if config is not None and raw is not None and self.breakdown is not None:
-            self.cards = cuda_cards(config, self._result, self.longest_answer, None, None)
+            self.cards = cuda_cards(config, self._result, self.longest_answer, None, None, model_config=raw)
             if self.limit_bytes:
                 total = run_total(self.device, caps=self.caps(), target_tokens=self.longest_answer,
                                   calibration=self.calibration, data_problem=self.data_problem, model_config=raw)

@@ -45,3 +45,15 @@ def test_cards_a_total_fits():
     assert cards_sentence(15 * GIB) == "fits 16, 24, 32, 40, 48, 80, 96, 141 GB cards; not 8 or 12"
     assert cards_sentence(16 * GIB).startswith("fits 24,")  # 16 GiB is more than a 16 GB card gives
     assert cards_sentence(200 * GIB).startswith("fits none")
+
+
+def test_cards_of_a_cpu_estimate_use_the_config_json_given():
+    """The studio estimates a preset before its download from config.json alone: so do its cards."""
+    from backend.estimate import load_model_config
+    from backend.estimate.cards import cuda_cards
+    from backend.run_estimate import estimate_run
+
+    config = _preset("llama-3.2-1b_lora_12gb")  # model.path hub:..., not downloaded here
+    raw = load_model_config(ROOT / "tests" / "fixtures" / "model_configs" / "meta-llama--Llama-3.2-1B-Instruct")
+    cards = cuda_cards(config, estimate_run(config, "cpu", model_config=raw), None, None, None, model_config=raw)
+    assert cards["not"] == [8, 12] and cards["cuda_total_bytes"] == estimate(raw, config, device="cuda").total_bytes
