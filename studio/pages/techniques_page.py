@@ -109,8 +109,7 @@ class TechniquesPage(QWidget):
                 self.labels[key] = text
                 form.addRow(text, widget)
                 if key == "train.seq_len":  # the inverse question, right under the field it answers
-                    self.max_seq_len_label = QLabel()
-                    self.max_seq_len_label.setWordWrap(True)
+                    self.max_seq_len_label = QLabel("Longest that fits: …")  # one short line; the sentence in its tooltip
                     self.max_seq_len_label.setStyleSheet("color: palette(placeholder-text);")
                     form.addRow("", self.max_seq_len_label)
             if title == "Objective":
@@ -174,12 +173,17 @@ class TechniquesPage(QWidget):
         """The longest seq_len that fits this device's memory (EstimateState.seq_len_answer)."""
         answer = self._estimate.seq_len_answer
         if answer is None:
-            self.max_seq_len_label.setText("")
+            self.max_seq_len_label.setText("Longest that fits: …")
             return
         where = "this GPU" if self._estimate.device == "cuda" else "this machine's RAM"
-        self.max_seq_len_label.setText(answer.sentence(where).replace("longest seq_len", "Longest", 1))
-        self.max_seq_len_label.setToolTip(f"The longest train.seq_len whose estimated total fits "
-                                          f"{self._estimate.limit_label or where}, with every other setting as it is.")
+        if answer.seq_len is None:
+            short = "Longest that fits: none" if not answer.problem else ""
+        else:
+            short = f"Longest that fits: {answer.seq_len:,}" + (" (model's limit)" if answer.capped_at else "")
+        self.max_seq_len_label.setText(short)
+        self.max_seq_len_label.setToolTip(f"{answer.sentence(where)}. The longest train.seq_len whose estimated "
+                                          f"total fits {self._estimate.limit_label or where}, every other setting "
+                                          "as it is.")
 
     def _show_objective(self) -> None:
         """Only the chosen objective's settings; the rewards only for GRPO."""
