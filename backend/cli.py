@@ -216,6 +216,8 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.calibration import Calibration
     from backend.device_caps import detected_device, device_caps
+    from backend.estimate.cards import cuda_cards
+    from backend.estimate.seq_len import cli_longest_seq_len
     from backend.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
@@ -234,13 +236,21 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if breakdown is None:  # an unusable config.json: one line naming the file, the key and the fix
         raise ConfigError(result.problem)
     calibration = result.calibration.note() if device == "cpu" else ""
+    cards = cuda_cards(config, result, answer, args.gpus, args.zero_stage)
+    seq = cli_longest_seq_len(args, config, found, answer) if args.max_seq_len else None
     if args.json:
+        extra = {} if seq is None else {"max_seq_len": seq[0].seq_len, "max_seq_len_limit_bytes": seq[0].limit_bytes,
+                                        "max_seq_len_capped": seq[0].capped_at is not None, "max_seq_len_for": seq[1]}
         print(json.dumps({**breakdown.to_json(), "device": device, "device_source": why, "calibration": calibration,
-                          "start_blocker": result.start_blocker(),
+                          "start_blocker": result.start_blocker(), "cards": cards, **extra,
                           "verdicts": [v.model_dump(mode="json") for v in result.verdicts]}))
+        return 0
+    if seq is not None:
+        print(seq[0].sentence(seq[1]))
         return 0
     print(f"device: {device} ({why})")
     print(breakdown.format_table())
+    print(f"on CUDA: {cards['sentence']} (per GPU; usable memory per card: backend/estimate/cards.py)")
     print(f"logits counted for the data's longest answer, {answer:,} tokens" if answer is not None else
           "logits counted at every position (the worst case: data not read, sampled, or --worst-case)")
     if calibration:
@@ -299,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help='print {"total_bytes": N, "breakdown": {...}, "device": ..., "verdicts": [...]}')
     est.add_argument("--worst-case", action="store_true",
                      help="count logits at every position instead of reading the data for its longest answer")
+    est.add_argument("--max-seq-len", action="store_true",
+                     help="print the longest train.seq_len that fits (one line; with --json the key max_seq_len): "
+                          "on --card-gb's card, else this machine's smallest GPU, else its RAM for a CPU run")
+    est.add_argument("--card-gb", type=positive_int, default=None, metavar="N",
+                     help="with --max-seq-len: a CUDA card of N GB (e.g. 24), its usable memory by backend/estimate/cards.py")
     est.set_defaults(func=cmd_estimate)
     from backend.cli_eval import add_chat_parser, add_eval_parser
 

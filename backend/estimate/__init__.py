@@ -74,13 +74,20 @@ logits
     it, every position, the worst case (raw text), which over-states instruction data by the
     prompts' share. With Liger every position goes through the fused loss, one chunk at a time.
 runtime
-    On CUDA: the CUDA context (outside PyTorch's allocator), cuBLAS workspaces and an allocator
-    allowance for fragmentation. On the CPU, given a calibration: the worker process's own
+    On CUDA: cuBLAS workspaces (the context and the allocator's reserve are parts of their own,
+    below). On the CPU, given a calibration: the worker process's own
     resident memory before the model loads (Python, torch, transformers, the tokenized data),
     which a CPU worker's RSS holds besides the tensors; backend.calibration measures it from this
     machine's runs (backend.run_estimate passes it in). On either device the larger of the transients: the dequantized
     copy of the largest quantized linear (QLoRA / 8-bit), DoRA's weight-norm buffers (see
     `dora_transient`), and FSDP's foreach AdamW buffer (the worker's fused AdamW has none).
+
+allocator_reserve, cuda_context (CUDA only; cuda.py)
+    What the card holds beyond the allocated peak, so that the total is what a card must have:
+    the caching allocator's reserve (cached blocks, rounding, fragmentation: a share of what a step
+    allocates and frees, calibrated on two H200 measurements) and the CUDA context outside the
+    allocator. cards.py says which common card sizes a total fits; seq_len.py the longest
+    train.seq_len that fits a given memory (bisection over the total).
 
 ref_model, ref_adapter, reference, generation (DPO, KTO and GRPO only; objectives.py)
     What TRL's trainers run beyond SFT's one pass: a frozen copy of a start adapter, the no-grad
@@ -103,8 +110,9 @@ Where this differs from the published figures it was first checked against (the 
   paper's coarse count (12 x hidden values per token per layer, fp16: 12*1600*1024*32*48*2 B =
   60 GB). The per-operation count used here is larger for a classic GPT layer (Korthikanti's
   34 + 5as/h instead of 24, i.e. about 290 GB for that model with eager attention; GPT-2's
-  gelu_new and dropout masks add more), and smaller for modern layers with SDPA/flash attention
-  and no dropout.
+  gelu_new and dropout masks add more; on the CPU its attention dropout sends SDPA to the math
+  kernel, which saves the s x s probabilities), and smaller for modern layers with SDPA/flash
+  attention and no dropout. The studio's activations hover says why, per run.
 - "Gradient checkpointing lowers activation memory from O(n) to O(sqrt(n))" holds for sqrt(n)
   checkpoint spacing; Hugging Face checkpoints every layer, which keeps n layer inputs + one layer, so
   the estimate uses that, not sqrt(n).
@@ -127,8 +135,10 @@ Assumptions (where a real run can differ):
   no block-diagonal mask (backend/training/packed_attention.py), except for windowed models
   (sliding_window set), which it hands to transformers' masks: counted, per layer.
 - Every sequence is `train.seq_len` long (the worst case). With packing (the default) a micro-batch is
-  one row of up to micro_batch_size x seq_len tokens, so the eager score matrix and the 4-D mask grow
-  with the square of that row; set packing off (or use FlashAttention-2's varlen path) to avoid it.
+  one row of up to micro_batch_size x seq_len tokens. FlashAttention-2 and the worker's sdpa_packed
+  attend per example, so their s x s terms are per example and linear in the micro-batch; eager
+  attention (and SDPA where sdpa_packed does not apply: shortcuts off, torch.compile, sliding
+  windows) sees the whole row, so its score matrix and 4-D mask grow with the square of that row.
 - NEFTune, packing and LoRA dropout 0 add no saved tensors; LoRA dropout > 0 adds a mask-sized copy
   of each adapted input, counted.
 - MoE experts run transformers' default `grouped_mm` experts implementation (one grouped matmul per
@@ -169,14 +179,9 @@ from backend.estimate.architectures import (
     layer_kinds,
     layer_linears,
 )
-from backend.estimate.breakdown import GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
-from backend.estimate.estimator import (
-    ALLOCATOR_SLACK,
-    CUBLAS_WORKSPACE_BYTES,
-    CUDA_CONTEXT_BYTES,
-    dora_transient,
-    estimate,
-)
+from backend.estimate.breakdown import CUDA_PARTS, GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
+from backend.estimate.cuda import ALLOCATOR_RESERVE, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+from backend.estimate.estimator import dora_transient, estimate
 from backend.estimate.families import FAMILIES, load_model_config, read_dims
 from backend.estimate.quantization import ADAM8_BLOCK, ADAM8_MIN_SIZE, NF4_BLOCK, NF4_DQ_BLOCK, nf4_bytes
 from backend.estimate.setup import Setup, resolve_setup
@@ -187,10 +192,11 @@ ARCHITECTURES: dict[str, Arch] = {model_type: arch for model_type, (arch, _) in 
 __all__ = [
     "ADAM8_BLOCK",
     "ADAM8_MIN_SIZE",
-    "ALLOCATOR_SLACK",
+    "ALLOCATOR_RESERVE",
     "ARCHITECTURES",
     "CUBLAS_WORKSPACE_BYTES",
     "CUDA_CONTEXT_BYTES",
+    "CUDA_PARTS",
     "FAMILIES",
     "GIB",
     "GPT_NEOX",

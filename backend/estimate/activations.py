@@ -128,7 +128,8 @@ def _activations(arch: Arch, d: Dims, s: Setup) -> dict[str, Any]:
     kernel = attention_kernel(d, s)
     e = s.e
     with_scores = kernel in ("eager", "math")
-    eager_scores = s.batch * d.heads * s.seq * s.seq * (4 + (e if e != 4 else 0)) if with_scores else 0
+    rows, length = s.attn_rows
+    eager_scores = rows * d.heads * length * length * (4 + (e if e != 4 else 0)) if with_scores else 0
     return {
         "total": total,
         "per_layer": biggest.total(),

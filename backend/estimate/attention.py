@@ -104,7 +104,8 @@ def attention_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str,
     kernel = attention_kernel(d, s)
     masked = kernel != "eager" and sdpa_mask(d, s, layer_type)
     scores_grad = q_grad or k_grad
-    probs = B * d.heads * S * S
+    rows, length = s.attn_rows  # per example for a packed row cut by the kernel
+    probs = rows * d.heads * length * length
     if kernel == "math":
         # torch's reference kernel: q and k times sqrt(scale) (k repeated for GQA), its softmax,
         # dropout, and V; on the CPU it upcasts bf16/fp16 inputs to fp32 first.
@@ -185,13 +186,15 @@ def attention_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str,
         if kernel == "efficient" or (masked and s.device == "cuda"):
             # CUDA's memory-efficient kernel pads the log-sum-exp to 32 queries and writes its
             # output in (B, S, heads, dim) layout, which o_proj then reads without a copy.
-            saved.put("lse", B * d.heads * (-(-S // 32) * 32) * 4)
+            saved.put("lse", rows * d.heads * (-(-length // 32) * 32) * 4)
             saved.put("sdpa_out", T * d.q_dim * o_e)
             o_in = "sdpa_out"
         else:
             saved.put("lse", B * d.heads * S * 4)
             saved.put("sdpa_out", T * d.q_dim * o_e)
-            o_in = "sdpa_out" if arch.query_layout_bshd else "attn_out"
+            # sdpa_packed joins several examples' outputs with one cat: o_proj reads that copy
+            per_example_cat = bool(s.example_len) and rows > 1
+            o_in = "sdpa_out" if arch.query_layout_bshd and not per_example_cat else "attn_out"
     o_out_e = linear(saved, s, lins["o"], o_in, o_e, True)
     out_grad = input_grad or s.full or bool(s.targets & {"q", "k", "v", "qkv", "o"})
     dropout(saved, s, "attn_resid_dropout", d.resid_dropout, T * d.hidden, o_out_e, out_grad)

@@ -9,6 +9,9 @@ PARTS = ("weights", "adapters", "gradients", "optimizer", "master_weights", "act
 """The parts of a Breakdown, in display order."""
 OBJECTIVE_PARTS = ("ref_model", "ref_adapter", "reference", "generation")
 """The parts DPO, KTO and GRPO add (backend/estimate/objectives.py), shown only when not zero."""
+CUDA_PARTS = ("allocator_reserve", "cuda_context")
+"""What a CUDA card holds beyond torch's allocated tensors (backend/estimate/cuda.py); zero, so not
+shown, on the CPU."""
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -30,6 +33,8 @@ class Breakdown:
     ref_adapter: int = 0
     reference: int = 0
     generation: int = 0
+    allocator_reserve: int = 0
+    cuda_context: int = 0
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -46,7 +51,7 @@ class Breakdown:
         return int(peak) if isinstance(peak, int) and peak > 0 else self.sum_bytes
 
     def breakdown(self) -> dict[str, int]:
-        extra = {part: int(getattr(self, part)) for part in OBJECTIVE_PARTS if getattr(self, part)}
+        extra = {part: int(getattr(self, part)) for part in OBJECTIVE_PARTS + CUDA_PARTS if getattr(self, part)}
         return {**{part: int(getattr(self, part)) for part in PARTS}, **extra}
 
     def to_json(self, details: bool = False) -> dict[str, Any]:

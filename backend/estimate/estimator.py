@@ -11,7 +11,8 @@ from backend.cpu_features import bf16_base
 from backend.estimate.activations import activation_bytes
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
 from backend.estimate.attention import attention_kernel
-from backend.estimate.breakdown import MIB, Breakdown
+from backend.estimate.breakdown import Breakdown
+from backend.estimate.cuda import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, allocator_reserve
 from backend.estimate.families import load_model_config, read_dims
 from backend.estimate.setup import Setup, resolve_setup
 from backend.estimate.states import (
@@ -20,17 +21,6 @@ from backend.estimate.states import (
 
 if TYPE_CHECKING:
     from backend.calibration import Calibration
-
-CUDA_CONTEXT_BYTES = 768 * MIB
-"""CUDA context and loaded kernels per GPU, outside PyTorch's allocator: 750-835 MiB measured on an
-H200 with CUDA 13 and torch 2.11 (the upper end with bitsandbytes loaded); older stacks use less."""
-CUBLAS_WORKSPACE_BYTES = 64 * MIB
-"""cuBLAS / cuBLASLt workspaces, allocated once through PyTorch's caching allocator (64 MiB seen
-on an H200)."""
-ALLOCATOR_SLACK = 0.05
-"""Allowance for allocator fragmentation: this share of the part that changes every step.
-(The first seed article warns that fragmentation can waste up to 30% in extreme cases.)"""
-
 
 def estimate(
     model_config: dict[str, Any] | str | Path,
@@ -199,7 +189,7 @@ def estimate(
     if device == "cuda":
         runtime_detail["cuda_context"] = CUDA_CONTEXT_BYTES
         runtime_detail["cublas_workspace"] = CUBLAS_WORKSPACE_BYTES
-        runtime_detail["allocator_slack"] = int(ALLOCATOR_SLACK * (activations + logits + gradients))
+        runtime_detail["allocator_slack"] = allocator_reserve(activations + logits + gradients)
     # Transients on either device: bitsandbytes dequantizes a k-bit weight for each matmul, DoRA
     # rebuilds its weight norm in every forward pass.
     if s.quant:
@@ -216,7 +206,9 @@ def estimate(
     fwd_bwd_transient = runtime_detail["dequant_buffer"] + runtime_detail["dora_weight_norm"]
     bwd_transient = runtime_detail["dequant_buffer"]  # DoRA's norm is rebuilt in forward passes only
     step_transient = runtime_detail["optimizer_step_buffer"]
-    runtime = fixed + max(fwd_bwd_transient, step_transient)
+    # The context and the allocator's reserve are parts of their own (what the card holds beyond torch's tensors).
+    runtime = fixed - runtime_detail["cuda_context"] - runtime_detail["allocator_slack"] + max(fwd_bwd_transient,
+                                                                                               step_transient)
 
     static = weights + adapters + optimizer + master
     # Gradients that do not exist yet while the first layer is recomputed: its own and the input
@@ -296,6 +288,8 @@ def estimate(
         activations=activations,
         logits=logits,
         runtime=runtime,
+        cuda_context=runtime_detail["cuda_context"],
+        allocator_reserve=runtime_detail["allocator_slack"],
         details=details,
     )
 

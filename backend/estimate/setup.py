@@ -38,10 +38,22 @@ class Setup:
     """Bytes per element of the hidden states between layers (the embedding's dtype)."""
     packing: bool = False
     """Rows are packed examples (restarting position ids), which gives windowed models a mask."""
+    example_len: int = 0
+    """With packing, the length of one example when attention runs per example (FlashAttention-2's
+    varlen path, the worker's sdpa_packed): its s x s terms are per example, not per packed row; 0
+    when attention sees the whole row (eager's block-diagonal mask) or nothing is packed."""
 
     @property
     def tokens(self) -> int:
         return self.batch * self.seq
+
+    @property
+    def attn_rows(self) -> tuple[int, int]:
+        """(sequences, length) that attention's s x s terms span: the examples of a packed row when
+        attention is cut per example, else the rows themselves."""
+        if self.example_len:
+            return self.tokens // self.example_len, self.example_len
+        return self.batch, self.seq
 
     @property
     def adapted(self) -> bool:
@@ -147,5 +159,22 @@ def resolve_setup(
         w_e=w_e,
         r_e=r_e,
         packing=t.packing,
+        example_len=run.train.seq_len if per_example_attention(arch, d, run, attention) else 0,
     )
     return setup, warnings
+
+
+def per_example_attention(arch: Arch, d: Dims, run: RunConfig, attention: str) -> bool:
+    """Whether a packed row's attention runs per example, as the worker decides it: FlashAttention-2
+    reads the varlen boundaries; SDPA does through the sdpa_packed shortcut where that applies
+    (backend/training/shortcuts.py: shortcuts auto, no torch.compile, no sliding window, a family
+    its tests prove). Eager attention gets a block-diagonal mask over the whole row."""
+    from backend.training.shortcuts import ALL
+
+    t = run.technique
+    if not t.packing or t.objective != "sft":
+        return False
+    if attention == "flash_attention_2":
+        return True
+    return (attention == "sdpa" and arch.sdpa and t.shortcuts == "auto" and not t.torch_compile
+            and not d.sliding_window and d.model_type in ALL and arch.family != "gemma2")

@@ -108,6 +108,10 @@ class TechniquesPage(QWidget):
                 text.setToolTip(widget.toolTip())
                 self.labels[key] = text
                 form.addRow(text, widget)
+                if key == "train.seq_len":  # the inverse question, right under the field it answers
+                    self.max_seq_len_label = QLabel("Longest that fits: …")  # one short line; the sentence in its tooltip
+                    self.max_seq_len_label.setStyleSheet("color: palette(placeholder-text);")
+                    form.addRow("", self.max_seq_len_label)
             if title == "Objective":
                 self.rewards = RewardEditorWidget(state)
                 self.rewards_label = QLabel("Rewards")
@@ -142,6 +146,9 @@ class TechniquesPage(QWidget):
         for index in range(objective.count()):
             objective.setItemData(index, OBJECTIVE_TIPS.get(objective.itemText(index), ""),
                                   Qt.ItemDataRole.ToolTipRole)
+        self._estimate = estimate
+        estimate.answers_changed.connect(self._show_max_seq_len)
+        self._show_max_seq_len()
         state.changed.connect(self._on_state_changed)
         self._on_state_changed("")
         self.marks.refresh()
@@ -161,6 +168,22 @@ class TechniquesPage(QWidget):
         problem = self._state.problem()
         self.problem_label.setText(f"Cannot start: {problem}" if problem else "")
         self.problem_label.setVisible(bool(problem))
+
+    def _show_max_seq_len(self) -> None:
+        """The longest seq_len that fits this device's memory (EstimateState.seq_len_answer)."""
+        answer = self._estimate.seq_len_answer
+        if answer is None:
+            self.max_seq_len_label.setText("Longest that fits: …")
+            return
+        where = "this GPU" if self._estimate.device == "cuda" else "this machine's RAM"
+        if answer.seq_len is None:
+            short = "Longest that fits: none" if not answer.problem else ""
+        else:
+            short = f"Longest that fits: {answer.seq_len:,}" + (" (model's limit)" if answer.capped_at else "")
+        self.max_seq_len_label.setText(short)
+        self.max_seq_len_label.setToolTip(f"{answer.sentence(where)}. The longest train.seq_len whose estimated "
+                                          f"total fits {self._estimate.limit_label or where}, every other setting "
+                                          "as it is.")
 
     def _show_objective(self) -> None:
         """Only the chosen objective's settings; the rewards only for GRPO."""

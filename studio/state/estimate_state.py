@@ -23,6 +23,10 @@ FEASIBILITY_KEYS = ("technique.method", "technique.precision", "technique.attent
 """The choices whose other values the Techniques page marks when they cannot run here."""
 
 
+ANSWERS_DELAY_MS = 300
+"""The longest seq_len and the cards are worked out this long after the last change (tenths of a second each)."""
+
+
 def predicted_peak(breakdown: Any) -> int:
     """The one predicted total of a Breakdown: its step peak plus the fixed runtime (`total_bytes`)."""
     return int(breakdown.total_bytes)
@@ -33,6 +37,8 @@ class EstimateState(QObject):
 
     changed = Signal()
     """Emitted after the estimate, the verdicts or the device limit changed."""
+    answers_changed = Signal()
+    """Emitted after the longest seq_len and the card sizes were worked out again (a moment after `changed`)."""
 
     def __init__(self, config: ConfigState, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -57,12 +63,21 @@ class EstimateState(QObject):
         """(data path, its longest answer in tokens) from the Data page's measurement."""
         self._data_problem: tuple[str, str] = ("", "")
         """(data path, why the Data page could not read it)."""
+        self._result: Any = None
         self._model_config: tuple[str, dict[str, Any] | None] | None = None
         """(model path, its config.json) for this round of verdicts; read again at each recompute."""
+        self.seq_len_answer: Any = None
+        """backend.estimate.seq_len.SeqLenAnswer: the longest seq_len that fits the device's memory."""
+        self.cards: dict[str, Any] = {}
+        """Which common card sizes the run fits on CUDA (backend.estimate.cards.cuda_cards)."""
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(0)
         self._timer.timeout.connect(self.recompute)
+        self._answers_timer = QTimer(self)
+        self._answers_timer.setSingleShot(True)
+        self._answers_timer.setInterval(ANSWERS_DELAY_MS)  # a bisection is ~20 estimates: once typing stops
+        self._answers_timer.timeout.connect(self.recompute_answers)
         config.changed.connect(self._on_config_changed)
 
     # --- inputs -------------------------------------------------------------------------------
@@ -76,6 +91,7 @@ class EstimateState(QObject):
             self.recompute()
         else:
             self.changed.emit()
+            self._answers_timer.start()
 
     def set_capabilities(self, caps: Capabilities) -> None:
         """What a worker probed (bf16, bitsandbytes, flash-attn, ...): it replaces the studio's guess."""
@@ -148,7 +164,30 @@ class EstimateState(QObject):
                               calibration=self.calibration, data_problem=self.data_problem,
                               model_config=self.model_config(config.model.path))
         self.breakdown, self.verdicts, self.problem = result.breakdown, result.verdicts, result.problem
+        self._result = result
         self.changed.emit()
+        self._answers_timer.start()
+
+    def recompute_answers(self) -> None:
+        """The inverse questions of the estimate: the longest seq_len that fits this device's memory
+        and the card sizes the run fits on CUDA (the same estimate_run, torch-free)."""
+        from backend.estimate.cards import cuda_cards
+        from backend.estimate.seq_len import longest_seq_len, run_total
+
+        self._answers_timer.stop()
+        self.seq_len_answer, self.cards = None, {}
+        try:
+            config = self._config.config()
+        except (ConfigError, ValueError):
+            config = None
+        raw = self.model_config(config.model.path) if config is not None else None
+        if config is not None and raw is not None and self.breakdown is not None:
+            self.cards = cuda_cards(config, self._result, self.longest_answer, None, None, model_config=raw)
+            if self.limit_bytes:
+                total = run_total(self.device, caps=self.caps(), target_tokens=self.longest_answer,
+                                  calibration=self.calibration, data_problem=self.data_problem, model_config=raw)
+                self.seq_len_answer = longest_seq_len(config, self.limit_bytes, total, raw)
+        self.answers_changed.emit()
 
     # --- outputs ------------------------------------------------------------------------------
     @property

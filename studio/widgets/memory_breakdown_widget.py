@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backend.estimate.cuda import ALLOCATOR_RESERVE, CONTEXT_NOTE, CUDA_CONTEXT_BYTES, RESERVE_NOTE
 from backend.estimate.objectives import PART_NOTES
 from studio.state.estimate_state import EstimateState
 from studio.widgets.units import human_bytes
@@ -36,14 +37,19 @@ PART_COLORS = {
     "ref_adapter": "#0e7490",
     "reference": "#7c3aed",
     "generation": "#be185d",
+    "allocator_reserve": "#64748b",
+    "cuda_context": "#475569",
 }
 PART_WORDS = {
     "weights": "Weights", "adapters": "Adapters", "gradients": "Gradients", "optimizer": "Optimizer state",
     "master_weights": "Master weights", "activations": "Activations", "logits": "Logits / loss",
-    "runtime": "Runtime (CUDA, slack)",
+    "runtime": "Runtime (cuBLAS, transients)", "allocator_reserve": "CUDA allocator reserve",
+    "cuda_context": "CUDA context",
     "ref_model": "Reference model (frozen copy)", "ref_adapter": "Reference adapter", "reference": "Reference / KL passes", "generation": "Generation (KV cache)",
 }
 CPU_RUNTIME_WORDS = "Runtime (process baseline)"
+CUDA_NOTES = {"allocator_reserve": RESERVE_NOTE.format(share=ALLOCATOR_RESERVE),
+              "cuda_context": CONTEXT_NOTE.format(mib=CUDA_CONTEXT_BYTES >> 20)}
 VERDICTS = {
     "fits": ("Fits", "#16a34a"),
     "tight": ("Tight: the peak fits, the sum of all parts does not", "#d97706"),
@@ -85,8 +91,32 @@ def runtime_note(details: dict) -> str:
         return (f"The worker process itself, before the model loads (Python, torch, transformers, the tokenized "
                 f"data): {calibration['note']}.")
     if (details.get("setup") or {}).get("device") == "cuda":
-        return "The CUDA context and cuBLAS workspaces (outside torch's allocator) and an allowance for fragmentation."
+        return ("cuBLAS workspaces and the step's transients (a dequantized weight, DoRA's norm); the CUDA context "
+                "and the allocator's reserve are parts of their own.")
     return ""
+
+
+def activations_note(details: dict) -> str:
+    """Why the activations differ from the seed article's coarse count (12 x hidden values per token
+    per layer in 16-bit: its GPT-2 1.5B at 1K tokens x batch 32 is about 60 GB), in one line."""
+    model, setup, act = details.get("model") or {}, details.get("setup") or {}, details.get("activations") or {}
+    tokens = int(setup.get("micro_batch_size") or 0) * int(setup.get("seq_len") or 0)
+    coarse = 12 * int(model.get("hidden_size") or 0) * tokens * int(model.get("layers") or 0) * 2
+    if not coarse or not act.get("total"):
+        return ""
+    items = " ".join(act.get("per_layer_items") or {})
+    why = ["every tensor autograd saves, counted per operation (Korthikanti et al.)"]
+    if setup.get("attention_kernel") in ("eager", "math"):
+        why.append(f"the s x s attention probabilities ({setup.get('attention_kernel')} kernel"
+                   + (", as SDPA falls back to with attention dropout on the CPU)" if setup.get("attention_kernel") == "math" else ")"))
+    if "mask" in items:
+        why.append("dropout masks")
+    if "one_plus_tanh" in items:
+        why.append("GPT-2's gelu_new (four tensors)")
+    if setup.get("gradient_checkpointing"):
+        why.append("with checkpointing only each layer's input and one layer")
+    return (f"{act['total'] / coarse:.1f}x the seed article's coarse count (12 x hidden per token per layer, 16-bit: "
+            f"{human_bytes(coarse)} here) because this counts " + ", ".join(why) + ".")
 
 
 def total_note(total: int, parts_sum: int) -> str:
@@ -152,6 +182,10 @@ class MemoryBreakdownWidget(QWidget):
         self.verdict_label.setWordWrap(True)
         self.limit_label = QLabel()
         self.limit_label.setWordWrap(True)
+        self.cards_label = QLabel()
+        self.cards_label.setWordWrap(True)
+        self.cards_label.setToolTip("The estimate on CUDA against common NVIDIA card sizes, each at its usable "
+                                    "memory (a card reports a bit less than its nominal size; backend/estimate/cards.py).")
         self.bar = _StackedBar()
         self.table = QTableWidget(0, 3)
         self.table.setHorizontalHeaderLabels(["Part", "Size", "Share"])
@@ -168,11 +202,18 @@ class MemoryBreakdownWidget(QWidget):
         self.notes_label.setStyleSheet("color: palette(placeholder-text);")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        for widget in (self.title, self.bar, self.verdict_label, self.limit_label, self.table, self.notes_label):
+        for widget in (self.title, self.bar, self.verdict_label, self.limit_label, self.cards_label, self.table,
+                       self.notes_label):
             layout.addWidget(widget)
         layout.addStretch(1)
         estimate.changed.connect(self._on_estimate_changed)
+        estimate.answers_changed.connect(self._show_cards)
         self._on_estimate_changed()
+        self._show_cards()
+
+    def _show_cards(self) -> None:
+        sentence = (self._estimate.cards or {}).get("sentence", "")
+        self.cards_label.setText(f"On CUDA: {sentence} (per GPU)" if sentence else "")
 
     def verdict(self) -> str:
         return self._estimate.verdict()
@@ -210,6 +251,10 @@ class MemoryBreakdownWidget(QWidget):
                 label.setToolTip(weights_note(details))
             elif name == "runtime":
                 label.setToolTip(runtime_note(details))
+            elif name == "activations":
+                label.setToolTip(activations_note(details))
+            elif name in CUDA_NOTES:
+                label.setToolTip(CUDA_NOTES[name])
             elif name in PART_NOTES:
                 label.setToolTip(PART_NOTES[name])
             elif name == "total":

@@ -95,3 +95,33 @@ def test_what_cannot_run_here_is_said_and_not_counted():
     plain = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu").stdout)
     assert ticked["total_bytes"] == plain["total_bytes"]  # Liger's saving is not counted where it cannot run
     assert ticked["start_blocker"].startswith("technique.liger_kernel:")
+
+
+def _config_only(tmp_path, folder: str) -> str:
+    (tmp_path / "config.json").write_text((ROOT / "tests" / "fixtures" / "model_configs" / folder / "config.json").read_text())
+    return f"model.path={tmp_path}"
+
+
+def test_the_table_says_which_cards_the_run_fits(tmp_path):
+    done = run("estimate", str(ROOT / "resources" / "presets" / "llama-3.2-1b_lora_12gb.yaml"), "--worst-case",
+               "--set", _config_only(tmp_path, "meta-llama--Llama-3.2-1B-Instruct"))
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("on CUDA: fits "))
+    assert "; not 8" in line and "141" in line
+
+
+def test_max_seq_len_on_a_card_one_line_and_json(tmp_path):
+    args = ("estimate", str(ROOT / "resources" / "presets" / "llama-3.1-8b_qlora_16gb.yaml"), "--worst-case",
+            "--set", _config_only(tmp_path, "meta-llama--Llama-3.1-8B-Instruct"), "--max-seq-len", "--card-gb", "24")
+    done = run(*args)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("longest seq_len that fits a 24 GB card") and "tokens" in lines[0]
+    data = json.loads(run(*args, "--json").stdout)
+    assert data["max_seq_len"] > 2048 and f"{data['max_seq_len']:,} tokens" in lines[0]
+    assert data["max_seq_len_capped"] is False and data["cards"]["not"][:2] == [8, 12]
+
+
+def test_max_seq_len_for_cuda_without_a_gpu_or_card_is_one_line(tmp_path):
+    done = run("estimate", str(PRESET), "--worst-case", "--max-seq-len", "--device", "cuda")
+    assert done.returncode != 0 and "--card-gb" in done.stderr and "Traceback" not in done.stderr
