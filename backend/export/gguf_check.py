@@ -56,6 +56,13 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _shown(value: Any) -> str:
+    """A value for the one-line reason: a long list (longrope's factors) as its head and length."""
+    if isinstance(value, (list, tuple)) and len(value) > 4:
+        return f"[{', '.join(f'{v:g}' if isinstance(v, float) else str(v) for v in value[:2])}, ... {len(value)} values]"
+    return str(value)
+
+
 def _value(cfg: Any, key: str) -> Any:
     """The attribute as the model uses it (head_dim and KV heads have defaults computed from others)."""
     if key == "head_dim" and hasattr(cfg, "num_attention_heads"):
@@ -75,11 +82,11 @@ def config_mismatches(model_config: Any, read_config: Any, keys: tuple[str, ...]
         got = _value(read_config, key)
         if key == "rope_parameters":
             flat_want, flat_got = _flat(want), _flat(got or {})
-            for sub, value in flat_want.items():
+            for sub, value in sorted(flat_want.items(), key=lambda item: not item[0].endswith("rope_type")):
                 if not _same(value, flat_got.get(sub)):
-                    out.append(f"rope_parameters.{sub}={flat_got.get(sub)} (the model has {value})")
+                    out.append(f"rope_parameters.{sub}={_shown(flat_got.get(sub))} (the model has {_shown(value)})")
         elif not _same(want, got):
-            out.append(f"{key}={got} (the model has {want})")
+            out.append(f"{key}={_shown(got)} (the model has {_shown(want)})")
     return out
 
 

@@ -204,11 +204,14 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         job.tmp.mkdir()
         notes = _write(job, run, source, tokenizer, gguf_export, reporter, stop)
         timings["write"] = time.monotonic() - clock
-        read_as = "the precision it holds" if is_gguf(job.fmt) else job.dtype
+        read_as = "in the precision it holds," if is_gguf(job.fmt) else job.dtype
         stage("verify", f"reloading {job.tmp.name} as its loader would, {read_as} on {device}, and measuring it")
         peaks.start("check")
         clock = time.monotonic()
         checks, figures, loaded_as, check_dtype = _verify(job, run, tokenizer, probe, expected, device, stop)
+        for check in checks:  # name the file where it will be once the folder is in place
+            if check.get("how_to_verify"):
+                check["how_to_verify"] = check["how_to_verify"].replace(str(job.tmp), str(job.out))
         timings["check"] = time.monotonic() - clock
         peaks.stop()
         rounding = _rounding(job, source, notes)

@@ -134,7 +134,8 @@ def test_gguf_export_of_a_real_config_ends_with_a_truthful_report(name, runs, tm
         assert report["outcome"] == "not verified" and report["passed"] is False
         ppl = check(report, "perplexity")
         assert ppl["outcome"] == "not verified" and NOT_VERIFIED[name] in ppl["reason"]
-        assert "llama.cpp" in ppl["how_to_verify"] and "llama_cpp_check.py" in ppl["how_to_verify"]
+        assert "llama.cpp" in ppl["how_to_verify"] and f"llama_cpp_check.py {out / 'model.gguf'} " in ppl["how_to_verify"]
+        assert "values]" in ppl["reason"] if "Phi" in name else "rope_type=default (the model has llama3)" in ppl["reason"]
         assert report["check"]["dtype"] == "none" and report["loaded_as"].startswith("not verified by transformers")
         assert phases["report"].startswith("export_report.json: written, NOT VERIFIED (perplexity")
         assert "not_verified" in phases and "verified" not in phases and "passed" not in phases["report"]
