@@ -42,6 +42,16 @@ def report_outcome(report: dict[str, Any]) -> str:
     return outcome_of(report.get("checks") or []) if report.get("checks") else PASSED if report.get("passed") else FAILED
 
 
+def verdict(outcome: str, checks: list[dict]) -> str:
+    """The report's outcome in the words the CLI's verdict line uses."""
+    if outcome == FAILED:
+        return "FAILED " + ", ".join(c["name"] for c in checks if check_outcome(c) == FAILED)
+    if outcome == NOT_VERIFIED:
+        return "written, NOT VERIFIED (" + ", ".join(c["name"] for c in checks if check_outcome(c) == NOT_VERIFIED) + \
+            ": no independent reader here)"
+    return "passed"
+
+
 def figure(check: dict[str, Any]) -> str:
     """A check's measured figure against its tolerance, for the one-line messages."""
     measured, tolerance = check["measured"], check["tolerance"]

@@ -32,7 +32,7 @@ from backend.export.formats import FORMATS, failure_hint, is_gguf, overwrite_ref
 from backend.export.formats import DTYPES as DTYPE_NAMES
 from backend.export.memory import StagePeaks, release
 from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
-from backend.export.report import FAILED, NOT_VERIFIED, PASSED, REPORT, build_report, check_outcome, figure
+from backend.export.report import FAILED, NOT_VERIFIED, PASSED, REPORT, build_report, check_outcome, figure, verdict
 from backend.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
 from backend.runs import fsync_tree
 from backend.worker.parent_watch import alive
@@ -220,7 +220,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
                               loaded_as=loaded_as, seconds=time.monotonic() - began, timings=timings,
                               peaks=peaks.peaks, anonymous=peaks.anonymous,
                               model_bytes=_model_bytes(source, run), rounding=rounding, check_dtype=check_dtype)
-        stage("report", f"{REPORT}: {_verdict(report['outcome'], checks)}")
+        stage("report", f"{REPORT}: {verdict(report['outcome'], checks)}")
         (job.tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         job.place()
     except OSError as exc:
@@ -250,16 +250,6 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         reporter.emit(PhaseChanged(phase="verified", detail=f"{job.out}: {summary}"))
     reporter.emit(JobFinished(run_dir=str(run_dir), seconds=time.monotonic() - began,
                               adapter_path=str(job.out) if job.fmt == "adapter" else None))
-
-
-def _verdict(outcome: str, checks: list[dict]) -> str:
-    """The report's outcome in the words the CLI's verdict line uses."""
-    if outcome == FAILED:
-        return "FAILED " + ", ".join(c["name"] for c in checks if check_outcome(c) == FAILED)
-    if outcome == NOT_VERIFIED:
-        return "written, NOT VERIFIED (" + ", ".join(c["name"] for c in checks if check_outcome(c) == NOT_VERIFIED) + \
-            ": no independent reader here)"
-    return "passed"
 
 
 def _refuse_unsupported(job: Export, run: TrainedRun) -> None:
