@@ -180,13 +180,13 @@ def _llama_cpp_check() -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama_cpp is not importable: build llama-cpp-python from source to run this check "
+                           "(bench/llama_cpp_check.py prints how)")
 @pytest.mark.parametrize("name", list(SHRUNK))
 def test_llama_cpp_reads_each_real_config_gguf_like_transformers(name, runs, tmp_path):
     """llama.cpp's logits on the exported GGUF against the merged model's in transformers (fp32, weights
     rounded to F16 as the file stores them), with bench/llama_cpp_check.py's comparison and bounds."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama_cpp is not importable: build llama-cpp-python from source to run this check "
-                    "(bench/llama_cpp_check.py prints how)")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
