@@ -8,8 +8,8 @@ export_report.json, rename the folder into place. At most one model is in memory
 check, and so the export, is passed, failed or not verified (no independent reader here: the report
 says which to run elsewhere). JobFinished when none failed; otherwise the export is kept, its report
 says which check failed and by how much, and the job ends with JobFailed naming that check and
-figure and a format to try instead. A full disk, a
-stop or a crash removes the temporary folder: an export folder is whole or absent.
+figure and a format to try instead. A full disk, a stop or a crash removes the temporary folder:
+an export folder is whole or absent.
 """
 
 from __future__ import annotations
