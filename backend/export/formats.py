@@ -44,7 +44,7 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "adapter": (1e-3, 0.999),  # the same tensors reloaded and computed the same way: identical
     "merged:bf16": (0.03, 0.98),
     "merged:fp16": (0.01, 0.99),
-    "gguf-f16:bf16": (0.03, 0.98),  # F16 weights, checked in bf16: bf16's rounding
+    "gguf-f16:bf16": (0.03, 0.98),  # F16 weights read exactly, against the trained model measured in bf16
     "gguf-f16:fp16": (0.01, 0.99),
     "bnb-8bit": (0.05, 0.95),
     "gguf-q8_0": (0.05, 0.95),
@@ -52,7 +52,8 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "gguf-q4_0": (0.25, 0.85),
     "bnb-4bit": (0.25, 0.85),
 }
-"""Each check's tolerance against the trained model measured in the same 16-bit dtype."""
+"""Each check's tolerance against the trained model measured in the export's 16-bit dtype (a GGUF is
+read back in the precision it holds: backend/export/gguf_check.py's read_dtype)."""
 
 
 def tolerance(fmt: str, dtype: str) -> tuple[float, float]:
@@ -86,7 +87,7 @@ def failure_hint(fmt: str, dtype: str, method: str) -> str:
         "merged:bf16": "bf16 keeps 8 significant bits, so an adapter change below half a bf16 step of its weight is "
                        "rounded away; fp16 keeps 11 (8x finer) and the adapter keeps everything",
         "merged:fp16": "fp16 holds values only up to 65504, which some models' activations exceed",
-        "gguf-f16:bf16": "the check ran in bf16, whose rounding can erase small adapter changes",
+        "gguf-f16:bf16": "the trained model was measured in bf16, whose rounding can hide small adapter changes",
         "gguf-f16:fp16": "fp16 holds values only up to 65504, which some models' activations exceed",
     }.get(f"{fmt}:{dtype}", "see export_report.json for the figures")
     return f"try {flags} ({why})"

@@ -2,8 +2,8 @@
 
 `AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)` rebuilds the config from llama.cpp's
 metadata keys and un-does llama.cpp's tensor layout with its own code (written against
-convert_hf_to_gguf.py), in 16-bit, on the GPU when there is one; its logits and perplexity are then
-measured against the trained model. Where that reader cannot read a family (GPT-NeoX; Mixtral, which
+convert_hf_to_gguf.py), in the precision the file holds (`read_dtype`), on the GPU when there is one;
+its logits and perplexity are then measured against the trained model. Where that reader cannot read a family (GPT-NeoX; Mixtral, which
 it reads as a dense Llama) or rebuilds a config attribute differently from the model's (it ignores
 keys it has no mapping for and falls back to the config class's defaults), the check says so:
 "not verified", why, and how to verify with llama.cpp itself. It never falls back to our own code.
@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from backend.export import verify
-from backend.hub_kernels import LOAD_KWARGS
 from backend.export.gguf_families import family_of, head_dim, kv_heads
 from backend.export.gguf_pages import released_pages
+from backend.export.report import FAILED, NOT_VERIFIED, PASSED
+from backend.hub_kernels import LOAD_KWARGS
 
 EXTRA_TEXTS = (
     "Numbers: 3 33 333 3333 and 3.14159, then 2024-01-31.",
@@ -30,8 +31,11 @@ EXTRA_TEXTS = (
     "Ünïcödé — ça va? 日本語のテキスト 🙂 مرحبا",
     " leading space, trailing space ",
 )
-HOW_TO_VERIFY = ("python bench/llama_cpp_check.py {path} --hf MERGED_EXPORT_FOLDER (llama-cpp-python; "
-                 "compares llama.cpp's logits with the merged model's)")
+HOW_TO_VERIFY = ("read it with llama.cpp itself: install llama-cpp-python (built from source), export this run "
+                 "--format merged too, then from the project's source run `python bench/llama_cpp_check.py {path} "
+                 "--hf MERGED_EXPORT_FOLDER` (it compares llama.cpp's logits and tokens with the merged model's)")
+EXACT = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+"""GGML float types and the torch dtype that holds their values exactly."""
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -53,6 +57,13 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _shown(value: Any) -> str:
+    """A value for the one-line reason: a long list (longrope's factors) as its head and length."""
+    if isinstance(value, (list, tuple)) and len(value) > 4:
+        return f"[{', '.join(f'{v:g}' if isinstance(v, float) else str(v) for v in value[:2])}, ... {len(value)} values]"
+    return str(value)
+
+
 def _value(cfg: Any, key: str) -> Any:
     """The attribute as the model uses it (head_dim and KV heads have defaults computed from others)."""
     if key == "head_dim" and hasattr(cfg, "num_attention_heads"):
@@ -72,37 +83,63 @@ def config_mismatches(model_config: Any, read_config: Any, keys: tuple[str, ...]
         got = _value(read_config, key)
         if key == "rope_parameters":
             flat_want, flat_got = _flat(want), _flat(got or {})
-            for sub, value in flat_want.items():
+            for sub, value in sorted(flat_want.items(), key=lambda item: not item[0].endswith("rope_type")):
                 if not _same(value, flat_got.get(sub)):
-                    out.append(f"rope_parameters.{sub}={flat_got.get(sub)} (the model has {value})")
+                    out.append(f"rope_parameters.{sub}={_shown(flat_got.get(sub))} (the model has {_shown(value)})")
         elif not _same(want, got):
-            out.append(f"{key}={got} (the model has {want})")
+            out.append(f"{key}={_shown(got)} (the model has {_shown(want)})")
     return out
 
 
 def not_verified(name: str, tolerance: Any, reason: str, path: Path) -> dict[str, Any]:
+    """A check no independent reader here could run: neither passed nor failed, and how to run it elsewhere."""
     return {
         "name": name,
         "what": "an independent reader (transformers' GGUF loader) reproducing the trained model from the file",
         "measured": f"not verified: {reason}",
         "tolerance": tolerance,
-        "passed": True,
+        "outcome": NOT_VERIFIED,
+        "passed": False,
         "verified": False,
         "reason": reason,
         "how_to_verify": HOW_TO_VERIFY.format(path=path),
     }
 
 
-def read_back(path: Path, config: Any, dtype: torch.dtype, device: str) -> tuple[Any, str, str | None]:
+def weight_types(path: Path) -> set[str]:
+    """The GGML types of the file's tensors (its header only)."""
+    import gguf
+
+    return {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+
+
+def read_dtype(types: set[str], arch: str, device: str) -> torch.dtype:
+    """The dtype that holds every value the file stores, so the check adds no rounding the file does not have.
+
+    transformers' GGUF reader dequantizes every tensor to fp32 before casting it to the dtype asked for.
+    F16 values fit fp16 exactly (never bf16: 8 significant bits against F16's 11). Quantized blocks
+    (Q8_0, Q5_0, Q4_0...) are an fp16 scale times small integers, up to 18 significant bits: fp32 only.
+    On a GPU an all-F16 file is read in fp16 where the family's activations fit its range (Gemma's
+    overflow it); on a CPU always in fp32, which holds everything and is its fastest type.
+    """
+    if not types <= set(EXACT):
+        return torch.float32
+    halves = {EXACT[name] for name in types} - {torch.float32}
+    if len(halves) != 1 or not device.startswith("cuda"):
+        return torch.float32  # all F32, or F16 beside BF16 (no 16-bit type holds both), or a CPU
+    half = halves.pop()
+    return torch.float32 if half == torch.float16 and arch.startswith("GEMMA") else half
+
+
+def read_back(path: Path, config: Any, device: str) -> tuple[Any, str, str | None]:
     """(the model transformers' GGUF loader builds from the file, how it was loaded, None), or (None,
-    "", why it cannot be verified). Gemma is read in bf16 whatever `dtype` says (its activations
-    overflow fp16)."""
+    "", why it cannot be verified). The model is read in `read_dtype`."""
     from transformers import AutoModelForCausalLM
 
     family, text_config = family_of(config)
     if family.reader is not None:
         return None, "", family.reader
-    dtype = torch.bfloat16 if family.arch.startswith("GEMMA") else dtype
+    dtype = read_dtype(weight_types(path), family.arch, device)
     try:
         with released_pages():
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
@@ -156,4 +193,4 @@ def tokenizer_check(path: Path, tokenizer: Any) -> dict[str, Any]:
     if (getattr(tokenizer, "chat_template", None) or None) != (getattr(rebuilt, "chat_template", None) or None):
         failures.append("chat template")
     return {"name": "tokenizer", "what": what, "measured": "identical" if not failures else "differs: " + ", ".join(failures),
-            "tolerance": "identical", "passed": not failures, "verified": True}
+            "tolerance": "identical", "outcome": FAILED if failures else PASSED, "passed": not failures, "verified": True}

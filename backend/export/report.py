@@ -14,11 +14,49 @@ from typing import Any
 from backend.export.formats import EXPORT_REPORT, GGUF_TYPES
 
 REPORT = EXPORT_REPORT
+PASSED, FAILED, NOT_VERIFIED = "passed", "failed", "not verified"
+OUTCOMES = (PASSED, FAILED, NOT_VERIFIED)
+"""What a check, and so an export, came to. "not verified": the file is written and in place, but no
+independent reader here could measure it; the report says which check to run elsewhere."""
+
+
+def check_outcome(check: dict[str, Any]) -> str:
+    """One check's outcome (reports written before `outcome` existed have only `passed` and `verified`)."""
+    if check.get("outcome") in OUTCOMES:
+        return check["outcome"]
+    if check.get("verified") is False:
+        return NOT_VERIFIED
+    return PASSED if check.get("passed") else FAILED
+
+
+def outcome_of(checks: list[dict[str, Any]]) -> str:
+    """The export's outcome: failed when any check failed, else not verified when any could not run."""
+    outcomes = {check_outcome(c) for c in checks}
+    return FAILED if FAILED in outcomes else NOT_VERIFIED if NOT_VERIFIED in outcomes else PASSED
+
+
+def report_outcome(report: dict[str, Any]) -> str:
+    """The outcome of a whole export_report.json, old or new."""
+    if report.get("outcome") in OUTCOMES:
+        return report["outcome"]
+    return outcome_of(report.get("checks") or []) if report.get("checks") else PASSED if report.get("passed") else FAILED
+
+
+def verdict(outcome: str, checks: list[dict]) -> str:
+    """The report's outcome in the words the CLI's verdict line uses."""
+    if outcome == FAILED:
+        return "FAILED " + ", ".join(c["name"] for c in checks if check_outcome(c) == FAILED)
+    if outcome == NOT_VERIFIED:
+        return "written, NOT VERIFIED (" + ", ".join(c["name"] for c in checks if check_outcome(c) == NOT_VERIFIED) + \
+            ": no independent reader here)"
+    return "passed"
 
 
 def figure(check: dict[str, Any]) -> str:
     """A check's measured figure against its tolerance, for the one-line messages."""
     measured, tolerance = check["measured"], check["tolerance"]
+    if check_outcome(check) == NOT_VERIFIED or not isinstance(measured, (int, float)) or isinstance(measured, bool):
+        return str(measured)
     if check["name"] == "perplexity":
         return f"{measured:+.2%} (tolerance {tolerance:+.0%})"
     if check["name"] == "top1" and isinstance(measured, float):
@@ -31,15 +69,18 @@ def figure(check: dict[str, Any]) -> str:
 def build_report(*, fmt: str, dtype: str, out: Path, tmp: Path, run: Any, checks: list[dict], figures: dict,
                  reference: Any, probe: Any, device: str, notes: list[str], loaded_as: str, seconds: float,
                  timings: dict[str, float], peaks: dict[str, int | None], anonymous: dict[str, int | None],
-                 model_bytes: int,
-                 rounding: dict[str, Any] | None) -> dict[str, Any]:
+                 model_bytes: int, rounding: dict[str, Any] | None, check_dtype: str | None = None) -> dict[str, Any]:
+    """The report's fields; `check_dtype` is what the export was measured in when it differs from `dtype`
+    (a GGUF is read in the precision it holds), "none" when no reader could load it."""
     files = sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: str(p))
     listing = [{"name": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files]
     known = [v for v in peaks.values() if v]
     own = [v for v in anonymous.values() if v]
+    outcome = outcome_of(checks)
     return {
         "format": fmt,
-        "passed": all(c["passed"] for c in checks),
+        "outcome": outcome,
+        "passed": outcome == PASSED,
         "path": str(out),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(seconds, 2),
@@ -69,7 +110,7 @@ def build_report(*, fmt: str, dtype: str, out: Path, tmp: Path, run: Any, checks
             "data": probe.source,
             "budget": probe.describe(),
         },
-        "check": {"device": device, "dtype": dtype, "seconds": round(timings.get("check", 0.0), 2),
+        "check": {"device": device, "dtype": check_dtype or dtype, "seconds": round(timings.get("check", 0.0), 2),
                   "budget": probe.describe()},
         "loaded_as": loaded_as,
         "figures": figures,

@@ -25,6 +25,7 @@ import torch
 
 from backend.config import RunConfig
 from backend.export.formats import DECIDED_MARGIN
+from backend.export.report import FAILED, PASSED
 from backend.paths import resolve_resource
 from backend.training.data import IGNORE, build_datasets, encode_conversation
 
@@ -292,6 +293,7 @@ def perplexity_check(figures: dict[str, Any], tolerance: float, source: str) -> 
         "what": f"relative perplexity increase over the trained model's, on {figures['tokens']} answer tokens of {source}",
         "measured": measured,
         "tolerance": tolerance,
+        "outcome": PASSED if measured <= tolerance else FAILED,
         "passed": bool(measured <= tolerance),
         "figures": {k: figures[k] for k in ("reference_perplexity", "export_perplexity", "relative_increase",
                                             "increase_standard_error", "tokens")},
@@ -307,6 +309,7 @@ def top1_check(figures: dict[str, Any], tolerance: float) -> dict[str, Any]:
                 "export picks the same next token",
         "measured": measured if measured is not None else "no such position",
         "tolerance": tolerance,
+        "outcome": PASSED if measured is None or measured >= tolerance else FAILED,
         "passed": bool(measured is None or measured >= tolerance),
         "figures": {k: figures[k] for k in ("positions", "top1_agreement", "decided_positions",
                                             "top1_agreement_decided")},
@@ -328,5 +331,6 @@ def tokenizer_check(reference: Any, exported: Any) -> dict[str, Any]:
         "what": "chat template, special tokens and the token ids of the fixed prompts match the run's tokenizer",
         "measured": "identical" if not failures else "differs: " + ", ".join(failures),
         "tolerance": "identical",
+        "outcome": FAILED if failures else PASSED,
         "passed": not failures,
     }

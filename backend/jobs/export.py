@@ -3,11 +3,13 @@
 Reads top to bottom as the job runs: check the request and the run folder (refusals before anything
 loads), load the trained model (base as trained + adapter, unmerged, 16-bit) and measure it, free it,
 write the export into a temporary folder one tensor at a time, reload what was written with the
-library that owns the format (16-bit) and measure it again, write export_report.json, rename the
-folder into place. At most one model is in memory at any time. JobFinished only when every check
-passed; otherwise the export is kept, its report says which check failed and by how much, and the
-job ends with JobFailed naming that check and figure and a format to try instead. A full disk, a
-stop or a crash removes the temporary folder: an export folder is whole or absent.
+library that owns the format (16-bit; a GGUF in the precision it holds) and measure it again, write
+export_report.json, rename the folder into place. At most one model is in memory at any time. Each
+check, and so the export, is passed, failed or not verified (no independent reader here: the report
+says which to run elsewhere). JobFinished when none failed; otherwise the export is kept, its report
+says which check failed and by how much, and the job ends with JobFailed naming that check and
+figure and a format to try instead. A full disk, a stop or a crash removes the temporary folder:
+an export folder is whole or absent.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from backend.export.formats import FORMATS, failure_hint, is_gguf, overwrite_ref
 from backend.export.formats import DTYPES as DTYPE_NAMES
 from backend.export.memory import StagePeaks, release
 from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
-from backend.export.report import REPORT, build_report, figure
+from backend.export.report import FAILED, NOT_VERIFIED, PASSED, REPORT, build_report, check_outcome, figure, verdict
 from backend.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
 from backend.runs import fsync_tree
 from backend.worker.parent_watch import alive
@@ -202,10 +204,14 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         job.tmp.mkdir()
         notes = _write(job, run, source, tokenizer, gguf_export, reporter, stop)
         timings["write"] = time.monotonic() - clock
-        stage("verify", f"reloading {job.tmp.name} as its loader would, {job.dtype} on {device}, and measuring it")
+        read_as = "in the precision it holds," if is_gguf(job.fmt) else job.dtype
+        stage("verify", f"reloading {job.tmp.name} as its loader would, {read_as} on {device}, and measuring it")
         peaks.start("check")
         clock = time.monotonic()
-        checks, figures, loaded_as = _verify(job, run, tokenizer, probe, expected, device, stop)
+        checks, figures, loaded_as, check_dtype = _verify(job, run, tokenizer, probe, expected, device, stop)
+        for check in checks:  # name the file where it will be once the folder is in place
+            if check.get("how_to_verify"):
+                check["how_to_verify"] = check["how_to_verify"].replace(str(job.tmp), str(job.out))
         timings["check"] = time.monotonic() - clock
         peaks.stop()
         rounding = _rounding(job, source, notes)
@@ -213,8 +219,8 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
                               figures=figures, reference=expected, probe=probe, device=device, notes=notes,
                               loaded_as=loaded_as, seconds=time.monotonic() - began, timings=timings,
                               peaks=peaks.peaks, anonymous=peaks.anonymous,
-                              model_bytes=_model_bytes(source, run), rounding=rounding)
-        stage("report", f"{REPORT}: {'passed' if report['passed'] else 'FAILED'}")
+                              model_bytes=_model_bytes(source, run), rounding=rounding, check_dtype=check_dtype)
+        stage("report", f"{REPORT}: {verdict(report['outcome'], checks)}")
         (job.tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         job.place()
     except OSError as exc:
@@ -226,7 +232,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         shutil.rmtree(job.tmp, ignore_errors=True)
         raise
 
-    failed = [c for c in checks if not c["passed"]]
+    failed = [c for c in checks if check_outcome(c) == FAILED]
     if failed:
         first = failed[0]
         raise JobError(
@@ -235,8 +241,13 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
             f"the files are kept in {job.out} with {REPORT} marked failed",
             failure_hint(job.fmt, job.dtype, run.method),
         )
-    summary = "; ".join(f"{c['name']} {figure(c)}" for c in checks)
-    reporter.emit(PhaseChanged(phase="verified", detail=f"{job.out}: {summary}"))
+    summary = "; ".join(f"{c['name']} {figure(c)}" for c in checks if check_outcome(c) == PASSED)
+    if report["outcome"] == NOT_VERIFIED:
+        how = next(c["how_to_verify"] for c in checks if check_outcome(c) == NOT_VERIFIED)
+        reporter.emit(PhaseChanged(phase="not_verified", detail=f"{job.out}: written, not verified here; {how}"
+                                                                + (f" (passed: {summary})" if summary else "")))
+    else:
+        reporter.emit(PhaseChanged(phase="verified", detail=f"{job.out}: {summary}"))
     reporter.emit(JobFinished(run_dir=str(run_dir), seconds=time.monotonic() - began,
                               adapter_path=str(job.out) if job.fmt == "adapter" else None))
 
@@ -336,15 +347,16 @@ def _measure(model: Any, probe: Any, stop: StopListener, when: str) -> Any:
 
 
 def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: Any,
-            device: str, stop: StopListener) -> tuple[list[dict], dict, str]:
-    """Load what was written with the loader that owns the format, measure it, free it, compare."""
+            device: str, stop: StopListener) -> tuple[list[dict], dict, str, str]:
+    """Load what was written with the loader that owns the format, measure it, free it, compare:
+    (checks, figures, how it was loaded, the dtype it was measured in)."""
     from transformers import AutoTokenizer
 
     from backend.export import hf_writer, verify
 
     trust = run.config.model.trust_remote_code
     dtype = DTYPES[job.dtype]
-    check_dtype = job.dtype  # a GGUF file is read back in the dtype its family can compute in
+    check_dtype = job.dtype  # a GGUF file is read back in the precision it holds (gguf_check.read_dtype)
     if job.fmt == "adapter":
         model = load_trained(run, dtype, device, adapter_dir=job.tmp)
         loaded_as = f"peft PeftModel.from_pretrained on the base as trained, {job.dtype} on {device}"
@@ -355,12 +367,12 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
 
         path = job.tmp / "model.gguf"
         config = AutoConfig.from_pretrained(run.weights_dir if run.full else run.base_path, trust_remote_code=trust)
-        model, loaded_as, reason = gguf_check.read_back(path, config, dtype, device)
+        model, loaded_as, reason = gguf_check.read_back(path, config, device)
         if model is None:  # no independent reader for this file here: say so, never fall back to our own code
-            checks = [gguf_check.not_verified("perplexity", tolerance(job.fmt, job.dtype), reason, path),
+            checks = [gguf_check.not_verified("perplexity", tolerance(job.fmt, job.dtype)[0], reason, path),
                       gguf_check.tokenizer_check(path, tokenizer)]
-            return checks, {}, f"not verified by transformers: {reason}"
-        check_dtype = "bf16" if next(model.parameters()).dtype == torch.bfloat16 else "fp16"
+            return checks, {}, f"not verified by transformers: {reason}", "none"
+        check_dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
     elif job.fmt == "merged":
         model, loaded_as = hf_writer.load_merged_export(job.tmp, job.dtype, device, trust)
     else:
@@ -370,7 +382,7 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
     del model
     release()
     figures = verify.compare(expected, got)
-    max_increase, min_top1 = tolerance(job.fmt, check_dtype)
+    max_increase, min_top1 = tolerance(job.fmt, job.dtype)  # the trained model's dtype bounds the difference
     checks = [verify.perplexity_check(figures, max_increase, probe.source), verify.top1_check(figures, min_top1)]
     if is_gguf(job.fmt):
         from backend.export import gguf_check
@@ -383,4 +395,4 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
     summary = (f"top-1 agreement {figures['top1_agreement']:.1%} ({figures['positions']} positions), perplexity "
                f"{figures['export_perplexity']:.4g} vs {figures['reference_perplexity']:.4g}, max |logit diff| "
                f"{figures['max_abs_logit_diff']:.3g} on the prompts")
-    return checks, figures, f"{loaded_as} ({summary})"
+    return checks, figures, f"{loaded_as} ({summary})", check_dtype

@@ -1,9 +1,10 @@
 """ExportReportWidget: the verification of an export, one row per check, a failed check in red.
 
 Reads export_report.json (backend/jobs/export.py): each check has a name, what it measures, the
-measured figure, the tolerance and whether it passed. Nothing is hidden: a failed check is shown
-with its figure, in red, above the verdict; a check no independent reader could run is "not
-verified", in amber, with how to run it elsewhere, never "pass".
+measured figure, the tolerance and its outcome (backend/export/report.py: passed, failed or not
+verified). Nothing is hidden: a failed check is shown with its figure, in red, above the verdict; a
+check no independent reader could run is "not verified", in amber, with how to run it elsewhere,
+never "pass" nor "FAIL".
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
+from backend.export.report import FAILED, NOT_VERIFIED, check_outcome, report_outcome
 from studio.widgets.units import human_bytes
 
 COLUMNS = ("Check", "Measured", "Tolerance", "Result", "What it measures")
@@ -67,26 +69,26 @@ class ExportReportWidget(QWidget):
 
     def show_report(self, report: dict[str, Any]) -> None:
         checks = report.get("checks") or []
-        passed = bool(report.get("passed"))
+        outcome = report_outcome(report)
         size = f", {human_bytes(report['total_bytes'])}" if report.get("total_bytes") else ""
-        unverified = [c["name"] for c in checks if c.get("verified") is False]
+        unverified = [c["name"] for c in checks if check_outcome(c) == NOT_VERIFIED]
         self.unverified = unverified
-        if not passed:
-            word = "FAILED " + ", ".join(c["name"] for c in checks if not c.get("passed"))
-        elif unverified:
+        if outcome == FAILED:
+            word = "FAILED " + ", ".join(c["name"] for c in checks if check_outcome(c) == FAILED)
+        elif outcome == NOT_VERIFIED:
             word = "written, not verified (" + ", ".join(unverified) + ": no independent reader here)"
         else:
             word = "passed every check"
         self.verdict.setText(f"{report.get('format', '?')} export {word}{size}: {report.get('path', '')}")
-        colour = RED if not passed else AMBER if unverified else GREEN
+        colour = {FAILED: RED, NOT_VERIFIED: AMBER}.get(outcome, GREEN)
         self.verdict.setStyleSheet(f"color: {colour}; font-weight: bold;")
         how = next((c.get("how_to_verify") for c in checks if c.get("how_to_verify")), None)
         self.verdict.setToolTip(f"To check it elsewhere: {how}" if how else "")
         self.table.setRowCount(len(checks))
         for row, check in enumerate(checks):
             name = str(check.get("name", ""))
-            ok = bool(check.get("passed"))
-            open_ = check.get("verified") is False
+            open_ = check_outcome(check) == NOT_VERIFIED
+            ok = check_outcome(check) != FAILED
             result = "FAIL" if not ok else "not verified" if open_ else "pass"
             measured = "not verified" if open_ else figure(name, check.get("measured"))  # the reason: its tooltip
             cells = (name, measured, figure(name, check.get("tolerance")), result, str(check.get("what", "")))
