@@ -152,6 +152,9 @@ def main() -> int:
 
 
 def table(rows: list) -> str:
+    from backend.export.report import report_outcome
+    from backend.export.report import verdict as report_verdict
+
     lines = ["| format | wall s | write s | check s (trained + export) | peak RSS GB | peak / 16-bit size | "
              "peak stage | peak anonymous / 16-bit size | check |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -167,8 +170,7 @@ def table(rows: list) -> str:
         anonymous = f"{max(own.values()) / size:.2f}x ({max(own, key=own.get)})" if own else "?"
         t = report["timings"]
         check = t.get("reference", 0) + t.get("check", 0)
-        verdict = "passed" if report["passed"] else "FAILED " + ", ".join(c["name"] for c in report["checks"]
-                                                                         if not c["passed"])
+        verdict = report_verdict(report_outcome(report), report["checks"])
         lines.append(f"| {fmt} | {result['wall']:.0f} | {t.get('write', 0):.0f} | {check:.0f} "
                      f"({t.get('reference', 0):.0f} + {t.get('check', 0):.0f}) | {peak / 1e9:.2f} | "
                      f"{peak / size:.2f}x | {stage} | {anonymous} | {verdict} |")
