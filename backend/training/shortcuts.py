@@ -92,6 +92,16 @@ def _last_layer_rows(s: Situation, applied: tuple[str, ...]) -> str | None:
     return None
 
 
+def _chunked_loss(s: Situation, applied: tuple[str, ...]) -> str | None:
+    if s.liger_kernel:
+        return "Liger's fused cross-entropy already skips the logits"
+    if s.torch_compile:
+        return "under torch.compile its loop over chunks would break the graph"
+    if s.strategy not in ("single", "ddp"):
+        return f"{s.strategy} shards lm_head"
+    return None
+
+
 def _sdpa_packed(s: Situation, applied: tuple[str, ...]) -> str | None:
     if s.attention != "sdpa":
         return f"attention {s.attention or 'default'}"
@@ -140,6 +150,9 @@ SHORTCUTS: tuple[Shortcut, ...] = (
     # GPT-2's blocks are not `layers` of `mlp` + `self_attn.o_proj`; MoE: the router runs over every row.
     Shortcut("last_layer_rows", "the last layer's MLP and attention output only at those rows (last_layer_rows.py)",
              DENSE, frozenset({"cpu", "cuda"}), _last_layer_rows),
+    # A GPU's memory is what it saves; on the CPU the logits are rarely what runs short.
+    Shortcut("chunked_loss", "lm_head and cross-entropy a chunk of rows at a time, no full-vocabulary logits "
+             "(chunked_loss.py)", ALL, frozenset({"cuda"}), _chunked_loss),
     # Gemma 2 refuses SDPA (soft-capped attention logits); sliding windows keep SDPA's mask.
     Shortcut("sdpa_packed", "one causal SDPA per packed example, no block mask (packed_attention.py)",
              ALL - {"gemma2"}, frozenset({"cpu", "cuda"}), _sdpa_packed),
@@ -217,10 +230,12 @@ def choose(situation: Situation, mode: str = "auto", disabled: tuple[str, ...] |
 def install(choice: ShortcutChoice, model: Any, trainer: Any) -> list[str]:
     """Put the chosen model-side shortcuts in place on a loaded (peft) model; returns what was installed.
 
+    chunked_loss wraps the model's head and loss (chunked_loss.py);
     loss_positions and last_layer_rows act through the trainer (CountingTrainer reads them per step);
     sdpa_packed was chosen at load time (loading.attention_implementation); thread_choice runs in the
     job before training. Rank-first LoRA goes first: last_layer_rows wraps `o_proj` outermost.
     """
+    from backend.training.chunked_loss import ChunkedLoss
     from backend.training.last_layer_rows import LastLayerRows
     from backend.training.lora_matmul import LoraMatmul
     from backend.training.loss_positions import supports_loss_positions
@@ -241,4 +256,6 @@ def install(choice: ShortcutChoice, model: Any, trainer: Any) -> list[str]:
             trainer.rows = rows
             installed.append("last_layer_rows")
             log.info("last layer's %s run on the loss rows only", " and ".join(rows.modules))
+    if choice.has("chunked_loss") and ChunkedLoss().install(model):
+        installed.append("chunked_loss")
     return installed
