@@ -14,6 +14,7 @@ from backend.estimate.attention import attention_kernel
 from backend.estimate.breakdown import MIB, Breakdown
 from backend.estimate.families import load_model_config, read_dims
 from backend.estimate.setup import Setup, resolve_setup
+from backend.estimate.shortcut_memory import held_logit_elements
 from backend.estimate.states import (
     idle_adapter_params, optimizer_state, rotary_buffers, storage_bytes, trained_tensor_sizes, weight_storage,
 )
@@ -131,7 +132,7 @@ def estimate(
     positions = s.tokens
     if target_tokens is not None:
         positions = min(s.tokens, run.train.micro_batch_size * min(run.train.seq_len, max(1, int(target_tokens))))
-    tv = positions * d.vocab
+    tv = held_logit_elements(run, d.model_type, d.vocab, positions * d.vocab, device)  # chunked_loss: one chunk's
     logit_e = e if s.autocast else s.w_e
     logits_fwd = tv * (logit_e + 4 + (4 if logit_e != 4 else 0))
     logits_bwd = tv * (4 + 4 + 4)

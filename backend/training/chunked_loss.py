@@ -26,14 +26,18 @@ from typing import Any, Callable
 
 import torch
 
+from backend.training import shortcuts  # the chunk size, read at call time (the estimate reads it too)
+
 IGNORE_INDEX = -100
-CHUNK_ELEMENTS = 2**24
-"""Logit elements per chunk (64 MiB in fp32): 128 rows at a 128k vocabulary, 512 at 32k."""
 
 
-def chunk_rows(vocab: int, elements: int | None = None) -> int:
-    """Rows per chunk for a vocabulary: at least one."""
-    return max(1, (CHUNK_ELEMENTS if elements is None else elements) // max(1, vocab))
+def _chunk_loss(head: Callable[[torch.Tensor], torch.Tensor], part: torch.Tensor, targets: torch.Tensor,
+                softcap: float | None) -> torch.Tensor:
+    """One chunk's summed cross-entropy; its logits live only in the autograd graph (freed with it)."""
+    logits = head(part)
+    if softcap is not None:  # Gemma: tanh(logits / cap) * cap, in the logits' dtype as the model does
+        logits = torch.tanh(logits / softcap) * softcap
+    return torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
@@ -50,11 +54,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         for start in range(0, hidden.shape[0], rows):
             part = hidden[start:start + rows].detach().requires_grad_(want_hidden)
             with torch.enable_grad():
-                logits = head(part)
-                if softcap is not None:  # Gemma: tanh(logits / cap) * cap, in the logits' dtype as the model does
-                    logits = torch.tanh(logits / softcap) * softcap
-                loss = torch.nn.functional.cross_entropy(logits.float(), targets[start:start + rows],
-                                                         ignore_index=IGNORE_INDEX, reduction="sum")
+                loss = _chunk_loss(head, part, targets[start:start + rows], softcap)
             wrt = ([part] if want_hidden else []) + [params[i] for i in want]
             if wrt and loss.requires_grad:
                 grads = torch.autograd.grad(loss, wrt, allow_unused=True)
@@ -65,7 +65,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                     if g is not None:
                         grad_params[i] = g if grad_params[i] is None else grad_params[i] + g
             total += loss.detach()
-            del logits, loss
+            del loss
         ctx.grads = (grad_hidden, grad_params)
         return total
 
@@ -107,7 +107,7 @@ class ChunkedLoss:
     """Installs the chunked loss on one causal LM: its lm_head and loss_function, switched per forward."""
 
     def __init__(self, elements: int | None = None) -> None:
-        self.elements = elements  # None: CHUNK_ELEMENTS, read at call time
+        self.elements = elements  # None: shortcuts.LOSS_CHUNK_ELEMENTS, read at call time
         self.active = False
         self.calls = 0  # chunked losses computed (what tests and the log read)
         self.head: torch.nn.Module | None = None
@@ -135,7 +135,7 @@ class ChunkedLoss:
             vocab = int(getattr(config, "vocab_size", 0) or vocab_size or 1)
             params = [p for p in head.parameters() if p.requires_grad]
             return chunked_causal_loss(logits, labels, plain_head, params, softcap=chunked.softcap,
-                                       rows=chunk_rows(vocab, chunked.elements),
+                                       rows=shortcuts.loss_chunk_rows(vocab, chunked.elements),
                                        num_items_in_batch=kwargs.get("num_items_in_batch"),
                                        ignore_index=kwargs.get("ignore_index", IGNORE_INDEX),
                                        shift_labels=kwargs.get("shift_labels"))

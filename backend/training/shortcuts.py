@@ -41,6 +41,14 @@ PROOF = "tests/backend/test_shortcut_exactness.py"
 # (docs/benchmarks.md, Session 7). Hidden sizes above this run peft's own forward.
 RANK_FIRST_MAX_HIDDEN = 1024
 
+LOSS_CHUNK_ELEMENTS = 2**24
+"""chunked_loss's logit elements per chunk (64 MiB in fp32): 128 rows at a 128k vocabulary, 512 at 32k."""
+
+
+def loss_chunk_rows(vocab: int, elements: int | None = None) -> int:
+    """Rows per chunk of the chunked loss for a vocabulary: at least one."""
+    return max(1, (LOSS_CHUNK_ELEMENTS if elements is None else elements) // max(1, vocab))
+
 
 @dataclass(frozen=True)
 class Situation:

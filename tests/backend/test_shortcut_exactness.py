@@ -111,7 +111,7 @@ def chunk_calls(monkeypatch):
     """Chunks of 16 rows (several per batch at the tiny vocabulary), and a count of chunked losses."""
     from backend.training import chunked_loss
 
-    monkeypatch.setattr(chunked_loss, "CHUNK_ELEMENTS", 16 * 4096)
+    monkeypatch.setattr("backend.training.shortcuts.LOSS_CHUNK_ELEMENTS", 16 * 4096)
     calls = []
     plain = chunked_loss.chunked_causal_loss
 
