@@ -4,9 +4,9 @@ The worker's registry (backend/training/shortcuts.py, torch-free) decides where 
 conditions are read here so that the estimate counts what the worker will hold:
 
 - chunked_loss: lm_head and the cross-entropy run a chunk of rows at a time, so the logits part is
-  one chunk's instead of the whole micro-batch's. Within a chunk the forward's buffers and their
-  gradient exist together (the gradient is taken while the chunk's logits live), so a chunk counts
-  twice its elements at the logits' per-element cost; a micro-batch smaller than that keeps its own.
+  one chunk's elements at the plain logits' per-element cost instead of the whole micro-batch's
+  (the chunk's gradient is taken while its log-probabilities are saved, the same buffers as the
+  plain backward; bench/loss_memory.py measures it on the CPU, docs/benchmarks.md).
 - activation_offload: with checkpointing, each layer's checkpointed input (the hidden states) waits
   for the backward pass in pinned host memory: those bytes leave the GPU and go to the host.
 """
@@ -44,7 +44,7 @@ def held_logit_elements(run: RunConfig, model_type: str, vocab: int, elements: i
         return elements
     from backend.training.shortcuts import loss_chunk_rows
 
-    return min(elements, 2 * loss_chunk_rows(vocab) * vocab)
+    return min(elements, loss_chunk_rows(vocab) * vocab)
 
 
 def offloaded_inputs(run: RunConfig, model_type: str, s: "Setup", layer_input: int, layers: int) -> int:

@@ -30,9 +30,9 @@ def test_chunked_loss_holds_one_chunk_of_logits_on_cuda():
     plain, every = logits("technique.shortcuts=off")
     vocab = 128256
     assert every["elements"] == 2 * 2048 * vocab  # every position of the micro-batch
-    assert held["elements"] == 2 * loss_chunk_rows(vocab) * vocab  # one chunk, its gradient beside it
+    assert held["elements"] == loss_chunk_rows(vocab) * vocab  # one chunk's
     assert chunked == pytest.approx(plain * held["elements"] / every["elements"], rel=1e-9)
-    assert chunked < plain / 10
+    assert chunked < plain / 10  # 130 of 4096 rows
     total_on = estimate(LLAMA_8B, run("technique.shortcuts=auto"), device="cuda").total_bytes
     total_off = estimate(LLAMA_8B, run("technique.shortcuts=off"), device="cuda").total_bytes
     assert total_on < total_off
