@@ -14,7 +14,7 @@ from backend.estimate.attention import attention_kernel
 from backend.estimate.breakdown import MIB, Breakdown
 from backend.estimate.families import load_model_config, read_dims
 from backend.estimate.setup import Setup, resolve_setup
-from backend.estimate.shortcut_memory import held_logit_elements
+from backend.estimate.shortcut_memory import held_logit_elements, offload_activations
 from backend.estimate.states import (
     idle_adapter_params, optimizer_state, rotary_buffers, storage_bytes, trained_tensor_sizes, weight_storage,
 )
@@ -127,7 +127,7 @@ def estimate(
     optimizer, opt_detail = optimizer_state(t.optimizer, sizes)
 
     # -- activations and logits
-    act = activation_bytes(arch, d, s)
+    act = offload_activations(activation_bytes(arch, d, s), run, d.model_type, s, d.layers)  # activation_offload
     activations = act["total"]
     positions = s.tokens
     if target_tokens is not None:

@@ -8,13 +8,14 @@ conditions are read here so that the estimate counts what the worker will hold:
   (the chunk's gradient is taken while its log-probabilities are saved, the same buffers as the
   plain backward; bench/loss_memory.py measures it on the CPU, docs/benchmarks.md).
 - activation_offload: with checkpointing, each layer's checkpointed input (the hidden states) waits
-  for the backward pass in pinned host memory: those bytes leave the GPU and go to the host.
+  for the backward pass in pinned host memory: those bytes leave the GPU's activations and are
+  reported as `host_offloaded` in the activations' details.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backend.config import RunConfig
 
@@ -47,8 +48,13 @@ def held_logit_elements(run: RunConfig, model_type: str, vocab: int, elements: i
     return min(elements, loss_chunk_rows(vocab) * vocab)
 
 
-def offloaded_inputs(run: RunConfig, model_type: str, s: "Setup", layer_input: int, layers: int) -> int:
-    """Bytes of checkpointed layer inputs that activation_offload keeps in host memory (0: none)."""
+def offload_activations(act: dict[str, Any], run: RunConfig, model_type: str, s: "Setup", layers: int) -> dict[str, Any]:
+    """The activations with activation_offload's layer inputs in host memory (unchanged where it does not run).
+
+    All but one: the layer being recomputed has its input back on the GPU. What int8 matmuls keep
+    as ctx attributes stays (it is not saved through the hooks)."""
     if not s.checkpointing or not _applies("activation_offload", run, model_type, s.device):
-        return 0
-    return layers * layer_input
+        return act
+    moved = max(0, layers - 1) * act["layer_input"]
+    return {**act, "total": act["total"] - moved, "checkpointed_inputs": act["checkpointed_inputs"] - moved,
+            "host_offloaded": moved}

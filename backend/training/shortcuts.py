@@ -69,6 +69,8 @@ class Situation:
     facts: "ModelFacts"
     native_bf16: bool = False
     aux_loss: bool = False  # a MoE router's load-balancing loss is part of the training loss
+    checkpointing: bool = False  # technique.gradient_checkpointing
+    activation_offload: bool = False  # technique.activation_offload: asked for where memory is short
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,20 @@ def _chunked_loss(s: Situation, applied: tuple[str, ...]) -> str | None:
         return "under torch.compile its loop over chunks would break the graph"
     if s.strategy not in ("single", "ddp"):
         return f"{s.strategy} shards lm_head"
+    return None
+
+
+def _activation_offload(s: Situation, applied: tuple[str, ...]) -> str | None:
+    # Asked for, not decided here: whether it is what lets a row fit rests on an estimate that is not
+    # exact near the card's size, and where memory is not short it only adds copies.
+    if not s.activation_offload:
+        return "technique.activation_offload off (it pays only where memory is short)"
+    if not s.checkpointing:
+        return "needs gradient checkpointing"
+    if s.strategy not in ("single", "ddp"):
+        return f"{s.strategy} checkpoints its own way"
+    if s.torch_compile:
+        return "torch.compile would trace the copies"
     return None
 
 
@@ -161,6 +177,9 @@ SHORTCUTS: tuple[Shortcut, ...] = (
     # A GPU's memory is what it saves; on the CPU the logits are rarely what runs short.
     Shortcut("chunked_loss", "lm_head and cross-entropy a chunk of rows at a time, no full-vocabulary logits "
              "(chunked_loss.py)", ALL, frozenset({"cuda"}), _chunked_loss),
+    # Copies of each layer's input, exact for every family with checkpointed decoder layers.
+    Shortcut("activation_offload", "each checkpointed layer input in pinned host memory until backward "
+             "(activation_offload.py)", ALL, frozenset({"cuda"}), _activation_offload),
     # Gemma 2 refuses SDPA (soft-capped attention logits); sliding windows keep SDPA's mask.
     Shortcut("sdpa_packed", "one causal SDPA per packed example, no block mask (packed_attention.py)",
              ALL - {"gemma2"}, frozenset({"cpu", "cuda"}), _sdpa_packed),
@@ -238,11 +257,13 @@ def choose(situation: Situation, mode: str = "auto", disabled: tuple[str, ...] |
 def install(choice: ShortcutChoice, model: Any, trainer: Any) -> list[str]:
     """Put the chosen model-side shortcuts in place on a loaded (peft) model; returns what was installed.
 
-    chunked_loss wraps the model's head and loss (chunked_loss.py);
+    chunked_loss wraps the model's head and loss (chunked_loss.py), activation_offload its checkpointed
+    layers (activation_offload.py; the Trainer turns checkpointing on later, the wrapper reads it per call);
     loss_positions and last_layer_rows act through the trainer (CountingTrainer reads them per step);
     sdpa_packed was chosen at load time (loading.attention_implementation); thread_choice runs in the
     job before training. Rank-first LoRA goes first: last_layer_rows wraps `o_proj` outermost.
     """
+    from backend.training.activation_offload import ActivationOffload
     from backend.training.chunked_loss import ChunkedLoss
     from backend.training.last_layer_rows import LastLayerRows
     from backend.training.lora_matmul import LoraMatmul
@@ -266,4 +287,6 @@ def install(choice: ShortcutChoice, model: Any, trainer: Any) -> list[str]:
             log.info("last layer's %s run on the loss rows only", " and ".join(rows.modules))
     if choice.has("chunked_loss") and ChunkedLoss().install(model):
         installed.append("chunked_loss")
+    if choice.has("activation_offload") and ActivationOffload(pin_memory=True).install(model):
+        installed.append("activation_offload")
     return installed
