@@ -36,7 +36,8 @@ class ActivationOffload:
         from transformers.modeling_layers import GradientCheckpointingLayer
 
         for module in model.modules():
-            if isinstance(module, GradientCheckpointingLayer):
+            if isinstance(module, GradientCheckpointingLayer) and not hasattr(module, "_activation_offload"):
+                module._activation_offload = self
                 module.forward = types.MethodType(self._offloaded(module.forward), module)
                 self.layers += 1
         return self.layers

@@ -118,6 +118,9 @@ class ChunkedLoss:
         head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
         if not isinstance(head, torch.nn.Module) or not hasattr(base, "loss_function"):
             return False
+        if getattr(base, "_chunked_loss", None) is not None:
+            return True  # installed already: wrapping the wrappers would make the head an identity for good
+        base._chunked_loss = self
         self.head = head
         plain_head, plain_loss, plain_forward = head.forward, base.loss_function, base.forward
         config, chunked = base.config, self

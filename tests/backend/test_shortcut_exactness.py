@@ -199,3 +199,36 @@ def test_chunked_loss_in_bf16_on_cuda(family, chunk_calls):
         assert abs(loss - plain_loss) <= 2e-2 * abs(plain_loss), (family, loss, plain_loss)
         assert (grads - plain_grads).norm() <= 2e-2 * plain_grads.norm(), family
     assert chunk_calls
+
+
+def test_chunked_loss_and_offload_under_the_trainer(chunk_calls, tmp_path):
+    """The job's path: CountingTrainer with gradient accumulation (num_items_in_batch) and checkpointing;
+    the chunked loss (installed twice: the second is a no-op) and the offload hooks (unpinned on the
+    CPU) give the plain run's losses step by step."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from backend.training.activation_offload import ActivationOffload
+    from backend.training.chunked_loss import ChunkedLoss
+    from backend.training.counting_trainer import CountingTrainer
+
+    losses = {}
+    for name in ("plain", "lean"):
+        on, off = plans("llama", Capabilities(cuda=False))
+        plan = with_chunked_loss(on) if name == "lean" else off
+        model, chosen, _ = build("llama", plan)
+        args = TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=4, max_steps=3,
+                                 learning_rate=1e-2, logging_steps=1, report_to=[], use_cpu=True,
+                                 remove_unused_columns=False, gradient_accumulation_steps=2, disable_tqdm=True,
+                                 activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False})
+        trainer = CountingTrainer(model=model, args=args, train_dataset=Dataset.from_list(features() * 4),
+                                  data_collator=PackingCollator())
+        trainer.loss_positions, trainer.rows = chosen.loss_positions, chosen.rows
+        if name == "lean":
+            assert ChunkedLoss().install(model)  # a second time: a no-op
+            offload = ActivationOffload(pin_memory=False)
+            assert offload.install(model) == 2
+        trainer.train()
+        losses[name] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(chunk_calls) == 6 and offload.offloaded == 6 * 2  # 3 steps x 2 micro-batches, 2 layers each
+    assert losses["lean"] == pytest.approx(losses["plain"], abs=1e-5)
