@@ -92,8 +92,10 @@ class TechniqueSection(_Section):
     torch_compile: bool = False
     """Compile the model with torch.compile: faster steady-state steps after a one-off compile time
     (reported separately, never counted in tokens/s)."""
+    activation_offload: bool = False
+    """With gradient checkpointing on a GPU: keep each layer's checkpointed input (batch x seq x hidden per layer) in pinned CPU memory until the backward pass needs it, so longer rows fit; costs a copy each way per layer and step, so turn it on only where memory is short (it runs as one of the speed shortcuts)."""
     shortcuts: Literal["auto", "off"] = "auto"
-    """auto: the worker's speed shortcuts (logits only where the loss looks, the last layer on those rows, per-example attention for packed rows, and on the CPU rank-first LoRA products, bf16 base products and a measured thread count) where a test proved them exact for the model's family; off: the plain transformers + peft computation (slower, for comparison or a suspected shortcut bug)."""
+    """auto: the worker's speed shortcuts (logits only where the loss looks, the last layer on those rows, per-example attention for packed rows, on a GPU the loss a chunk of rows at a time (and activation offload where asked), and on the CPU rank-first LoRA products, bf16 base products and a measured thread count) where a test proved them exact for the model's family; off: the plain transformers + peft computation (slower, for comparison or a suspected shortcut bug)."""
     dpo_beta: float = Field(default=0.1, gt=0)
     """DPO only: how far the tuned model may move from the reference; smaller lets it drift further from the base for a larger preference margin (0.1 is typical)."""
     dpo_loss: Literal["sigmoid", "ipo", "hinge", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "aot",

@@ -15,6 +15,7 @@ from backend.estimate.breakdown import Breakdown
 from backend.estimate.cuda import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, allocator_reserve
 from backend.estimate.families import load_model_config, read_dims
 from backend.estimate.setup import Setup, resolve_setup
+from backend.estimate.shortcut_memory import held_logit_elements, offload_activations
 from backend.estimate.states import (
     idle_adapter_params, optimizer_state, rotary_buffers, storage_bytes, trained_tensor_sizes, weight_storage,
 )
@@ -116,12 +117,12 @@ def estimate(
     optimizer, opt_detail = optimizer_state(t.optimizer, sizes)
 
     # -- activations and logits
-    act = activation_bytes(arch, d, s)
+    act = offload_activations(activation_bytes(arch, d, s), run, d.model_type, s, d.layers)  # activation_offload
     activations = act["total"]
     positions = s.tokens
     if target_tokens is not None:
         positions = min(s.tokens, run.train.micro_batch_size * min(run.train.seq_len, max(1, int(target_tokens))))
-    tv = positions * d.vocab
+    tv = held_logit_elements(run, d.model_type, d.vocab, positions * d.vocab, device)  # chunked_loss: one chunk's
     logit_e = e if s.autocast else s.w_e
     logits_fwd = tv * (logit_e + 4 + (4 if logit_e != 4 else 0))
     logits_bwd = tv * (4 + 4 + 4)

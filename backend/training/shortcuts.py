@@ -41,6 +41,14 @@ PROOF = "tests/backend/test_shortcut_exactness.py"
 # (docs/benchmarks.md, Session 7). Hidden sizes above this run peft's own forward.
 RANK_FIRST_MAX_HIDDEN = 1024
 
+LOSS_CHUNK_ELEMENTS = 2**24
+"""chunked_loss's logit elements per chunk (64 MiB in fp32): 128 rows at a 128k vocabulary, 512 at 32k."""
+
+
+def loss_chunk_rows(vocab: int, elements: int | None = None) -> int:
+    """Rows per chunk of the chunked loss for a vocabulary: at least one."""
+    return max(1, (LOSS_CHUNK_ELEMENTS if elements is None else elements) // max(1, vocab))
+
 
 @dataclass(frozen=True)
 class Situation:
@@ -61,6 +69,8 @@ class Situation:
     facts: "ModelFacts"
     native_bf16: bool = False
     aux_loss: bool = False  # a MoE router's load-balancing loss is part of the training loss
+    checkpointing: bool = False  # technique.gradient_checkpointing
+    activation_offload: bool = False  # technique.activation_offload: asked for where memory is short
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,30 @@ def _last_layer_rows(s: Situation, applied: tuple[str, ...]) -> str | None:
         return f"{s.strategy} wraps the layers"
     if s.aux_loss:
         return "the router's aux loss reads every row of the last layer"
+    return None
+
+
+def _chunked_loss(s: Situation, applied: tuple[str, ...]) -> str | None:
+    if s.liger_kernel:
+        return "Liger's fused cross-entropy already skips the logits"
+    if s.torch_compile:
+        return "under torch.compile its loop over chunks would break the graph"
+    if s.strategy not in ("single", "ddp"):
+        return f"{s.strategy} shards lm_head"
+    return None
+
+
+def _activation_offload(s: Situation, applied: tuple[str, ...]) -> str | None:
+    # Asked for, not decided here: whether it is what lets a row fit rests on an estimate that is not
+    # exact near the card's size, and where memory is not short it only adds copies.
+    if not s.activation_offload:
+        return "technique.activation_offload off (it pays only where memory is short)"
+    if not s.checkpointing:
+        return "needs gradient checkpointing"
+    if s.strategy not in ("single", "ddp"):
+        return f"{s.strategy} checkpoints its own way"
+    if s.torch_compile:
+        return "torch.compile would trace the copies"
     return None
 
 
@@ -140,6 +174,12 @@ SHORTCUTS: tuple[Shortcut, ...] = (
     # GPT-2's blocks are not `layers` of `mlp` + `self_attn.o_proj`; MoE: the router runs over every row.
     Shortcut("last_layer_rows", "the last layer's MLP and attention output only at those rows (last_layer_rows.py)",
              DENSE, frozenset({"cpu", "cuda"}), _last_layer_rows),
+    # A GPU's memory is what it saves; on the CPU the logits are rarely what runs short.
+    Shortcut("chunked_loss", "lm_head and cross-entropy a chunk of rows at a time, no full-vocabulary logits "
+             "(chunked_loss.py)", ALL, frozenset({"cuda"}), _chunked_loss),
+    # Copies of each layer's input, exact for every family with checkpointed decoder layers.
+    Shortcut("activation_offload", "each checkpointed layer input in pinned host memory until backward "
+             "(activation_offload.py)", ALL, frozenset({"cuda"}), _activation_offload),
     # Gemma 2 refuses SDPA (soft-capped attention logits); sliding windows keep SDPA's mask.
     Shortcut("sdpa_packed", "one causal SDPA per packed example, no block mask (packed_attention.py)",
              ALL - {"gemma2"}, frozenset({"cpu", "cuda"}), _sdpa_packed),
@@ -217,10 +257,14 @@ def choose(situation: Situation, mode: str = "auto", disabled: tuple[str, ...] |
 def install(choice: ShortcutChoice, model: Any, trainer: Any) -> list[str]:
     """Put the chosen model-side shortcuts in place on a loaded (peft) model; returns what was installed.
 
+    chunked_loss wraps the model's head and loss (chunked_loss.py), activation_offload its checkpointed
+    layers (activation_offload.py; the Trainer turns checkpointing on later, the wrapper reads it per call);
     loss_positions and last_layer_rows act through the trainer (CountingTrainer reads them per step);
     sdpa_packed was chosen at load time (loading.attention_implementation); thread_choice runs in the
     job before training. Rank-first LoRA goes first: last_layer_rows wraps `o_proj` outermost.
     """
+    from backend.training.activation_offload import ActivationOffload
+    from backend.training.chunked_loss import ChunkedLoss
     from backend.training.last_layer_rows import LastLayerRows
     from backend.training.lora_matmul import LoraMatmul
     from backend.training.loss_positions import supports_loss_positions
@@ -241,4 +285,8 @@ def install(choice: ShortcutChoice, model: Any, trainer: Any) -> list[str]:
             trainer.rows = rows
             installed.append("last_layer_rows")
             log.info("last layer's %s run on the loss rows only", " and ".join(rows.modules))
+    if choice.has("chunked_loss") and ChunkedLoss().install(model):
+        installed.append("chunked_loss")
+    if choice.has("activation_offload") and ActivationOffload(pin_memory=True).install(model):
+        installed.append("activation_offload")
     return installed

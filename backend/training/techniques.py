@@ -167,7 +167,8 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
         world_size=int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size,
         cpu_threads=config.train.cpu_threads, threads=torch.get_num_threads() if threads is None else threads,
         bf16_base=cpu_bf16_base(config, device, device == "cpu" and native_bf16()), facts=facts, aux_loss=aux_loss,
-        native_bf16=device == "cpu" and native_bf16())
+        native_bf16=device == "cpu" and native_bf16(), checkpointing=t.gradient_checkpointing,
+        activation_offload=t.activation_offload)
     # The shortcuts were proven exact for the supervised loss only; DPO and KTO run TRL's plain computation.
     choice = choose(situation, t.shortcuts if t.objective == "sft" else "off")
     if t.objective != "sft":

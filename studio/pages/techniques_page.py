@@ -44,6 +44,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                 ("technique.lora_targets", "LoRA targets"))),
     ("Memory and speed", (("technique.precision", "Precision"), ("technique.attention", "Attention"),
                           ("technique.gradient_checkpointing", "Gradient checkpointing"),
+                          ("technique.activation_offload", "Offload activations"),
                           ("technique.optimizer", "Optimizer"), ("technique.offload", "Offload"),
                           ("technique.shortcuts", "Speed shortcuts"))),
     ("Data shaping", (("technique.packing", "Packing"), ("technique.neftune_alpha", "NEFTune alpha"))),

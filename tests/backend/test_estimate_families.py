@@ -90,7 +90,10 @@ def test_real_config_parameter_count_is_what_transformers_builds(name):
     assert count_params(arch, dims).total == model_configs.parameter_count(built)
     for method in ("qlora", "lora", "full"):  # estimates at real size, without a note of an unknown family
         b = estimate(raw, run(method=method, gradient_checkpointing=True), device="cuda")
-        assert 0 < b.total_bytes <= b.sum_bytes and b.details["model"]["measured"]
+        # The sum of the parts bounds the peak of the plain step; with the chunked loss (CUDA's default)
+        # the logits part no longer covers full tuning's tied-embedding transients (backward_end).
+        plain = estimate(raw, run(method=method, gradient_checkpointing=True, shortcuts="off"), device="cuda")
+        assert 0 < b.total_bytes <= plain.total_bytes <= plain.sum_bytes and b.details["model"]["measured"]
 
 
 def test_dimensions_left_to_the_class_are_said_once():

@@ -108,6 +108,9 @@ def test_shortcuts_chosen_per_family(family, expected):
     (["technique.torch_compile=true"], GPU, "loss_positions", "torch.compile"),
     (["technique.torch_compile=true"], GPU, "sdpa_packed", "torch.compile"),
     (["technique.liger_kernel=true"], GPU_LIGER, "loss_positions", "Liger"),
+    (["technique.liger_kernel=true"], GPU_LIGER, "chunked_loss", "Liger"),
+    (["technique.torch_compile=true"], GPU, "chunked_loss", "torch.compile"),
+    (["hardware.strategy=fsdp", "hardware.num_processes=2"], GPU, "chunked_loss", "fsdp shards lm_head"),
     (["hardware.strategy=fsdp", "hardware.num_processes=2"], GPU, "last_layer_rows", "fsdp wraps"),
     (["technique.method=dora"], CPU, "rank_first_lora", "dora runs peft's forward"),
     (["technique.precision=bf16"], CPU, "rank_first_lora", "precision bf16"),
@@ -128,7 +131,8 @@ def test_off_runs_the_plain_computation_and_a_yaml_off_means_off():
 
 def test_gpu_runs_no_cpu_shortcut():
     p = plan("llama", caps=GPU)
-    assert p.shortcuts.applied == ("loss_positions", "last_layer_rows", "sdpa_packed")
+    assert p.shortcuts.applied == ("loss_positions", "last_layer_rows", "chunked_loss", "sdpa_packed")
+    assert "chunked_loss" not in plan("llama").summary()  # a CUDA shortcut: the CPU plan does not name it
     assert not any(name in p.summary() for name in ("rank_first_lora", "bf16_base", "thread_choice"))
 
 
