@@ -95,8 +95,8 @@ def cost_line(config: Any, total_bytes: int, parts: dict[str, int], card_gb: int
     gib = 1024**3
     t, train = config.technique, config.train
     per_step = train.micro_batch_size * train.gradient_accumulation_steps * cards
-    shown = ", ".join(f"{name} {parts[name] / gib:.1f}" for name in ("weights", "logits", "activations", "runtime")
-                      if parts.get(name))
+    names = ("weights", "logits", "activations", "runtime", "cuda_context", "allocator_reserve")
+    shown = ", ".join(f"{name.replace('_', ' ')} {parts[name] / gib:.1f}" for name in names if parts.get(name))
     card = f"{cards}x{card_gb} GB" if cards > 1 else f"{card_gb} GB"
     return (f"estimated peak {total_bytes / gib:.1f} GiB per GPU of {card} ({shown} GiB) for {train.seq_len}-token "
             f"rows, micro-batch {train.micro_batch_size}{', checkpointing' if t.gradient_checkpointing else ''}, "

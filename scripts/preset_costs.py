@@ -25,7 +25,8 @@ def preset_cost(preset: Preset) -> str:
     config = RunConfig.load(preset.path)
     model = FIXTURES / preset.hub_id.replace("/", "--")
     b = estimate(model, config, device="cuda", num_gpus=preset.cards)
-    parts = {name: getattr(b, name) for name in ("weights", "logits", "activations", "runtime")}
+    parts = {name: getattr(b, name) for name in ("weights", "logits", "activations", "runtime", "cuda_context",
+                                                 "allocator_reserve")}
     return cost_line(config, b.total_bytes, parts, preset.card_gb, preset.cards)
 
 

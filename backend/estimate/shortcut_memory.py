@@ -25,11 +25,11 @@ if TYPE_CHECKING:
 
 def _applies(name: str, run: RunConfig, model_type: str, device: str) -> bool:
     """The registry's verdict for shortcut `name`, from what the estimate knows (no model class)."""
-    from backend.training.shortcuts import BY_NAME
+    from backend.training.shortcuts import BY_NAME, disabled_by_env
 
     shortcut = BY_NAME.get(name)
     t = run.technique
-    if shortcut is None or t.shortcuts != "auto" or t.objective != "sft":
+    if shortcut is None or t.shortcuts != "auto" or t.objective != "sft" or name in disabled_by_env():
         return False
     if device not in shortcut.devices or model_type not in shortcut.families:
         return False

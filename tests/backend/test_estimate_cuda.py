@@ -22,7 +22,9 @@ def _preset(name: str) -> RunConfig:
 
 
 @pytest.mark.parametrize("preset", sorted(MEASURED))
-def test_cuda_total_holds_max_reserved_plus_context_within_ten_percent(preset):
+def test_cuda_total_holds_max_reserved_plus_context_within_ten_percent(preset, monkeypatch):
+    # Measured before the chunked loss existed: the estimate of that step, as the worker honours the switch too.
+    monkeypatch.setenv("FINETUNE_STUDIO_SHORTCUTS_DISABLE", "chunked_loss")
     folder, reserved_gib = MEASURED[preset]
     b = estimate(ROOT / "tests" / "fixtures" / "model_configs" / folder, _preset(preset), device="cuda")
     need = reserved_gib * GIB + CUDA_CONTEXT_BYTES
@@ -56,4 +58,6 @@ def test_cards_of_a_cpu_estimate_use_the_config_json_given():
     config = _preset("llama-3.2-1b_lora_12gb")  # model.path hub:..., not downloaded here
     raw = load_model_config(ROOT / "tests" / "fixtures" / "model_configs" / "meta-llama--Llama-3.2-1B-Instruct")
     cards = cuda_cards(config, estimate_run(config, "cpu", model_config=raw), None, None, None, model_config=raw)
-    assert cards["not"] == [8, 12] and cards["cuda_total_bytes"] == estimate(raw, config, device="cuda").total_bytes
+    total = estimate(raw, config, device="cuda").total_bytes
+    assert cards["cuda_total_bytes"] == total and cards["not"] == fitting_cards(total)[1]
+    assert cards["not"] == [size for size in CARD_SIZES_GB if usable_bytes(size) < total]
