@@ -1,7 +1,8 @@
 """`finetune-studio train|runs|estimate ...`: the headless client of the same worker the studio uses.
 
-Torch-free: the CLI starts `python -m backend.worker` exactly as the studio does and reads its
-events, so a run from a terminal and one from the window are the same run.
+Torch-free: the CLI starts the worker exactly as the studio does (backend/launch.py) and reads its
+events through the same protocol session (backend/protocol_session.py), so a run from a terminal
+and one from the window are the same run.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ class ProtocolSession:
                                        signal_number is not None)
         tail = list(stderr_tail)
         last = self._last_line(tail)
-        self._leave_reason(headline, tail)
+        self.leave_reason(headline, tail)
         where = f"see {self.folder.log_path}" if self.folder is not None else "see worker.log in the run folder"
         return self.fail("crashed", headline + (f"; last log line: {last[:200]}" if last else ""),
                          hint.replace("see worker.log in the run folder", where))
@@ -127,7 +127,7 @@ class ProtocolSession:
                 parts.append(f"Last lines of {self.folder.log_path}:\n{tail}")
         return "\n".join(parts)
 
-    def _leave_reason(self, headline: str, stderr_tail: list[str]) -> None:
+    def leave_reason(self, headline: str, stderr_tail: list[str]) -> None:
         """worker.log gets what the client saw: how the process ended and its stderr's last lines (a
         worker that died before redirecting its stderr, or a launcher that never started it, wrote none)."""
         if self.folder is None or not self.folder.path.is_dir():

@@ -244,6 +244,7 @@ class WorkerClient(QObject):
         program = self._process.program()
         self._log_timer.stop()
         headline = f"could not start the worker ({program}): {detail}"
+        self._session.leave_reason(headline, [])  # the run folder says why, as for a crash
         self._session.fail("crashed", headline, "check the Python environment")
         self._release_process()
         self.worker_crashed.emit(headline)
