@@ -89,21 +89,23 @@ def output_folder(text: str, option: str) -> Path:
 
 def refuse_what_cannot_run(config: RunConfig, problem: str = "") -> None:
     """Every reason `config` cannot run on this machine, at once (Refusals: exit 2), before a run folder
-    is made or a worker starts: the verdicts the window's Start and the estimate use, then the model
-    folder's own checks. `problem` is a config error already found, said first when there are more."""
+    is made or a worker starts: the torch-free verdicts the window's Start and the estimate use. Only
+    when they all pass are the model folder's files checked in depth (that check reads transformers'
+    model-type table, which imports torch: seconds a refusal should not wait for). `problem` is a
+    config error already found, said first when there are more."""
     from backend.device_caps import detected_device, device_caps
     from backend.feasibility import before_start, blocking_lines
-    from backend.training.model_check import check_model_folder  # stdlib, and transformers' model-type table
 
     machine = detected_device()  # torch-free: NVML, as the studio and `estimate` see the machine
     caps = device_caps(machine.kind, machine.bf16, machine.devices)
-    found = before_start(config, caps)
-    lines = blocking_lines(found)
-    if not any(v.field == "model.path" and v.blocks for v in found):
+    lines = blocking_lines(before_start(config, caps))
+    if not lines and not problem:
+        from backend.training.model_check import check_model_folder
+
         try:
             check_model_folder(config)
         except JobError as exc:
-            lines.insert(0, exc.message + (f"; {exc.hint}" if exc.hint else ""))
+            lines = [exc.message + (f"; {exc.hint}" if exc.hint else "")]
     if not lines:
         return  # (a config problem alone is raised by the caller as it was)
     lines = ([problem] if problem else []) + lines

@@ -128,3 +128,16 @@ def test_lenient_config_keeps_the_choices_of_a_draft_that_breaks_a_rule():
     config = lenient_config({"technique": {"objective": "kto", "liger_kernel": True}, "train": {"micro_batch_size": 1}})
     assert config is not None and config.technique.liger_kernel and config.train.micro_batch_size == 1
     assert lenient_config({"train": {"max_steps": "many"}}) is None
+
+
+def test_a_refusal_imports_no_torch():
+    """The verdicts are torch-free: a refused `train` answers without loading torch or transformers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from backend.cli import main; "
+            "code = main(['train', sys.argv[1], '--set', 'technique.liger_kernel=true']); "
+            "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(PRESET)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
+    assert "error: technique.liger_kernel" in done.stderr
