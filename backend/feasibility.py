@@ -65,11 +65,7 @@ class Verdict(BaseModel):
 
 def installed_probe(feature: str, device: str) -> str | None:
     """The torch-free stand-in for the worker's bitsandbytes probe: only whether it is installed."""
-    try:
-        found = importlib.util.find_spec("bitsandbytes") is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else "bitsandbytes is not installed"
+    return None if _installed("bitsandbytes") else "bitsandbytes is not installed"
 
 
 def context_length(model_config: dict[str, Any] | None) -> tuple[int, str] | None:
