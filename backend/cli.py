@@ -1,7 +1,8 @@
 """`finetune-studio train|runs|estimate ...`: the headless client of the same worker the studio uses.
 
-Torch-free: the CLI starts `python -m backend.worker` exactly as the studio does and reads its
-events, so a run from a terminal and one from the window are the same run.
+Torch-free: the CLI starts the worker exactly as the studio does (backend/launch.py) and reads its
+events through the same protocol session (backend/protocol_session.py), so a run from a terminal
+and one from the window are the same run.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import sqlite3
 import sys
 
-from backend.cli_checks import non_negative_int, open_run_folder, positive_int
+from backend.cli_checks import load_for_train, non_negative_int, open_run_folder, positive_int, refuse_what_cannot_run
 from backend.cli_errors import OneLineParser, run_guarded
 from backend.config import ConfigError, RunConfig
 from backend.config_help import fields_epilog
@@ -93,9 +94,9 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
     if not args.resume:
         if not args.config:
             raise ConfigError("give a config file (e.g. resources/presets/tiny_lora.yaml) or --resume RUN_DIR")
-        config = RunConfig.load(args.config, args.set)
+        config = load_for_train(args.config, args.set)
         _check_rank(args.machine_rank, config)
-        _check_inputs(config)
+        refuse_what_cannot_run(config)  # every problem at once, before a folder is made or a worker starts
         usable_home()  # a home that is a file is said before any folder is made
         return RunFolder.create(config), config
     source = open_run_folder(args.resume)
@@ -115,18 +116,8 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
     mismatch = resume_mismatch(checkpoint, config)
     if mismatch:
         raise ConfigError(f"--resume {source.path}: {mismatch}")
+    refuse_what_cannot_run(config)
     return source, config
-
-
-def _check_inputs(config: RunConfig) -> None:
-    """The model folder and the data file, refused in one line before a run folder is made or torch loads."""
-    from backend.training.model_check import check_model_folder
-
-    check_model_folder(config)
-    data = config.resolved_data_path()
-    if not data.exists():
-        raise ConfigError(f"data.path: {data} does not exist; pick a .jsonl, .json, .csv, .parquet or .txt file, "
-                          "or a dataset folder (e.g. bundled:datasets/demo_train.jsonl)")
 
 
 def _check_rank(rank: int, config: RunConfig) -> None:
@@ -140,6 +131,7 @@ def _more_steps(source: RunFolder, steps: int, overrides: list[str]) -> tuple[Ru
     """A new run that trains `steps` past `source`'s newest checkpoint (run_continuation); source is kept."""
     from backend.run_continuation import continue_run
 
+    refuse_what_cannot_run(RunConfig.load(source.config_path, overrides))  # before the new run's folder is made
     try:
         folder = continue_run(source, steps)
     except ConfigError:

@@ -11,7 +11,9 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from backend.config import ConfigError
+from backend.cli_errors import Refusals
+from backend.config import ConfigError, RunConfig, apply_overrides
+from backend.errors import JobError
 from backend.paths import runs_dir
 from backend.runs import RunFolder
 
@@ -83,3 +85,56 @@ def output_folder(text: str, option: str) -> Path:
         where = "is a file" if blocker == path else f"is inside a file ({blocker})"
         raise ConfigError(f"{option} {path}: {where}, not a folder; give a folder (it is created if missing)")
     return path
+
+
+def refuse_what_cannot_run(config: RunConfig, problem: str = "") -> None:
+    """Every reason `config` cannot run on this machine, at once (Refusals: exit 2), before a run folder
+    is made or a worker starts: the torch-free verdicts the window's Start and the estimate use. Only
+    when they all pass are the model folder's files checked in depth (that check reads transformers'
+    model-type table, which imports torch: seconds a refusal should not wait for). `problem` is a
+    config error already found, said first when there are more."""
+    from backend.device_caps import detected_device, device_caps
+    from backend.feasibility import before_start, blocking_lines
+
+    machine = detected_device()  # torch-free: NVML, as the studio and `estimate` see the machine
+    caps = device_caps(machine.kind, machine.bf16, machine.devices)
+    lines = blocking_lines(before_start(config, caps))
+    if not lines and not problem:
+        from backend.training.model_check import check_model_folder
+
+        try:
+            check_model_folder(config)
+        except JobError as exc:
+            lines = [exc.message + (f"; {exc.hint}" if exc.hint else "")]
+    if not lines:
+        return  # (a config problem alone is raised by the caller as it was)
+    lines = ([problem] if problem else []) + lines
+    what = "this problem" if len(lines) == 1 else f"these {len(lines)} problems"
+    raise Refusals(lines, f"nothing was started; fix {what} and run again (this machine: {machine.kind}, "
+                          f"{machine.why})")
+
+
+def load_for_train(path: str, overrides: list[str]) -> RunConfig:
+    """RunConfig.load, except that a file which breaks a combination rule (KTO with micro-batch 1) is
+    still judged on this machine, so its other problems (Liger on the CPU) are said in the same breath."""
+    try:
+        return RunConfig.load(path, overrides)
+    except ConfigError as exc:
+        config = _sections_only(path, overrides)
+        if config is None:
+            raise
+        refuse_what_cannot_run(config, str(exc))
+        raise
+
+
+def _sections_only(path: str, overrides: list[str]) -> RunConfig | None:
+    """The file's sections each valid on their own (feasibility.lenient_config), or None."""
+    from backend.config_file import parse_config_yaml, read_config_text
+    from backend.feasibility import lenient_config
+
+    try:
+        raw = parse_config_yaml(read_config_text(Path(path)), str(path))
+        apply_overrides(raw, overrides)
+    except (ConfigError, OSError, ValueError):
+        return None
+    return lenient_config(raw)

@@ -48,6 +48,15 @@ class UsageError(ConfigError):
         self.hint = hint
 
 
+class Refusals(ConfigError):
+    """Every reason a run cannot start, said together: one `error:` line each, then one hint."""
+
+    def __init__(self, lines: list[str], hint: str = "") -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+        self.hint = hint
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose mistakes are one line and a hint, not a usage block (subparsers inherit it)."""
 
@@ -67,6 +76,12 @@ def run_guarded(argv: list[str], build_parser: Callable[[], argparse.ArgumentPar
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return INTERRUPTED
+    except Refusals as exc:
+        for line in exc.lines:
+            say(line)
+        if exc.hint:
+            say_hint(exc.hint)
+        return BAD_INPUT
     except UsageError as exc:
         say(str(exc), unrecognized_hint(str(exc), argv) or exc.hint)
         return BAD_INPUT
@@ -119,7 +134,11 @@ def say(message: str, hint: str = "") -> None:
     """The error line (and its hint line): always one line each, whatever the message held."""
     print(f"error: {first_line(message, join=True)}", file=sys.stderr)
     if hint:
-        print(f"hint: {first_line(hint, join=True)}", file=sys.stderr)
+        say_hint(hint)
+
+
+def say_hint(hint: str) -> None:
+    print(f"hint: {first_line(hint, join=True)}", file=sys.stderr)
 
 
 def first_line(text: str, join: bool = False, limit: int = 500) -> str:

@@ -12,6 +12,7 @@ on the CPU. So `ddp` is always written as MULTI_GPU; with no GPU the Trainer pic
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,17 @@ def write_launch_files(run_dir: Path, config: RunConfig, start_line: str, machin
 
 
 def launch_argv(python: str, run_dir: Path, config_file: Path, job_file: Path) -> list[str]:
-    return [python, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
-            "-m", "backend.worker", "--job-file", str(job_file)]
+    """`accelerate launch` of the worker. The launcher runs without the current folder on sys.path, and
+    each rank runs the worker as a script (its own folder leaves sys.path in __main__.py): `-m` in
+    either would import a `backend/` or `accelerate/` from wherever the command was started. A frozen
+    bundle routes `-m` itself and imports from the bundle alone."""
+    if getattr(sys, "frozen", False):
+        return [python, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+                "-m", "backend.worker", "--job-file", str(job_file)]
+    from backend.launch import WORKER_SCRIPT, module_command
+
+    return [*module_command("accelerate.commands.launch", python), "--config_file", str(config_file),
+            str(WORKER_SCRIPT), "--job-file", str(job_file)]
 
 
 def multinode_commands(config: RunConfig, config_path: str = "run.yaml") -> list[str]:

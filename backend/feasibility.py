@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from backend.config import RunConfig
+from backend.paths import HUB_PREFIX, resolve_resource
 from backend.protocol import Capabilities
 
 Probe = Callable[[str, str], "str | None"]
@@ -64,11 +65,7 @@ class Verdict(BaseModel):
 
 def installed_probe(feature: str, device: str) -> str | None:
     """The torch-free stand-in for the worker's bitsandbytes probe: only whether it is installed."""
-    try:
-        found = importlib.util.find_spec("bitsandbytes") is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else "bitsandbytes is not installed"
+    return None if _installed("bitsandbytes") else "bitsandbytes is not installed"
 
 
 def context_length(model_config: dict[str, Any] | None) -> tuple[int, str] | None:
@@ -180,9 +177,143 @@ def verdicts(config: RunConfig, model_config: dict[str, Any] | None, caps: Capab
         no("train.seq_len", f"{config.train.seq_len} is longer than the model's context of {tokens:,} tokens "
            f"({key} in its config.json)", f"set train.seq_len to {tokens} or less", tokens)
 
+    _strategy(config, caps, no)
+
     if data_problem:
         no("data.path", data_problem, "pick a readable dataset on the Data page", None)
     return out
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported, found without importing it (no torch, no CUDA init)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _strategy(config: RunConfig, caps: Capabilities, no: Callable[..., None]) -> None:
+    """hardware.*: what `accelerate launch` would die on before the worker writes a line (a launcher
+    that cannot start leaves no worker.log, so these must be said before Start)."""
+    hw = config.hardware
+    if not hw.distributed:
+        return
+    fallback = "ddp" if hw.world_size > 1 else "single"
+    other = "ddp (CPU processes over gloo)" if hw.world_size > 1 else "single"
+    if hw.strategy.startswith("deepspeed"):
+        if not caps.cuda:
+            no("hardware.strategy", f"{hw.strategy} runs through DeepSpeed, which needs a CUDA GPU",
+               f"set hardware.strategy: {other} on this machine", fallback)
+        elif not caps.deepspeed:
+            no("hardware.strategy", f"{hw.strategy} needs the DeepSpeed package, which is not installed",
+               f"pip install -e '.[gpu]' (it brings DeepSpeed), or set hardware.strategy: {fallback}", fallback,
+               "missing_dependency")
+    elif hw.strategy == "fsdp" and not caps.cuda:
+        no("hardware.strategy", "fsdp shards the model across GPUs and needs CUDA (accelerate's FSDP does not "
+           "run on the CPU)", f"set hardware.strategy: {other} on this machine", fallback)
+    if not _installed("accelerate"):
+        no("hardware.strategy", f"{hw.strategy} starts its processes with accelerate, which is not installed",
+           "pip install accelerate, or set hardware.strategy: single with one process", "single",
+           "missing_dependency")
+
+
+def _gpu_count(config: RunConfig, caps: Capabilities) -> list[Verdict]:
+    """The GPUs hardware.gpu_ids names, and one process per GPU, on this machine as NVML lists it.
+    Before Start only: inside a launched rank CUDA_VISIBLE_DEVICES renumbers the GPUs."""
+    hw = config.hardware
+    out: list[Verdict] = []
+    if not hw.distributed or not caps.cuda or not caps.devices:
+        return out  # the CPU runs as many gloo processes as asked; an unknown GPU count is the launcher's to check
+    present = {d.index for d in caps.devices}
+    if hw.gpu_ids.strip().lower() == "all":
+        chosen = sorted(present)
+    else:
+        try:
+            chosen = [int(part) for part in hw.gpu_ids.split(",") if part.strip()]
+        except ValueError:
+            chosen = sorted(present)
+        absent = [i for i in chosen if i not in present]
+        if absent:
+            out.append(Verdict(field="hardware.gpu_ids", allowed=False, estimate_as="all",
+                               reason=f"GPU {', '.join(map(str, absent))} is not on this machine (it has "
+                                      f"{', '.join(map(str, sorted(present)))})",
+                               fix="list GPUs this machine has, or set hardware.gpu_ids: all"))
+            return out
+    if hw.num_processes > len(chosen):
+        out.append(Verdict(field="hardware.num_processes", allowed=False, estimate_as=len(chosen),
+                           reason=f"{hw.num_processes} processes, one per GPU, but hardware.gpu_ids {hw.gpu_ids} "
+                                  f"gives {len(chosen)} GPU(s) here",
+                           fix=f"set hardware.num_processes to {len(chosen)} or less"))
+    return out
+
+
+def input_verdicts(config: RunConfig) -> list[Verdict]:
+    """The model and data the run reads, as files: a model not downloaded (or not there) and a data
+    path that does not exist are verdicts like any other, so Start waits and the CLI makes no run folder."""
+    out: list[Verdict] = []
+
+    def no(field: str, reason: str, fix: str) -> None:
+        out.append(Verdict(field=field, allowed=False, reason=reason, fix=fix))
+
+    path = config.model.path
+    folder = resolve_resource(path)
+    if path.startswith(HUB_PREFIX) and not folder.exists():
+        repo = path[len(HUB_PREFIX):]
+        no("model.path", f"{path} is not downloaded yet ({folder})",
+           f"download it on the Model page, or run `hf download {repo} --local-dir {folder}`")
+    elif not folder.exists():
+        no("model.path", f"{folder} does not exist",
+           "pick a downloaded model on the Model page, or point model.path at a Hugging Face model folder")
+    elif not folder.is_dir():
+        no("model.path", f"{folder} is a file", "point model.path at the folder that holds config.json")
+    elif not (folder / "config.json").is_file():
+        no("model.path", f"the folder {folder} has no config.json, so it is not a Hugging Face model folder",
+           "point model.path at a downloaded model's folder")
+    data = config.resolved_data_path()
+    if not data.exists():
+        no("data.path", f"{data} does not exist", "pick a .jsonl, .json, .csv, .parquet or .txt file, or a dataset "
+           "folder (e.g. bundled:datasets/demo_train.jsonl)")
+    return out
+
+
+def before_start(config: RunConfig, caps: Capabilities, model_config: dict[str, Any] | None = None, *,
+                 probe: Probe | None = None, data_problem: str = "") -> list[Verdict]:
+    """The one verdict before any process starts (the CLI's `train`, the window's Start): the files the
+    run reads, every choice this machine cannot run, and the GPUs the launcher would be asked for.
+    model_config None reads config.json (None again where unreadable: the worker's check says why)."""
+    found = input_verdicts(config)
+    if model_config is None and not any(v.field == "model.path" for v in found):
+        from backend.estimate import load_model_config  # torch-free
+
+        try:
+            model_config = load_model_config(config.model.path)
+        except ValueError:
+            model_config = None
+    data_problem = "" if any(v.field == "data.path" for v in found) else data_problem
+    return found + verdicts(config, model_config, caps, probe=probe, data_problem=data_problem) + _gpu_count(config, caps)
+
+
+def lenient_config(raw: dict[str, Any]) -> RunConfig | None:
+    """`raw` with its sections checked one by one but not against each other: the choices of a draft
+    that breaks a combination rule (KTO with micro-batch 1) can still be judged, so every problem is
+    shown at once. None when a section itself is invalid."""
+    from backend.config import migrate, section_models
+
+    try:
+        data = migrate(raw)
+        sections = {name: model.model_validate(data.get(name, {})) for name, model in section_models().items()}
+    except (ValueError, TypeError, AttributeError):
+        return None
+    rest = {key: value for key, value in data.items() if key not in sections}
+    try:
+        return RunConfig.model_construct(**rest, **sections)
+    except (ValueError, TypeError):
+        return None
+
+
+def blocking_lines(found: list[Verdict]) -> list[str]:
+    """Each verdict that keeps the run from starting as `field: reason; fix` (one line each)."""
+    return [v.message() + (f"; {v.fix}" if v.fix else "") for v in found if v.blocks]
 
 
 def blocker(found: list[Verdict]) -> Verdict | None:

@@ -17,12 +17,28 @@ from backend.protocol import StartJob, encode
 from backend.runs import RunFolder
 
 
+ISOLATED = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; "
+            "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+"""`python -c ISOLATED MODULE ARGS...` runs MODULE as `python -m` would, without the current folder on
+sys.path: `-m` puts the folder a command was started in first, so a `backend/` package there would
+run instead of ours (`-P` does this from Python 3.11 only). The package root comes from PYTHONPATH."""
+
+WORKER_SCRIPT = Path(__file__).resolve().parent / "worker" / "__main__.py"
+"""The worker as a script, for launchers that start their ranks with `python SCRIPT` (accelerate)."""
+
+
+def module_command(module: str, python: str | None = None) -> list[str]:
+    """argv that runs `module` like `python -m module`, never importing from the current folder."""
+    return [python or sys.executable, "-c", ISOLATED, module]
+
+
 def worker_command(python: str | None = None) -> list[str]:
-    """argv of a worker process: `python -m backend.worker`, or `<bundle> --worker` in a frozen
-    (PyInstaller) bundle, whose sys.executable is the bundle itself and knows no `-m`."""
+    """argv of a worker process: `backend.worker` run as a module (module_command), or `<bundle>
+    --worker` in a frozen (PyInstaller) bundle, whose sys.executable is the bundle itself and knows no
+    `-m` (its imports come from the bundle alone)."""
     if python is None and getattr(sys, "frozen", False):
         return [sys.executable, "--worker"]
-    return [python or sys.executable, "-m", "backend.worker"]
+    return module_command("backend.worker", python)
 
 
 def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:

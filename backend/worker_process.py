@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from backend.config import RunConfig
 from backend.launch import job_argv, start_line, worker_env
-from backend.protocol import PROTOCOL_VERSION, JobFailed, ProtocolError, StopJob, decode_event, encode
+from backend.protocol import StopJob, encode
+from backend.protocol_session import ProtocolSession
 from backend.runs import RunFolder
 
 
@@ -33,6 +34,7 @@ class WorkerProcess:
         self.params = params or {}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._proc: subprocess.Popen[str] | None = None
+        self._drain: threading.Thread | None = None
         self._interrupts = 0
         self._gave_up = ""
 
@@ -83,11 +85,14 @@ class WorkerProcess:
     ) -> dict[str, Any]:
         """Run to the end; returns the terminal event as a dict (synthesised if the worker died)."""
         argv = self.command or job_argv(folder, config, resume, self.job, self.params, self.machine_rank)
+        session = ProtocolSession(folder, start_line(folder, config, resume, self.job, self.params),
+                                  client="this finetune-studio")
         self._proc = subprocess.Popen(
             argv, env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, encoding="utf-8", start_new_session=True,
         )
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._drain = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._drain.start()
         watchdog = self._rendezvous_watchdog(config)
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
@@ -98,24 +103,25 @@ class WorkerProcess:
         try:
             assert self._proc.stdout and self._proc.stdin
             for line in self._proc.stdout:
-                try:
-                    event = decode_event(line)
-                except ProtocolError as exc:
-                    self.stderr_tail.append(f"protocol error: {exc}")
-                    continue
-                data = json.loads(event.model_dump_json())
-                if event.type == "WorkerReady":
-                    if event.protocol_version != PROTOCOL_VERSION:
-                        self._proc.kill()
-                        break
-                    self._proc.stdin.write(start_line(folder, config, resume, self.job, self.params))
+                reply = session.handle(line)
+                if reply.problem:
+                    self.stderr_tail.append(f"protocol error: {reply.problem}")
+                if reply.failure is not None:  # a worker of another release: said now, not after a timeout
+                    terminal = json.loads(reply.failure.model_dump_json())
+                    self._end_now()
+                    break
+                if reply.write:
+                    self._proc.stdin.write(reply.write)
                     self._proc.stdin.flush()
+                event = reply.event
+                if event is None or event.type == "WorkerReady":
                     continue
                 if event.type == "JobStarted" and watchdog is not None:
                     watchdog.cancel()  # every machine joined: the job runs
+                data = json.loads(event.model_dump_json())
                 if on_event:
                     on_event(data)
-                if event.type in ("JobFinished", "JobFailed"):
+                if reply.terminal:
                     terminal = data
             code = self._proc.wait()
         finally:
@@ -126,12 +132,20 @@ class WorkerProcess:
         if terminal is None and self._gave_up:
             from backend.distributed import RENDEZVOUS_HINT
 
-            failure = JobFailed(kind="bad_input", message=self._gave_up, hint=RENDEZVOUS_HINT)
+            failure = session.fail("bad_input", self._gave_up, RENDEZVOUS_HINT)
             terminal = json.loads(failure.model_dump_json())
-            folder.append_event(terminal)
         if terminal is None:
-            terminal = self._crashed(folder, code)
+            terminal = self._crashed(session, code)
         return terminal
+
+    def _end_now(self) -> None:
+        """Kill the worker (and anything it started) and reap it."""
+        assert self._proc is not None
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except OSError:
+            self._proc.kill()
+        self._proc.wait()
 
     def _rendezvous_watchdog(self, config: RunConfig) -> threading.Timer | None:
         """Multi-node: say whom machine 0 waits for, and give up after hardware.rendezvous_timeout_s."""
@@ -156,15 +170,15 @@ class WorkerProcess:
         timer.start()
         return timer
 
-    def _crashed(self, folder: RunFolder, code: int) -> dict[str, Any]:
-        how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        tail = folder.tail_log(5) or "\n".join(list(self.stderr_tail)[-5:])
-        last = tail.strip().splitlines()[-1] if tail.strip() else "no log output"
-        failure = JobFailed(
-            kind="crashed",
-            message=f"the worker stopped unexpectedly ({how}); last log line: {last[:200]}",
-            hint=f"see {folder.log_path}; resume with --resume {folder.path} if a checkpoint was saved",
-        )
+    def _crashed(self, session: ProtocolSession, code: int) -> dict[str, Any]:
+        """An exit without a last word: the shared session says how, and leaves the reason in worker.log."""
+        if self._drain is not None:
+            self._drain.join(timeout=5)  # the pipe closes with the process: its last lines are in the tail
+        failure = session.exited(code if code >= 0 else 0, -code if code < 0 else None, list(self.stderr_tail),
+                                 cancelled=self._interrupts >= 3)
+        assert failure is not None
         data = json.loads(failure.model_dump_json())
-        folder.append_event(data)
+        folder = session.folder
+        if failure.kind == "crashed" and self.job == "finetune" and folder is not None and folder.latest_checkpoint():
+            data["hint"] += f"; resume with --resume {folder.path}"
         return data

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
+if not __package__:  # run as a script (accelerate's ranks): this folder is on sys.path, the package root is not
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.dirname(os.path.realpath(__file__))]
+
 
 def _take_protocol_stream():
     stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")

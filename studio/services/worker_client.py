@@ -8,8 +8,6 @@ crash *and* recorded in the run folder, so the run history never shows a dead ru
 
 from __future__ import annotations
 
-import json
-import signal
 from collections import deque
 from typing import Any, Sequence
 
@@ -17,22 +15,13 @@ from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signa
 
 from backend.config import RunConfig
 from backend.launch import job_argv, start_line, worker_env
-from backend.protocol import (
-    PROTOCOL_VERSION,
-    JobFailed,
-    JobFinished,
-    ProtocolError,
-    StopJob,
-    WorkerReady,
-    decode_event,
-    encode,
-)
+from backend.protocol import JobFailed, JobFinished, StopJob, encode
+from backend.protocol_session import TAIL_LINES, ProtocolSession, describe_exit
 from backend.runs import RunFolder
 from studio.services.line_buffer import LineBuffer
 from studio.services.log_filter import TracebackFilter
 
-TAIL_LINES = 12
-"""How many lines of worker.log and stderr a crash message quotes."""
+__all__ = ["WorkerClient", "describe_exit"]
 
 
 class WorkerClient(QObject):
@@ -58,14 +47,14 @@ class WorkerClient(QObject):
         super().__init__(parent)
         self._process: QProcess | None = None
         self._folder: RunFolder | None = None
-        self._start_text = ""
         self._stdout = LineBuffer()
         self._stderr = LineBuffer()
         self._log = LineBuffer()
         self._log_offset = 0
         self._filter = TracebackFilter()
         self._stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self._ready = self._start_sent = self._terminal_seen = self._kill_requested = False
+        self._session = ProtocolSession(client="this studio")
+        self._kill_requested = False
         self._running = False
         self._log_timer = QTimer(self)
         self._log_timer.setInterval(log_poll_ms)
@@ -186,21 +175,17 @@ class WorkerClient(QObject):
 
     # --- stdout: events -------------------------------------------------------------------------
     def _handle_line(self, line: str) -> None:
-        if not line.strip():
+        reply = self._session.handle(line)
+        if reply.problem:
+            self.protocol_error.emit(f"skipped a worker line the studio could not read: {reply.problem}")
+        if reply.failure is not None:  # a worker of another release: one sentence, and it is ended
+            self._end_with(reply.failure)
             return
-        try:
-            event = decode_event(line)
-        except ProtocolError as exc:
-            text = str(exc) if line[:40] in str(exc) else f"{exc} (line: {line[:120]!r})"
-            self.protocol_error.emit(f"skipped a worker line the studio could not read: {text}")
-            if not self._ready and _message_type(line) == "WorkerReady":
-                self._fail_locally("bad_input", f"the worker cannot talk to this studio: {exc}",
-                                   "install the studio and the worker from the same release")
+        if reply.write:
+            self._write(reply.write)
+        event = reply.event
+        if event is None:
             return
-        if isinstance(event, WorkerReady):
-            self._on_worker_ready(event)
-            if self._terminal_seen:
-                return
         self.event_received.emit(event)
         if isinstance(event, JobFinished):
             self._mark_terminal()
@@ -209,42 +194,28 @@ class WorkerClient(QObject):
             self._mark_terminal()
             self.job_failed.emit(event)
 
-    def _on_worker_ready(self, event: WorkerReady) -> None:
-        if event.protocol_version != PROTOCOL_VERSION:
-            self._fail_locally(
-                "bad_input",
-                f"the worker speaks protocol v{event.protocol_version} but this studio speaks "
-                f"v{PROTOCOL_VERSION}",
-                "install the studio and the worker from the same release",
-            )
-            return
-        self._ready = True
-        if self._process is not None and not self._start_sent:
-            self._write(self._start_text)
-            self._start_sent = True
+    @property
+    def _terminal_seen(self) -> bool:
+        return self._session.terminal_seen
+
+    @property
+    def _start_sent(self) -> bool:
+        return self._session.start_sent
 
     def _mark_terminal(self) -> None:
-        self._terminal_seen = True
         if self._process is not None:
             self._process.closeWriteChannel()
             self._exit_timer.start()
 
     def _fail_locally(self, kind: str, message: str, hint: str) -> None:
         """Record a failure the worker could not report itself, then end the worker."""
-        event = JobFailed(kind=kind, message=message, hint=hint)  # type: ignore[arg-type]
-        self._record(event)
-        self._terminal_seen = True
+        self._end_with(self._session.fail(kind, message, hint))
+
+    def _end_with(self, event: JobFailed) -> None:
         self.event_received.emit(event)
         self.job_failed.emit(event)
         if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:
             self._process.kill()
-
-    def _record(self, event: JobFailed) -> None:
-        if self._folder is not None:
-            try:
-                self._folder.append_event(event.model_dump(mode="json"))
-            except OSError as exc:  # a vanished run folder must not turn a report into a traceback
-                self.log_line.emit(f"could not record the failure in {self._folder.path}: {exc}")
 
     # --- process callbacks ------------------------------------------------------------------------
     def _on_process_ready_read_standard_output(self) -> None:
@@ -273,8 +244,8 @@ class WorkerClient(QObject):
         program = self._process.program()
         self._log_timer.stop()
         headline = f"could not start the worker ({program}): {detail}"
-        self._record(JobFailed(kind="crashed", message=headline, hint="check the Python environment"))
-        self._terminal_seen = True
+        self._session.leave_reason(headline, [])  # the run folder says why, as for a crash
+        self._session.fail("crashed", headline, "check the Python environment")
         self._release_process()
         self.worker_crashed.emit(headline)
         self.running_changed.emit(False)
@@ -301,29 +272,15 @@ class WorkerClient(QObject):
         self._stop_timer.stop()
         self._term_timer.stop()
         self._release_process()
-        if not self._terminal_seen:
-            self._terminal_seen = True
-            if self._kill_requested:
-                event = JobFailed(kind="cancelled", message="the run was cancelled: the worker was stopped at once",
-                                  hint="checkpoints saved before the cancel are kept in the run folder")
-                self._record(event)
-                self.event_received.emit(event)
-                self.job_failed.emit(event)
-            else:
-                headline, hint = describe_exit(exit_code, crashed)
-                self._record(JobFailed(kind="crashed", message=headline, hint=hint))
-                self.worker_crashed.emit(self._crash_report(headline, hint))
+        code = int(exit_code)
+        failure = self._session.exited(code if not crashed else 0, code if crashed else None,
+                                       list(self._stderr_tail), cancelled=self._kill_requested)
+        if failure is not None and failure.kind == "cancelled":
+            self.event_received.emit(failure)
+            self.job_failed.emit(failure)
+        elif failure is not None:
+            self.worker_crashed.emit(self._session.crash_report(failure))
         self.running_changed.emit(False)
-
-    def _crash_report(self, headline: str, hint: str) -> str:
-        parts = [headline + ".", hint]
-        if self._folder is not None:
-            log_tail = self._folder.tail_log(TAIL_LINES)
-            if log_tail:
-                parts.append(f"Last lines of {self._folder.log_path}:\n{log_tail}")
-        if self._stderr_tail:
-            parts.append("Last lines of the worker's stderr:\n" + "\n".join(self._stderr_tail))
-        return "\n".join(parts)
 
     def _on_exit_timer_timeout(self) -> None:
         if self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning:
@@ -350,12 +307,12 @@ class WorkerClient(QObject):
     # --- helpers ----------------------------------------------------------------------------------
     def _reset(self, folder: RunFolder, start_text: str) -> None:
         self._folder = folder
-        self._start_text = start_text
         self._stdout, self._stderr, self._log = LineBuffer(), LineBuffer(), LineBuffer()
         self._log_offset = 0
         self._filter = TracebackFilter()
         self._stderr_tail.clear()
-        self._ready = self._start_sent = self._terminal_seen = self._kill_requested = False
+        self._session = ProtocolSession(folder, start_text, client="this studio")
+        self._kill_requested = False
 
     def _write(self, text: str) -> None:
         if self._process is not None and self._process.state() == QProcess.ProcessState.Running:
@@ -366,28 +323,3 @@ class WorkerClient(QObject):
             self._process.deleteLater()
         self._process = None
         self._running = False
-
-
-def describe_exit(exit_code: int, crashed: bool) -> tuple[str, str]:
-    """A sentence for an exit without a final event, and a hint on what usually causes it.
-
-    QProcess reports a signal death as CrashExit with the signal number as the exit code.
-    """
-    hint = "see worker.log in the run folder for the last thing the worker did"
-    if not crashed:
-        return f"the worker stopped unexpectedly (exit code {exit_code})", hint
-    try:
-        name = signal.Signals(exit_code).name
-    except ValueError:
-        name = "unknown signal"
-    if exit_code == signal.SIGKILL:
-        hint = "SIGKILL usually means the system ran out of memory (the OOM killer); " + hint
-    return f"the worker stopped unexpectedly (killed by signal {exit_code}, {name})", hint
-
-
-def _message_type(line: str) -> Any:
-    try:
-        raw = json.loads(line)
-    except ValueError:
-        return None
-    return raw.get("type") if isinstance(raw, dict) else None

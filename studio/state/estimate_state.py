@@ -51,6 +51,8 @@ class EstimateState(QObject):
         """Why the draft is not a valid config ("" when it is)."""
         self.verdicts: tuple[Any, ...] = ()
         """backend.feasibility Verdicts of the draft on this machine: what does not run as asked."""
+        self.start_verdicts: tuple[Any, ...] = ()
+        """feasibility.before_start's: the verdicts plus the files (a model not downloaded) and the GPUs."""
         self.device = "cpu"
         self.limit_bytes: int | None = None
         self.limit_label = ""
@@ -151,20 +153,29 @@ class EstimateState(QObject):
         if self.calibration is None:
             self.recalibrate()
             self._timer.stop()
+        from backend.feasibility import before_start, verdicts
+
+        self._model_config = None
         try:
             config = self._config.config()
         except (ConfigError, ValueError) as exc:
-            self.breakdown, self.verdicts = None, ()
+            self.breakdown = None
             self.problem = self.config_problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            draft = self._draft()  # its choices are still judged: every problem is shown at once
+            self.start_verdicts = () if draft is None else tuple(before_start(
+                draft, self.caps(), self.model_config(draft.model.path), data_problem=self.data_problem))
+            self.verdicts = () if draft is None else tuple(verdicts(
+                draft, self.model_config(draft.model.path), self.caps(), data_problem=self.data_problem))
             self.changed.emit()
             return
         self.config_problem = ""
-        self._model_config = None
         result = estimate_run(config, self.device, caps=self.caps(), target_tokens=self.longest_answer,
                               calibration=self.calibration, data_problem=self.data_problem,
                               model_config=self.model_config(config.model.path))
         self.breakdown, self.verdicts, self.problem = result.breakdown, result.verdicts, result.problem
         self._result = result
+        self.start_verdicts = tuple(before_start(config, self.caps(), self.model_config(config.model.path),
+                                                 data_problem=self.data_problem))
         self.changed.emit()
         self._answers_timer.start()
 
@@ -188,6 +199,15 @@ class EstimateState(QObject):
                                   calibration=self.calibration, data_problem=self.data_problem, model_config=raw)
                 self.seq_len_answer = longest_seq_len(config, self.limit_bytes, total, raw)
         self.answers_changed.emit()
+
+    def _draft(self) -> Any:
+        """The form as a RunConfig, or (when it breaks a rule across sections) its sections alone."""
+        from backend.feasibility import lenient_config
+
+        try:
+            return self._config.config()
+        except (ConfigError, ValueError):
+            return lenient_config(self._config.raw())
 
     # --- outputs ------------------------------------------------------------------------------
     @property
@@ -216,11 +236,12 @@ class EstimateState(QObject):
         return "too_big"
 
     def start_blocker(self) -> str:
-        """Why Start may not go, in one sentence ("" when it may): an invalid form, or what the
-        worker's plan would refuse on this machine (the Data page's problem included)."""
-        if self.config_problem:
-            return self.config_problem
-        return next((v.message() for v in self.verdicts if v.blocks), "")
+        """Why Start may not go, every reason at once, one line each ("" when it may): an invalid form,
+        a model not downloaded or a file not there, and what this machine cannot run (the Data page's
+        problem included): backend.feasibility.before_start, the verdict `train` refuses with."""
+        lines = [self.config_problem] if self.config_problem else []
+        lines += [v.message() for v in self.start_verdicts if v.blocks and v.message() not in lines]
+        return "\n".join(lines)
 
     def model_config(self, path: str) -> dict[str, Any] | None:
         """config.json of `path` (None when unreadable: the estimate says why), read once per recompute."""
@@ -237,9 +258,8 @@ class EstimateState(QObject):
         """Why `key` set to `value` could not run here ("" if it could): the Techniques page marks it."""
         from backend.feasibility import verdicts
 
-        try:
-            config = self._config.config()
-        except (ConfigError, ValueError):
+        config = self._draft()  # an invalid form still marks what could not run: no choice is clickable unsaid
+        if config is None:
             return ""
         section, name = key.split(".", 1)
         changed = config.model_copy(update={section: getattr(config, section).model_copy(update={name: value})})
