@@ -115,3 +115,65 @@ def test_no_released_or_family_config_is_refused_for_a_missing_dimension():
             _dimensions(Path(name), config)
     for family, config in FAMILIES.items():
         _dimensions(Path(family), config)
+
+
+# --- a disk that fills while safetensors writes a checkpoint -------------------------------------
+
+FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
+"""SafetensorError's own words when the disk fills mid-write (safetensors.torch.save_file on a full tmpfs)."""
+
+
+def test_a_full_disk_inside_safetensors_names_the_checkpoints_and_the_resume(bundled_model, tmp_path, monkeypatch):
+    import peft.peft_model
+    from safetensors import SafetensorError
+
+    from backend.worker.failures import classify_failure
+    from tests.reliability.test_failures import run_in_process
+
+    real_save = peft.peft_model.safe_save_file
+
+    def filling_save(tensors, filename, *args, **kwargs):
+        if "checkpoint-8" in str(filename):
+            Path(filename).write_bytes(b"\0" * 1000)  # the torn file a full disk leaves
+            raise SafetensorError(FULL)
+        return real_save(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(peft.peft_model, "safe_save_file", filling_save)
+    run_dir = tmp_path / "run"
+    config, exc = run_in_process(run_dir, [])
+    assert type(exc).__name__ == "SafetensorError", exc
+    failure = classify_failure(exc, config, run_dir)
+    assert failure.kind == "disk_full" and "\n" not in failure.message, failure
+    checkpoints = run_dir / "checkpoints"
+    assert failure.message.startswith(f"the disk is full while writing {checkpoints / 'checkpoint-8'}: "), failure
+    assert "checkpoint-8 was cut short and removed" in failure.message
+    assert "checkpoint-4 is intact (the newest complete checkpoint)" in failure.message
+    assert "MiB free now)" in failure.message and "SafetensorError" not in failure.message
+    assert failure.hint == f"free space on that disk, then start `finetune-studio train --resume {run_dir}`"
+    assert [c.name for c in RunFolder(run_dir).complete_checkpoints()] == ["checkpoint-4"]
+    assert not (checkpoints / "checkpoint-8").exists()
+
+
+def test_a_full_disk_before_any_checkpoint_says_none_is_left(tmp_path):
+    from safetensors import SafetensorError
+
+    from backend.runs import CHECKPOINT_MARKER
+    from backend.worker.failures import classify_failure
+
+    torn = tmp_path / "run" / "checkpoints" / "checkpoint-2"
+    torn.mkdir(parents=True)
+    (torn / "adapter_model.safetensors").write_bytes(b"\0" * 4096)
+    failure = classify_failure(SafetensorError(FULL), None, tmp_path / "run")
+    assert failure.kind == "disk_full"
+    assert "checkpoint-2 was cut short and removed; no complete checkpoint is left" in failure.message
+    assert "MiB free is needed" in failure.message and failure.hint.endswith("start the run again")
+    assert not torn.exists() and not (torn / CHECKPOINT_MARKER).exists()
+
+
+def test_other_rust_errors_are_not_called_a_full_disk():
+    from safetensors import SafetensorError
+
+    from backend.worker.failures import classify_failure
+
+    failure = classify_failure(SafetensorError("Error while deserializing header: HeaderTooLarge"), None, None)
+    assert failure.kind == "crashed"
