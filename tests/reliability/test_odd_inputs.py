@@ -177,3 +177,113 @@ def test_other_rust_errors_are_not_called_a_full_disk():
 
     failure = classify_failure(SafetensorError("Error while deserializing header: HeaderTooLarge"), None, None)
     assert failure.kind == "crashed"
+
+
+# --- one answer of 50 MB -------------------------------------------------------------------------
+
+def alpaca_file(path: Path, answer: str, before: int = 4) -> Path:
+    """`before` short examples, then one whose answer is `answer` (on line before + 1)."""
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(before):
+            handle.write(json.dumps({"instruction": f"Say {i}.", "output": str(i)}) + "\n")
+        handle.write(json.dumps({"instruction": "Write a lot.", "output": answer}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+
+
+def test_a_50_mb_answer_is_cut_before_tokenizing_and_said(tokenizer, tmp_path):
+    """Tokenized whole, the answer took minutes; cut to 32 characters a token of seq_len, seconds."""
+    from backend.training.data import build_datasets
+
+    path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 4_200_000)
+    assert path.stat().st_size > 50_000_000
+    config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0"])
+    began = time.monotonic()
+    train, _, stats = build_datasets(config, tokenizer)
+    assert time.monotonic() - began < 30
+    assert stats.examples == 5 and stats.truncated == 1 and len(train["input_ids"][4]) == 256
+    [note] = stats.notes
+    assert note.startswith(f"{path}: cut 1 of 5 examples with a message over 8,192 characters"), note
+    assert "(first: line 5, 50,400,000 characters)" in note and "train.seq_len=256" in note, note
+
+
+def test_the_cut_trains_on_the_same_tokens_as_the_whole_answer(tokenizer, tmp_path):
+    from backend.training.data import build_datasets, encode_conversation
+    from backend.training.records import read_records, to_conversation
+
+    answer = "".join(f"Word {i} of a long answer, with punctuation; and numbers {i * 7}.\n" for i in range(3000))
+    path = alpaca_file(tmp_path / "long.jsonl", answer, before=0)
+    config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0"])
+    train, _, stats = build_datasets(config, tokenizer)
+    assert stats.truncated == 1 and "cut 1 of 1 example" in stats.notes[0]
+    ids, labels = encode_conversation(tokenizer, to_conversation(read_records(path)[0], "alpaca", str(path)))
+    assert len(ids) > 20 * 256  # the whole answer, tokenized: far past seq_len
+    assert train["input_ids"][0] == ids[:256] and train["labels"][0] == labels[:256]
+
+
+def test_truncation_off_refuses_a_cut_example_by_its_characters(tokenizer, tmp_path):
+    from backend.training.data import build_datasets
+
+    path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 100_000)
+    config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0", "data.truncate=false"])
+    with pytest.raises(JobError) as caught:
+        build_datasets(config, tokenizer)
+    error = caught.value
+    assert error.kind == "bad_input" and "\n" not in error.message
+    assert error.message.startswith(f"{path} line 5: 1,200,000 characters, over "), error.message
+    assert "longer than train.seq_len=256" in error.message and "data.truncate: true" in error.hint
+    assert "to keep every example whole" not in error.hint  # its whole length in tokens was never counted
+
+
+def test_the_cli_trains_on_a_50_mb_answer_and_says_it_was_cut(bundled_model, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 4_200_000, before=8)
+    done = subprocess.run([sys.executable, "-m", "studio", "train", str(PRESET), "--set", f"data.path={path}",
+                           "--set", "train.max_steps=1", "--set", "train.micro_batch_size=2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    said = done.stdout + done.stderr  # progress goes to stderr, the summary to stdout
+    assert done.returncode == 0, said[-1500:]
+    assert f"[data_warning] {path}: cut 1 of 9 examples" in said, said[-3000:]
+    assert "(first: line 9, 50,400,000 characters)" in said and "Traceback" not in said
+
+
+def test_the_data_profile_and_the_estimate_measure_a_huge_answer_as_training_cuts_it(tmp_path):
+    """The Data page and the worker's memory estimate read the data through DatasetProfile: it measures
+    the cut text too (tokenizing 50 MB there took minutes and gigabytes after the data was loaded)."""
+    from backend.run_estimate import longest_answer
+    from backend.training.dataset_profile import MAX_TEXT_CHARS, DatasetProfile
+
+    path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 500_000)
+    profile = DatasetProfile.read(str(path), str(BUNDLED_MODEL), seq_len=256)
+    assert profile.tokenizer and max(profile.lengths) < 8192 and max(profile.targets) < 8192 + 8
+    assert profile.notes == (f"{path}: 1 example is over 8,192 characters, measured on its first 8,192: "
+                             "the lengths shown for it are lower bounds",)
+    unbounded = DatasetProfile.read(str(path), str(BUNDLED_MODEL))  # the Data page knows no seq_len
+    assert f"over {MAX_TEXT_CHARS:,} characters" in unbounded.notes[0]
+    config = RunConfig.load(PRESET, [f"data.path={path}", "train.seq_len=64"])
+    assert longest_answer(config) < 64 * 32 + 8
+
+
+def test_a_huge_prompt_is_cut_then_dropped_with_its_size_a_lower_bound(tokenizer, tmp_path):
+    from backend.training.data import build_datasets
+
+    path = tmp_path / "prompt.jsonl"
+    records = [{"instruction": f"Say {i}.", "output": str(i)} for i in range(4)]
+    records.append({"instruction": "lorem ipsum " * 1_000_000, "output": "short"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0"])
+    _, _, stats = build_datasets(config, tokenizer)
+    cut, dropped = stats.notes
+    assert "cut 1 of 5 examples" in cut and "(first: line 5, 12,000,000 characters)" in cut, cut
+    assert "dropped 1 of 5 examples" in dropped and "a prompt of over " in dropped, dropped
+    assert stats.examples == 4
