@@ -2,7 +2,9 @@
 
 Out-of-memory gets the most care: the phase it struck in, the peak seen, the estimate's prediction
 and a fix the studio can apply with one click (as config overrides). A full or read-only disk
-removes what it left half-written and says how much space the save needs.
+removes what it left half-written and says how much space the save needs, which checkpoint was cut
+short and which is intact; it is recognised through the libraries that hide its errno (safetensors'
+SafetensorError text, torch.save's zip writer).
 """
 
 from __future__ import annotations
@@ -29,14 +31,32 @@ RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 """How Rust libraries (safetensors' SafetensorError, tokenizers) carry an OS error: as text, not an OSError."""
 
 
-def os_error(exc: BaseException) -> OSError | None:
-    """The disk's OSError behind `exc`: itself, or the one a Rust library wrapped as text (a full disk while
-    safetensors writes a checkpoint: "I/O error: No space left on device (os error 28)")."""
+TORCH_WRITER = ("unexpected pos", "PytorchStreamWriter", "iostream error")
+"""What torch.save's zip writer says when a write fails, with no errno (a full disk: "[enforce fail at
+inline_container.cc:672] . unexpected pos 605248 vs 605136")."""
+LOW_FREE = 64 * 2**20
+"""Free bytes under which a torch writer failure on the run's disk is taken for a full disk."""
+
+
+def os_error(exc: BaseException, run_dir: Path | None = None) -> OSError | None:
+    """The disk's OSError behind `exc`: itself, the one a Rust library wrapped as text (a full disk while
+    safetensors writes a checkpoint: "I/O error: No space left on device (os error 28)"), or a full disk
+    behind torch.save's errno-less writer failure when the run's disk is in fact (nearly) full."""
     if isinstance(exc, OSError):
         return exc if exc.errno in DISK_ERRNOS else None
-    found = RUST_OS_ERROR.search(str(exc))
+    text = str(exc)
+    found = RUST_OS_ERROR.search(text)
     code = int(found.group(1)) if found else None
-    return OSError(code, os.strerror(code)) if code in DISK_ERRNOS else None
+    if code in DISK_ERRNOS:
+        return OSError(code, os.strerror(code))
+    if run_dir is not None and isinstance(exc, RuntimeError) and any(mark in text for mark in TORCH_WRITER):
+        try:
+            full = shutil.disk_usage(run_dir).free < LOW_FREE
+        except OSError:
+            full = False
+        if full:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
 
 
 def _phase() -> str | None:
@@ -162,7 +182,7 @@ def classify_failure(exc: BaseException, config: RunConfig | None = None, run_di
             hint=f"proposed fix: {sentence}",
             phase=phase, peak_bytes=peak, predicted_bytes=predicted, fix=fix,
         )
-    disk = os_error(exc)
+    disk = os_error(exc, run_dir)
     if disk is not None:
         return disk_failure(disk, run_dir)
     if isinstance(exc, ImportError):

@@ -287,3 +287,33 @@ def test_a_huge_prompt_is_cut_then_dropped_with_its_size_a_lower_bound(tokenizer
     assert "cut 1 of 5 examples" in cut and "(first: line 5, 12,000,000 characters)" in cut, cut
     assert "dropped 1 of 5 examples" in dropped and "a prompt of over " in dropped, dropped
     assert stats.examples == 4
+
+
+TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 605248 vs 605136"
+"""torch.save's words when the disk fills under optimizer.pt (a 5 MB tmpfs as the studio home): no errno."""
+
+
+@pytest.mark.parametrize("free, kind", [(2**20, "disk_full"), (2**40, "crashed")])
+def test_torch_saves_errno_less_failure_is_a_full_disk_only_when_the_disk_is_full(tmp_path, monkeypatch, free, kind):
+    import shutil
+    from collections import namedtuple
+
+    import backend.worker.failures as failures
+    from backend.runs import CHECKPOINT_MARKER
+
+    run_dir = tmp_path / "run"
+    for step, complete in ((4, True), (6, False)):
+        folder = run_dir / "checkpoints" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "optimizer.pt").write_bytes(b"\0" * 4096)
+        if complete:
+            (folder / CHECKPOINT_MARKER).write_text("{}")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**41, 2**41 - free, free))
+    failure = failures.classify_failure(RuntimeError(TORCH_FULL), None, run_dir)
+    assert failure.kind == kind, failure
+    if kind == "disk_full":
+        assert "checkpoint-6 was cut short and removed; checkpoint-4 is intact" in failure.message
+        assert "(1 MiB free now)" in failure.message and f"--resume {run_dir}" in failure.hint
+    else:
+        assert (run_dir / "checkpoints" / "checkpoint-6").exists()  # nothing removed on a guess
