@@ -19,8 +19,8 @@ from backend.errors import JobError, bad_input
 HUGE = 100
 """An example this many times train.seq_len loses nearly all of itself to truncation: said in a note."""
 MAX_CHARS_PER_TOKEN = 32
-"""More characters than tokenizers pack into one token on average (English runs 3-5): a message cut to
-seq_len times this still fills seq_len tokens, and a 50 MB answer is never tokenized whole."""
+"""More characters than a tokenizer packs into one token on average, by a wide margin: a message cut to
+seq_len times this still fills seq_len tokens, and a many-megabyte answer is never tokenized whole."""
 
 
 class Where(Protocol):
@@ -40,12 +40,14 @@ class LengthFacts:
     longer: int = 0
     """Examples longer than seq_len, truncated or dropped."""
     first_longer: list[int] = field(default_factory=list)
+    """[example index, tokens, characters of its message that was cut (0: none was)]."""
     longest: list[int] = field(default_factory=list)
-    """[example index, tokens] (first_longer: the example's characters cut, 0 when whole, third)."""
+    """[example index, tokens] of the longest example tokenized whole."""
     huge: int = 0
     dropped: int = 0
     first_dropped: list[int] = field(default_factory=list)
-    """[example index, prompt tokens] of the first example whose prompt alone fills seq_len."""
+    """[example index, prompt tokens, characters cut (0: none)] of the first example whose prompt alone
+    fills seq_len."""
     shortest_dropped_prompt: int = 0
     cut: int = 0
     """Examples with a message over `limit` characters, cut to it before tokenizing."""
