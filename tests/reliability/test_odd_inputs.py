@@ -317,3 +317,13 @@ def test_torch_saves_errno_less_failure_is_a_full_disk_only_when_the_disk_is_ful
         assert "(1 MiB free now)" in failure.message and f"--resume {run_dir}" in failure.hint
     else:
         assert (run_dir / "checkpoints" / "checkpoint-6").exists()  # nothing removed on a guess
+
+
+def test_the_token_cache_keeps_the_cut_note(tokenizer, tmp_path):
+    from backend.training.data import build_datasets
+
+    path = alpaca_file(tmp_path / "long.jsonl", "lorem ipsum " * 10_000)
+    config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0"])
+    *_, first = build_datasets(config, tokenizer)
+    *_, second = build_datasets(config, tokenizer)
+    assert second.from_cache and second.notes == first.notes and "cut 1 of 5" in first.notes[0]
