@@ -7,6 +7,7 @@ refused with the line to fix. Torch-free, and free of backend.config (which call
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +15,19 @@ import yaml
 
 from backend.config_errors import ConfigError
 
+MAX_CONFIG_BYTES = 1_000_000
+"""A config is a few KB of sections and fields: a file past this is not one, and is refused before YAML
+spends a long silence parsing it."""
 KINDS = {list: "a list", str: "plain text", int: "a number", float: "a number", bool: "a yes/no value"}
 """What a top-level value that is not a mapping is called in the error."""
 
 
 def read_config_text(path: Path) -> str:
-    """The file as text, or one line saying why it cannot be a config (missing, a folder, binary, ...)."""
+    """The file as text, or one line saying why it cannot be a config (missing, a folder, binary, too big, ...)."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)  # never more: a huge file is refused unread
+            size = max(os.fstat(handle.fileno()).st_size, len(data))  # a pipe's st_size is 0
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except IsADirectoryError:
@@ -34,6 +40,9 @@ def read_config_text(path: Path) -> str:
         raise ConfigError(f"{path}: cannot be read (permission denied); check the file's permissions") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc}); check the path") from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size / 1e6:,.1f} MB, too big to be a config file (a config is a few KB; the "
+                          f"limit is {MAX_CONFIG_BYTES / 1e6:.0f} MB); check that this is the YAML config you meant")
     if b"\x00" in data:
         utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")
         what = "is UTF-16 text" if utf16 else "looks like a binary file, not a YAML config"

@@ -53,7 +53,7 @@ def longest_answer(config: RunConfig) -> int | None:
     from backend.training.dataset_profile import DatasetProfile  # torch-free (tokenizers only)
 
     return DatasetProfile.read(config.data.path, config.model.path, config.data.format,
-                               skip_invalid=config.data.skip_invalid).longest_answer()
+                               skip_invalid=config.data.skip_invalid, seq_len=config.train.seq_len).longest_answer()
 
 
 def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = None,

@@ -80,6 +80,16 @@ def encode_conversation(tokenizer: Any, messages: list[Message]) -> tuple[list[i
     return ids, labels
 
 
+def cut_messages(messages: list[Message], limit: int) -> tuple[list[Message], int]:
+    """Each message's content cut to `limit` characters, so a many-megabyte answer is not tokenized whole
+    only for all but seq_len of its tokens to be thrown away. -> (messages, characters of the longest
+    message that was cut, or 0 when none was)."""
+    longest = max((len(m["content"]) for m in messages), default=0)
+    if longest <= limit:
+        return messages, 0
+    return [{**m, "content": m["content"][:limit]} for m in messages], longest
+
+
 def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Dataset, Dataset | None, DataStats]:
     path: Path = config.resolved_data_path()
     reader = DatasetReader(path, config.data.format, config.data.skip_invalid, config.data.max_examples)
@@ -116,13 +126,14 @@ def _tokenize(config: RunConfig, tokenizer: Any, examples: list[Example],
     rows: list[dict[str, list[int]]] = []
     lengths = LengthFacts(seq_len)
     for example in examples:
+        messages, cut = cut_messages(example.messages, lengths.limit)
         try:
-            ids, labels = encode_conversation(tokenizer, example.messages)
+            ids, labels = encode_conversation(tokenizer, messages)
         except (ValueError, TemplateError) as exc:  # the chat template's own refusal (a role it has no place for)
             raise bad_input(f"{reader.where(example.index)}: {exc}",
                             "fix the example, or pick a model whose chat template takes it") from None
         prompt = next((i for i, label in enumerate(labels) if label != IGNORE), len(labels))
-        if not lengths.see(example.index, len(ids), prompt) or (len(ids) > seq_len and not config.data.truncate):
+        if not lengths.see(example.index, len(ids), prompt, cut) or (len(ids) > seq_len and not config.data.truncate):
             continue  # dropped (its prompt alone fills seq_len), or counted for the refusal below
         rows.append({"input_ids": ids[:seq_len], "labels": labels[:seq_len]})
     if lengths.longer and not config.data.truncate:

@@ -4,7 +4,9 @@ The records, the format detection, the conversion to conversations and the check
 own (backend.training.examples, torch-free), so the preview shows what training will see. Token counts
 use the model's tokenizer.json through the `tokenizers` package (Rust, no torch); the chat template
 is not applied, so each message is counted as "role: content" and the figure is approximate (a
-template adds a few tokens per message). Without a tokenizer.json, words x 1.3 stands in.
+template adds a few tokens per message). Without a tokenizer.json, words x 1.3 stands in. A text longer
+than training could use (MAX_CHARS_PER_TOKEN characters a token of seq_len) is measured on that much, as
+training tokenizes it: a 50 MB answer costs no minutes and gigabytes, and its length is a lower bound.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from typing import Any
 from backend.errors import JobError
 from backend.paths import resolve_resource
 from backend.training.examples import DatasetReader
+from backend.training.lengths import MAX_CHARS_PER_TOKEN
 
 PREVIEW_COUNT = 5
 MAX_MEASURED = 5000
 """Token lengths are measured on at most this many examples (evenly spread) to stay quick."""
 WORDS_TO_TOKENS = 1.3
 """Rough tokens per whitespace word of English text, used only when no tokenizer is found."""
+MAX_TEXT_CHARS = 1_000_000
+"""Without a seq_len, texts are measured on at most this many characters (a lower bound past it)."""
 TURN_END_TOKENS = 8
 """Allowance per assistant turn for what the chat template adds to the trained tokens (an end of
 turn and a newline: 1-2 tokens in Llama 3, Qwen, Gemma and the bundled template; 8 to be safe)."""
@@ -55,10 +60,13 @@ class DatasetProfile:
 
     @classmethod
     def read(cls, data_path: str, model_path: str = "", fmt: str = "auto",
-             limit: int | None = MAX_MEASURED, skip_invalid: bool = False) -> "DatasetProfile":
+             limit: int | None = MAX_MEASURED, skip_invalid: bool = False,
+             seq_len: int | None = None) -> "DatasetProfile":
         """Never raises: a file the worker would refuse comes back with its sentence in `problem`.
         limit: measure at most this many examples, evenly spread (None: all of them).
-        skip_invalid: as data.skip_invalid (invalid examples are left out and counted in `notes`)."""
+        skip_invalid: as data.skip_invalid (invalid examples are left out and counted in `notes`).
+        seq_len: train.seq_len; each text is measured on its first MAX_CHARS_PER_TOKEN x seq_len characters
+        (MAX_TEXT_CHARS without it)."""
         if not data_path:
             return cls(data_path, problem="Choose a dataset file.")
         path = resolve_resource(data_path)
@@ -77,14 +85,21 @@ class DatasetProfile:
         texts = ["\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"] for m in messages)
                  for messages in sample]
         answers = [[m["content"] for m in messages if m["role"] in ("assistant", "text")] for messages in sample]
-        lengths, source = _token_lengths(texts, model_path)
-        flat, _ = _token_lengths([a for turns in answers for a in turns], model_path)
+        cap = seq_len * MAX_CHARS_PER_TOKEN if seq_len else MAX_TEXT_CHARS
+        cut = sum(len(text) > cap for text in texts)
+        lengths, source = _token_lengths([text[:cap] for text in texts], model_path)
+        flat, _ = _token_lengths([a[:cap] for turns in answers for a in turns], model_path)
         targets, at = [], 0
         for turns in answers:
             targets.append(sum(flat[at:at + len(turns)]) + TURN_END_TOKENS * len(turns))
             at += len(turns)
+        notes = list(reader.notes)
+        if cut:
+            notes.append(f"{path}: {cut} {'example is' if cut == 1 else 'examples are'} over {cap:,} characters, "
+                         f"measured on {'its' if cut == 1 else 'their'} first {cap:,}: the lengths shown for "
+                         f"{'it are lower bounds' if cut == 1 else 'them are lower bounds'}")
         return cls(data_path, reader.format, reader.total - reader.skipped, preview, tuple(lengths), len(texts),
-                   source, targets=tuple(targets), notes=tuple(reader.notes))
+                   source, targets=tuple(targets), notes=tuple(notes))
 
     def longest_answer(self) -> int | None:
         """The most loss tokens one example holds, for the memory estimate; None unless every example

@@ -17,7 +17,7 @@ from backend.training.conversation import InvalidExample, Message, convert
 from backend.training.layouts import BUILTIN, Layout, detect_format, entry_layout
 from backend.training.record_files import Part, read_parts
 
-READER_VERSION = 3
+READER_VERSION = 4
 """Goes into the token cache key: bump it when the same record converts to different messages."""
 SHOWN_PROBLEMS = 3
 

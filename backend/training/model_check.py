@@ -1,6 +1,7 @@
 """The model folder's files checked before a weight loads: each fault one line naming the file and the fix.
 
-config.json (a model type transformers has a causal LM for, positive whole-number sizes), the code
+config.json (a model type transformers has a causal LM for, positive whole-number sizes, none of the
+dimensions its family needs left out), the code
 an auto_map names (when trust_remote_code is ticked), tokenizer.json and tokenizer_config.json (JSON,
 and token ids the embedding has rows for), and the safetensors weights: every shard the index names
 present, each file's header read (never its tensors) and its size matching what the header declares,
@@ -29,6 +30,9 @@ MAX_HEADER = 100_000_000
 SIZES = ("hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
          "vocab_size", "intermediate_size", "n_inner", "num_key_value_heads", "head_dim", "max_position_embeddings")
 MAY_BE_NULL = {"n_inner", "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"}
+DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
+"""Sizes that shape the weights: one a config.json leaves out is filled from the config class's default,
+and the weights then do not fit (transformers' raw "ignore_mismatched_sizes" error)."""
 EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "embed_in.weight", "word_embeddings.weight",
               "tok_embeddings.weight")
 
@@ -63,6 +67,8 @@ def check_files(path: Path, config: dict[str, Any], trust_remote_code: bool, all
     config_file = path / "config.json"
     _model_type(config_file, config, trust_remote_code)
     own_code = bool(config.get("auto_map")) and trust_remote_code  # its own code gives its sizes their meaning
+    if not own_code and not isinstance(config.get("text_config"), dict):  # a multimodal one nests its sizes
+        _dimensions(config_file, config)
     for part in (config, config.get("text_config")):
         if isinstance(part, dict) and not own_code:
             _sizes(config_file, part)
@@ -105,6 +111,29 @@ def _model_type(file: Path, config: dict[str, Any], trust_remote_code: bool) -> 
         raise bad_input(f"{file}: model_type {model_type!r} has no causal language model in transformers "
                         f"(an encoder or encoder-decoder model); the studio fine-tunes decoders such as {families}",
                         "pick a causal (decoder-only) language model")
+
+
+def _dimensions(file: Path, config: dict[str, Any]) -> None:
+    """Each of DIMENSIONS the family's config class has (and does not derive: a None default) is in the file,
+    under its own name or the family's (attribute_map: GPT-2's n_embd for hidden_size)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        family = CONFIG_MAPPING[config["model_type"]]
+        defaults = family()
+    except Exception:  # a class that cannot be built bare: transformers' own load will speak for it
+        return
+    aliases = getattr(family, "attribute_map", None) or {}
+    for key in DIMENSIONS:
+        default = getattr(defaults, key, None)
+        if default is None or isinstance(default, bool) or not isinstance(default, int):
+            continue
+        name = aliases.get(key, key)
+        if name not in config and key not in config:
+            called = f" ({family.__name__}'s name for {key})" if name != key else ""
+            raise bad_input(f"{file}: {name} is missing{called}; transformers would fill in {family.__name__}'s "
+                            f"default {name}={default} instead of this model's own size",
+                            f"add {name} to config.json; {FIX_CONFIG}")
 
 
 def _sizes(file: Path, config: dict[str, Any]) -> None:

@@ -2,13 +2,18 @@
 
 Out-of-memory gets the most care: the phase it struck in, the peak seen, the estimate's prediction
 and a fix the studio can apply with one click (as config overrides). A full or read-only disk
-removes what it left half-written and says how much space the save needs.
+removes what it left half-written and says how much space the save needs, which checkpoint was cut
+short and which is intact; it is recognised through the libraries that hide its errno (safetensors'
+SafetensorError text, torch.save's zip writer).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
+import os
+import re
 import resource
 import shutil
 from pathlib import Path
@@ -22,6 +27,36 @@ from backend.runs import RunFolder
 
 log = logging.getLogger(__name__)
 DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM}
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""How Rust libraries (safetensors' SafetensorError, tokenizers) carry an OS error: as text, not an OSError."""
+
+
+TORCH_WRITER = ("unexpected pos", "PytorchStreamWriter", "iostream error")
+"""What torch.save's zip writer says when a write fails, with no errno (a full disk: "[enforce fail at
+inline_container.cc:672] . unexpected pos 605248 vs 605136")."""
+LOW_FREE = 64 * 2**20
+"""Free bytes under which a torch writer failure on the run's disk is taken for a full disk."""
+
+
+def os_error(exc: BaseException, run_dir: Path | None = None) -> OSError | None:
+    """The disk's OSError behind `exc`: itself, the one a Rust library wrapped as text (a full disk while
+    safetensors writes a checkpoint: "I/O error: No space left on device (os error 28)"), or a full disk
+    behind torch.save's errno-less writer failure when the run's disk is in fact (nearly) full."""
+    if isinstance(exc, OSError):
+        return exc if exc.errno in DISK_ERRNOS else None
+    text = str(exc)
+    found = RUST_OS_ERROR.search(text)
+    code = int(found.group(1)) if found else None
+    if code in DISK_ERRNOS:
+        return OSError(code, os.strerror(code))
+    if run_dir is not None and isinstance(exc, RuntimeError) and any(mark in text for mark in TORCH_WRITER):
+        try:
+            full = shutil.disk_usage(run_dir).free < LOW_FREE
+        except OSError:
+            full = False
+        if full:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
 
 
 def _phase() -> str | None:
@@ -92,30 +127,37 @@ def _folder_bytes(path: Path) -> int:
 
 
 def disk_failure(exc: OSError, run_dir: Path | None) -> JobFailed:
-    """Remove half-written folders; say what the save needed."""
-    needed = None
+    """Remove half-written checkpoints and say which one was cut short, which one is intact, what the save
+    needed and what is free, so the resume command in the hint is known to have a checkpoint to start from."""
+    needed, cut, latest = None, [], None
     if run_dir is not None:
         folder = RunFolder(run_dir)
-        partial_sizes = [_folder_bytes(p) for p in folder.remove_incomplete_checkpoints()]
+        incomplete = [p for p in folder.checkpoints_dir.glob("checkpoint-*") if p.is_dir()
+                      and p not in folder.complete_checkpoints()] if folder.checkpoints_dir.is_dir() else []
+        partial_sizes = [_folder_bytes(p) for p in incomplete]  # measured before they go
+        cut = sorted(p.name for p in folder.remove_incomplete_checkpoints())
         for leftover in run_dir.glob("*.partial"):
             shutil.rmtree(leftover, ignore_errors=True)
         latest = folder.latest_checkpoint()
-        needed = _folder_bytes(latest) if latest else (max(partial_sizes) * 2 if partial_sizes else None)
-        keep = f"; {latest.name} is intact" if latest else ""
+        needed = _folder_bytes(latest) if latest else (max(partial_sizes) * 2 if any(partial_sizes) else None)
+    where = exc.filename or (str(run_dir / "checkpoints" / cut[0]) if run_dir is not None and cut
+                             else str(run_dir) if run_dir else "the output folder")
+    if cut:
+        state = (f"; {', '.join(cut)} {'was' if len(cut) == 1 else 'were'} cut short and removed; "
+                 + (f"{latest.name} is intact (the newest complete checkpoint)" if latest
+                    else "no complete checkpoint is left"))
     else:
-        keep = ""
-    where = exc.filename or (str(run_dir) if run_dir else "the output folder")
-    space = f"about {needed / 2**20:.0f} MiB free is needed" if needed else "free some space"
+        state = f"; {latest.name} is intact" if latest else ""
+    space = f"about {math.ceil(needed / 2**20)} MiB free is needed" if needed else "free some space"
     try:
         free = f" ({shutil.disk_usage(run_dir or Path(where).parent).free / 2**20:.0f} MiB free now)"
     except OSError:
         free = ""
     if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
-        message = f"the disk is full while writing {where}: {space}{free}{keep}"
+        message = f"the disk is full while writing {where}: {space}{free}{state}"
     else:
-        message = f"cannot write {where} ({exc.strerror}){keep}"
-    resume = (f"`finetune-studio train --resume {run_dir}`" if run_dir is not None and RunFolder(run_dir).latest_checkpoint()
-              else "the run again")
+        message = f"cannot write {where} ({exc.strerror}){state}"
+    resume = f"`finetune-studio train --resume {run_dir}`" if latest is not None else "the run again"
     return JobFailed(kind="disk_full", message=message, hint=f"free space on that disk, then start {resume}",
                      phase=_phase())
 
@@ -140,8 +182,9 @@ def classify_failure(exc: BaseException, config: RunConfig | None = None, run_di
             hint=f"proposed fix: {sentence}",
             phase=phase, peak_bytes=peak, predicted_bytes=predicted, fix=fix,
         )
-    if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
-        return disk_failure(exc, run_dir)
+    disk = os_error(exc, run_dir)
+    if disk is not None:
+        return disk_failure(disk, run_dir)
     if isinstance(exc, ImportError):
         return JobFailed(kind="missing_dependency", message=f"{exc}", hint="reinstall with the README's command")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

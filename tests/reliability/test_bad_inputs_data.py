@@ -34,6 +34,7 @@ def alpaca(*words: str) -> list[dict[str, str]]:
 FOUR = alpaca("one", "two", "three", "four")
 LONG = " ".join(["lorem ipsum"] * 60)  # far over a 32-token seq_len
 HUGE = " ".join(["lorem ipsum"] * 2000)  # over 100 x a 32-token seq_len
+TURN = " ".join(["lorem ipsum"] * 85)  # 1,019 characters: under the 1,024 a 32-token seq_len tokenizes whole
 
 
 def chat(user: Any, answer: Any, role: str = "user") -> dict[str, Any]:
@@ -95,8 +96,13 @@ DATA_CASES = [
                                                                   {"instruction": "b", "output": HUGE})},
              overrides=("train.seq_len=32", "data.truncate=false"), error=("2 of 3", "longest", "train.seq_len=32"),
              where=("huge.jsonl", "line 2"), fix=("train.seq_len", "data.truncate")),
+    # One message over 32 characters a token of seq_len is cut to that before it is tokenized, and said so.
     DataCase("hundredfold_examples_truncated", {"huge.jsonl": jsonl(FOUR[0], {"instruction": "a", "output": HUGE})},
-             overrides=("train.seq_len=32",), note=("100 times", "longest"), where=("huge.jsonl", "line 2"),
+             overrides=("train.seq_len=32",), note=("cut 1 of 2", "over 1,024 characters", "23,999 characters"),
+             where=("huge.jsonl", "line 2"), check=lambda _, s: s.truncated == 1),
+    DataCase("hundredfold_in_turns_each_under_the_cut", {"turns.jsonl": jsonl(chat("Say one.", "one"), {"messages": [
+        {"role": role, "content": "Go on." if role == "user" else TURN} for role in ("user", "assistant") * 6]})},
+             overrides=("train.seq_len=32",), note=("100 times", "longest"), where=("turns.jsonl", "line 2"),
              check=lambda _, s: s.truncated == 1),
     DataCase("one_null_output_skipped", {"nulls.jsonl": jsonl(FOUR[0], {"instruction": "Say none.", "output": None},
                                                               FOUR[1])},
