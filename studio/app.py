@@ -193,6 +193,7 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     controller = RunController(window, pages["train"], runs_page, training, store, telemetry, state, estimate,
                                config_factory=config.config, parent=window)
     recovery = RecoveryController(controller, config, parent=window)
+    config.started_over.connect(controller.forget_run)
     _wire_start_blocker(window, pages["train"], training, estimate, controller)
     monitor.sampled.connect(lambda sample: pages["techniques"].hardware.set_gpu_count(len(sample.devices)))
 

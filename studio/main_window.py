@@ -190,6 +190,11 @@ class MainWindow(QMainWindow):
         self.cancel_action.setEnabled(running)
         self.save_config_action.setEnabled(not running)
 
+    def set_stoppable(self, stoppable: bool) -> None:
+        """Stop and Cancel only while the run can still be stopped (off once its last event came)."""
+        self.stop_action.setEnabled(self._running and stoppable)
+        self.cancel_action.setEnabled(self._running and stoppable)
+
     def set_start_blocker(self, reason: str) -> None:
         """Why Start cannot go on this machine ("" lets it): Start is disabled and its tooltip says why."""
         self._start_blocker = reason

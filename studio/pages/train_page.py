@@ -93,7 +93,7 @@ class TrainPage(QWidget):
         self.plan_label.setVisible(False)
         self.failure_panel = FailurePanelWidget()
         self.progress = QProgressBar()
-        self.progress.setFormat("step %v / %m")
+        self.progress.setFormat("no run yet")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         self.eta_label = QLabel("")
@@ -202,7 +202,7 @@ class TrainPage(QWidget):
         self.set_plan("")
         self.set_status("")
         self.failure_panel.clear()
-        self.set_progress(0, 1, None)
+        self.set_progress(0, 0, None)
         self.set_throughput(None)
         for chart in self.charts():
             chart.reset_range()
@@ -225,6 +225,8 @@ class TrainPage(QWidget):
         self.plan_label.setVisible(bool(text))
 
     def set_progress(self, step: int, max_steps: int, eta_s: float | None) -> None:
+        """Step of max_steps; before a run (max_steps 0) the bar is empty and says so, not "step 0 / 1"."""
+        self.progress.setFormat("step %v / %m" if max_steps > 0 else "no run yet")
         self.progress.setRange(0, max(max_steps, 1))
         self.progress.setValue(min(step, max(max_steps, 1)))
         self.eta_label.setText(f"about {clock_text(eta_s)} left" if eta_s is not None else "")
