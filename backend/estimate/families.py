@@ -61,21 +61,8 @@ for _type, _values in {
     FAMILIES[_type][1].update({k: v for k, v in zip(_DIMENSIONS, _values) if v is not None})
 FAMILIES["gpt2"][1].update(vocab_size=50257, n_head=12)
 
-ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
-    "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
-             "num_hidden_layers": "n_layer"},
-    "qwen3_moe": {"num_experts": "num_local_experts"},
-    "mixtral": {"num_experts": "num_local_experts"},
-}
-"""Each family's config class's `attribute_map` (transformers 5.25; the families not named have
-none): the key a file may store a value under instead of the attribute's own name, e.g.
-transformers 5's save_pretrained writes Qwen3-MoE's expert count as num_local_experts.
-tests/backend/test_estimate_families.py compares this table with the classes so it cannot drift."""
-
-_OWN_KEYS: dict[str, dict[str, str]] = {
-    "gpt2": {"intermediate_size": "n_inner", "hidden_act": "activation_function"},
-}
-"""Keys a family names in its own way beyond the attribute_map (read here under the common name)."""
+_GPT2_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+              "intermediate_size": "n_inner", "max_position_embeddings": "n_positions", "hidden_act": "activation_function"}
 _FIX = "copy config.json unchanged from the model's Hugging Face repository"
 
 
@@ -117,7 +104,6 @@ class _Reader:
         """Dimensions config.json leaves out, filled from the config class's defaults (said in a note)."""
 
     def key(self, name: str) -> str:
-        """The key config.json holds `name` under: the alias when the file uses it (or uses neither)."""
         alias = self.aliases.get(name)
         return alias if alias and (alias in self.raw or name not in self.raw) else name
 
@@ -125,22 +111,16 @@ class _Reader:
         key = self.key(name)
         if key in self.raw:
             return self.raw[key]
-        return self.defaults.get(key, self.defaults.get(name, default))
-
-    def dimension(self, name: str, default: Any = None) -> Any:
-        """A size of the model: a class default filling it is recorded, for the estimate's note."""
-        key = self.key(name)
-        if key not in self.raw and (key in self.defaults or name in self.defaults):
+        if key in _DIMENSIONS + ("n_head",) and (key in self.defaults or name in self.defaults):
             self.defaulted[key] = self.defaults.get(key, self.defaults.get(name))
-        return self.get(name, default)
+        return self.defaults.get(key, self.defaults.get(name, default))
 
     def _bad(self, name: str, value: Any, what: str) -> ValueError:
         shown = "missing" if value is None else f"{value!r}"
         return ValueError(f"{self.source}: {self.key(name)} is {shown}, not {what}; {_FIX}")
 
-    def positive(self, name: str, default: Any = None, size: bool = True) -> int:
-        """A positive integer; `size` False for a schedule (a layer pattern), not a size of the model."""
-        value = self.dimension(name, default) if size else self.get(name, default)
+    def positive(self, name: str, default: Any = None) -> int:
+        value = self.get(name, default)
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -207,8 +187,7 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
                         "and head counts" + (f", without its {experts} experts" if experts else ""))
     else:
         arch, defaults = family
-    aliases = {**ATTRIBUTE_MAPS.get(str(model_type), {}), **_OWN_KEYS.get(arch.family, {})}
-    r = _Reader(raw, defaults, aliases, source)
+    r = _Reader(raw, defaults, _GPT2_KEYS if arch.family == "gpt2" else {}, source)
     hidden = r.positive("hidden_size")
     heads = r.positive("num_attention_heads")
     layers = r.positive("num_hidden_layers")
@@ -293,7 +272,7 @@ def _windows(arch: Arch, model_type: str, r: _Reader, layers: int) -> dict[str, 
     if types is not None:
         raise r._bad("layer_types", types, f"a list of {layers} layer types")
     if family.startswith("gemma"):
-        pattern = r.positive("sliding_window_pattern", size=False)
+        pattern = r.positive("sliding_window_pattern")
         kinds = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     elif family.startswith("qwen"):
         first = r.get("max_window_layers", 28)
@@ -308,7 +287,8 @@ def _windows(arch: Arch, model_type: str, r: _Reader, layers: int) -> dict[str, 
 
 
 def _moe_dims(arch: Arch, r: _Reader, layers: int) -> dict[str, Any]:
-    experts = r.positive("num_experts")  # num_local_experts where the class's attribute_map says so
+    experts = r.positive("num_local_experts" if arch.moe == "mixtral" else "num_experts",
+                         r.get("num_experts") if arch.moe == "mixtral" else r.get("num_local_experts"))
     top_k = r.positive("num_experts_per_tok")
     if top_k > experts:
         raise ValueError(f"{r.source}: num_experts_per_tok {top_k} is more than the {experts} experts; {_FIX}")
@@ -316,7 +296,7 @@ def _moe_dims(arch: Arch, r: _Reader, layers: int) -> dict[str, Any]:
         sparse = (True,) * layers
         expert_inter = r.positive("intermediate_size")
     else:
-        step = r.positive("decoder_sparse_step", size=False)
+        step = r.positive("decoder_sparse_step")
         dense = r.get("mlp_only_layers") or []
         if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
             raise r._bad("mlp_only_layers", dense, "a list of layer indices")
