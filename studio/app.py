@@ -323,6 +323,7 @@ def run_app(argv: list[str] | None = None) -> int:
     window = MainWindow()
     app.setWindowIcon(window.windowIcon())
     settings.restore_window(window)
+    window.fit_to_screen()
     probing = bool(os.environ.get(STARTUP_PROBE_ENV))
     built: list[Studio] = []
 

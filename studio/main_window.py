@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QDockWidget,
     QHBoxLayout,
     QLabel,
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QPlainTextEdit,
     QStackedWidget,
+    QStyle,
     QWidget,
 )
 
@@ -31,6 +33,15 @@ PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("t
 """(key, title) of each page, in the order a first run walks through them."""
 LOG_MAX_LINES = 5000
 """The log pane keeps only the newest lines, so a chatty worker cannot grow the studio's memory."""
+
+
+def fitted_geometry(wanted: QRect, available: QRect, frame_height: int = 0) -> QRect:
+    """`wanted` shrunk to the available area (less the title bar's height) and moved inside it."""
+    width = min(wanted.width(), available.width())
+    height = min(wanted.height(), available.height() - frame_height)
+    x = min(max(wanted.x(), available.x()), available.right() + 1 - width)
+    y = min(max(wanted.y(), available.y() + frame_height), available.bottom() + 1 - height)
+    return QRect(x, y, width, height)
 
 
 def icon(name: str) -> QIcon:
@@ -229,6 +240,16 @@ class MainWindow(QMainWindow):
 
     def log_text(self) -> str:
         return self.log_view.toPlainText()
+
+    def fit_to_screen(self) -> None:
+        """Shrink and move the window into its screen's available area (a 1024x700 screen, or a layout
+        saved on a bigger monitor): the right edge and the status bar must never open off-screen."""
+        screen = self.screen() or QApplication.primaryScreen()
+        if screen is None:
+            return
+        frame = self.style().pixelMetric(QStyle.PixelMetric.PM_TitleBarHeight) if not self.isVisible() else \
+            self.frameGeometry().height() - self.geometry().height()
+        self.setGeometry(fitted_geometry(self.geometry(), screen.availableGeometry(), frame))
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         if not all(guard() for guard in self._close_guards):

@@ -39,3 +39,19 @@ def test_techniques_form_is_one_column_when_narrow_and_two_when_wide(qtbot, make
     assert layout_checks.page_problems(page) == []
     method, memory = page.editor("technique.method"), page.editor("technique.offload")
     assert method.mapTo(page, method.rect().topLeft()).x() < memory.mapTo(page, memory.rect().topLeft()).x()
+
+
+def test_the_window_opens_inside_a_small_screens_available_area(qtbot):
+    from PySide6.QtCore import QRect
+
+    from studio.main_window import MainWindow, fitted_geometry
+
+    small = QRect(0, 0, 1024, 700)
+    fitted = fitted_geometry(QRect(0, 0, 1280, 800), small, frame_height=24)
+    assert small.contains(fitted.adjusted(0, -24, 0, 0)) and fitted.width() == 1024 and fitted.height() == 676
+    moved = fitted_geometry(QRect(900, 500, 800, 600), QRect(0, 0, 1600, 1000))  # a layout saved further right
+    assert moved == QRect(800, 400, 800, 600)
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.fit_to_screen()  # the offscreen screen is 800x800: smaller than the default 1280x800
+    assert window.screen().availableGeometry().contains(window.geometry())
