@@ -20,13 +20,13 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMainWindow,
-    QPlainTextEdit,
     QStackedWidget,
     QStyle,
     QWidget,
 )
 
 from backend.paths import resources_dir
+from studio.widgets.log_view_widget import LogViewWidget
 
 PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("train", "Train"), ("runs", "Runs"),
          ("export", "Export"), ("chat", "Chat"))
@@ -105,9 +105,7 @@ class MainWindow(QMainWindow):
         row.addWidget(self.stack, 1)
         self.setCentralWidget(central)
 
-        self.log_view = QPlainTextEdit()
-        self.log_view.setReadOnly(True)
-        self.log_view.setMaximumBlockCount(LOG_MAX_LINES)
+        self.log_view = LogViewWidget(LOG_MAX_LINES)
         self.log_view.setPlaceholderText("Phases, checkpoints, errors and the worker's log appear here.")
         self.log_dock = QDockWidget("Log", self)
         self.log_dock.setObjectName("LogDock")
@@ -236,7 +234,7 @@ class MainWindow(QMainWindow):
         self.env_label.setToolTip(details)
 
     def append_log(self, line: str) -> None:
-        self.log_view.appendPlainText(line)
+        self.log_view.append_line(line)
 
     def log_text(self) -> str:
         return self.log_view.toPlainText()
