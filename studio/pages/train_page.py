@@ -34,6 +34,10 @@ from studio.widgets.objective_charts_widget import ObjectiveChartsWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.sample_list_widget import SampleListWidget
 from studio.widgets.units import clock_text
+from studio.widgets.vertical_scroll_area import VerticalScrollArea
+
+CHART_MIN_HEIGHT = 150
+"""The least height of each Train page chart: title, ticks, axis label and about ninety pixels of plot."""
 
 THROUGHPUT_TIP = (
     "Useful tokens/s: tokens the loss is computed on, per second of training; padding and prompt tokens are "
@@ -158,6 +162,8 @@ class TrainPage(QWidget):
         split.setStretchFactor(1, 1)
         split.setSizes([1000, 900])  # scaled to the space the page gets
         self.split = split
+        for chart in self.charts():  # below this a chart's ticks and labels run into each other
+            chart.setMinimumHeight(CHART_MIN_HEIGHT)
         self._objective_room = False
         """Whether the charts were given more room for an objective's two rows (done once, then the person's)."""
 
@@ -169,7 +175,7 @@ class TrainPage(QWidget):
         layout.addWidget(self.plan_label)
         layout.addWidget(self.failure_panel)
         layout.addLayout(readouts)
-        layout.addWidget(split, 1)
+        layout.addWidget(VerticalScrollArea(split), 1)  # a small window scrolls the charts, never squashes them
 
     def charts(self) -> list:
         return [self.chart, self.lr_chart, self.grad_chart, self.speed_chart,
