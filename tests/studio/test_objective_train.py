@@ -100,3 +100,12 @@ def test_after_a_grpo_run_in_a_small_window_no_chart_is_squashed_and_no_legend_c
     shown = [c for c in page.charts() if c.isVisibleTo(page)]
     assert page.gpu_panel.memory_chart in shown
     assert all(chart.height() >= CHART_MIN_HEIGHT for chart in shown), [c.height() for c in shown]
+
+
+def test_a_completions_line_breaks_stay_visible_in_its_row():
+    from studio.widgets.completion_list_widget import NEWLINE, completion_text
+
+    event = CompletionScored(step=2, prompt="Yes or no?", completion="tes S\nno", rewards={"regex": 0.0}, reward=0.0)
+    assert completion_text(event).endswith(f": tes S {NEWLINE} no")
+    spaced = CompletionScored(step=2, prompt="p", completion="a   b\n\n c ", rewards={}, reward=1.0)
+    assert completion_text(spaced).endswith(f": a b {NEWLINE}  {NEWLINE} c")
