@@ -74,6 +74,11 @@ OBJECTIVE_TIPS = {
             "mean.",
 }
 """The objective combo's item tooltips: what each needs as data and what it teaches."""
+SFT_ONLY = {"technique.packing": "DPO, KTO and GRPO build their own batches (a prompt and its answers kept apart), "
+                                 "so nothing is packed",
+            "technique.shortcuts": "a DPO, KTO or GRPO run trains the plain transformers + peft way (the "
+                                   "shortcuts' exactness tests cover the SFT step only)"}
+"""Settings a TRL objective ignores (backend.training.techniques: no packing, shortcuts off), with why."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "technique.lora_dropout": 2, "technique.lora_alpha": 1,
             "technique.neftune_alpha": 1, "grpo.temperature": 2, "grpo.beta": 4, "kto.desirable_weight": 2,
@@ -168,3 +173,10 @@ class TechniquesPage(QWidget):
         for key, owner in OBJECTIVE_ONLY.items():
             self.objective_form.setRowVisible(self.labels[key], owner == objective)
         self.objective_form.setRowVisible(self.rewards_label, objective == "grpo")
+        for key, why in SFT_ONLY.items():  # shown, so the SFT value stays in view, but off with the reason
+            editor, label = self.editor(key), self.labels[key]
+            editor.setEnabled(objective == "sft")
+            tip = description(key) if objective == "sft" else \
+                f"{description(key)}\n\nNot used by {objective.upper()}: {why}."
+            editor.setToolTip(tip)
+            label.setToolTip(tip)
