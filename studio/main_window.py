@@ -15,6 +15,7 @@ from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequenc
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -73,6 +74,8 @@ class MainWindow(QMainWindow):
     """Emitted with "system", "light" or "dark" when the person picked a theme."""
     save_config_requested = Signal()
     """Emitted when the person chose File > Save config."""
+    open_config_requested = Signal(str)
+    """Emitted with the YAML file the person chose in File > Open config."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -82,8 +85,10 @@ class MainWindow(QMainWindow):
         self._close_guards: list[Callable[[], bool]] = []
         self._close_hooks: list[Callable[[], None]] = []
         self.pages: dict[str, QWidget] = {}
-        self._running = False
         """Installed pages by key (model, data, techniques, train, runs, export, chat)."""
+        self._running = False
+        self.ask_config_path: Callable[[], str] = self._ask_config_path
+        """Asks which config file to open ("" for none); tests replace it."""
 
         self.page_list = QListWidget()
         self.page_list.setObjectName("PageList")
@@ -144,10 +149,14 @@ class MainWindow(QMainWindow):
                                           self.resume_requested, "resume")
         self.save_config_action = self._action("Save config…", "Ctrl+S", "Save the setup as a YAML config",
                                                self.save_config_requested)
+        self.open_config_action = QAction("Open config…", self, shortcut=QKeySequence.StandardKey.Open)
+        self.open_config_action.setToolTip("Start the setup over from a RunConfig YAML file (one the CLI trains)")
+        self.open_config_action.triggered.connect(self._on_open_config_triggered)
         quit_action = QAction("Quit", self, shortcut=QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
         menu = self.menuBar()
         file_menu = menu.addMenu("&File")
+        file_menu.addAction(self.open_config_action)
         file_menu.addAction(self.save_config_action)
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
@@ -198,6 +207,7 @@ class MainWindow(QMainWindow):
         self.stop_action.setEnabled(running)
         self.cancel_action.setEnabled(running)
         self.save_config_action.setEnabled(not running)
+        self.open_config_action.setEnabled(not running)
 
     def set_stoppable(self, stoppable: bool) -> None:
         """Stop and Cancel only while the run can still be stopped (off once its last event came)."""
@@ -238,6 +248,20 @@ class MainWindow(QMainWindow):
 
     def log_text(self) -> str:
         return self.log_view.toPlainText()
+
+    def _on_open_config_triggered(self) -> None:
+        path = self.ask_config_path()
+        if path:
+            self.open_config_requested.emit(path)
+
+    def _ask_config_path(self) -> str:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a config", "", "Run configs (*.yaml *.yml);;All files (*)")
+        return path
+
+    def show_problem(self, text: str) -> None:
+        """One line in the status bar (until the next message) and in the log."""
+        self.statusBar().showMessage(text)
+        self.append_log(text)
 
     def fit_to_screen(self) -> None:
         """Shrink and move the window into its screen's available area (a 1024x700 screen, or a layout
