@@ -30,7 +30,8 @@ from PySide6.QtWidgets import (
 )
 
 from backend.memory_record import MemoryRecord
-from backend.runs import RunFolder, RunIndex, RunSummary
+from backend.run_index import RunIndex
+from backend.runs import RunFolder, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics
