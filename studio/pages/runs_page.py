@@ -79,8 +79,8 @@ def memory_cell(path: str) -> QTableWidgetItem:
     if record is None:
         return _cell("—")
     item = _cell(record.comparison())
-    item.setToolTip(f"{record.device}, {record.outcome}: measured as {record.measured_kind}"
-                    + (f"; {record.calibration}" if record.calibration else ""))
+    item.setToolTip(f"{record.comparison()}\n{record.device}, {record.outcome}: measured as {record.measured_kind}"
+                    + (f"; {record.calibration}" if record.calibration else ""))  # the cell is often cut
     return item
 
 
