@@ -55,7 +55,8 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 """The page's groups: (title, ((dotted key, label), ...)). Every TechniqueSection field is here."""
 COLUMNS = {"Objective": 0, "Method": 0, "Memory and speed": 1, "Data shaping": 1, "Batch, length and schedule": 1}
-"""Each group's column when the form has two (a new group goes to the left one)."""
+"""Each group's column when the form has two; any other group (More techniques, Hardware) goes to the
+shorter column, so a DPO, KTO or GRPO section does not make the left column scroll alone."""
 OBJECTIVE_ONLY = {"technique.dpo_beta": "dpo", "technique.dpo_loss": "dpo", "kto.beta": "kto",
                   "kto.desirable_weight": "kto", "kto.undesirable_weight": "kto", "grpo.num_generations": "grpo",
                   "grpo.max_completion_length": "grpo", "grpo.temperature": "grpo", "grpo.loss": "grpo",
@@ -114,14 +115,16 @@ class TechniquesPage(QWidget):
                 self.labels[key] = text
                 form.addRow(text, widget)
             if title == "Objective":
+                # The rewards editor is wide: its row goes under its label rather than widen the column.
+                form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
                 self.rewards = RewardEditorWidget(state)
                 self.rewards_label = QLabel("Rewards")
                 self.rewards_label.setToolTip(description("grpo.rewards"))
                 form.addRow(self.rewards_label, self.rewards)
                 self.objective_form = form
-            form_widget.add(box, COLUMNS.get(title, 0))
+            form_widget.add(box, COLUMNS.get(title))
         self.hardware = HardwareWidget(state, editors)
-        form_widget.add(self.hardware, 0)
+        form_widget.add(self.hardware, None)
         self.form = form_widget
         scroll = VerticalScrollArea(form_widget)  # the form reflows to the width instead of scrolling sideways
 
@@ -173,6 +176,8 @@ class TechniquesPage(QWidget):
         for key, owner in OBJECTIVE_ONLY.items():
             self.objective_form.setRowVisible(self.labels[key], owner == objective)
         self.objective_form.setRowVisible(self.rewards_label, objective == "grpo")
+        if hasattr(self, "form"):
+            self.form.reflow()
         for key, why in SFT_ONLY.items():  # shown, so the SFT value stays in view, but off with the reason
             editor, label = self.editor(key), self.labels[key]
             editor.setEnabled(objective == "sft")

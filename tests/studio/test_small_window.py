@@ -55,3 +55,21 @@ def test_the_window_opens_inside_a_small_screens_available_area(qtbot):
     qtbot.addWidget(window)
     window.fit_to_screen()  # the offscreen screen is 800x800: smaller than the default 1280x800
     assert window.screen().availableGeometry().contains(window.geometry())
+
+
+def test_at_1280x800_the_kto_form_fits_and_the_grpo_form_keeps_two_columns(qtbot, make_studio):
+    from backend.paths import resources_dir
+
+    studio = make_studio(sampler=FakeSampler())
+    for preset in ("tiny_kto", "tiny_grpo"):
+        studio.pages["model"].use_preset(resources_dir() / "presets" / f"{preset}.yaml")
+        page = _show(qtbot, studio, "techniques", (1280, 800))
+        scroll = page.form.parentWidget().parentWidget()
+        assert page.form.column_count == 2, preset  # GRPO's wide rewards editor went under its label
+        assert layout_checks.page_problems(page) == []
+        if preset == "tiny_kto":
+            assert scroll.verticalScrollBar().maximum() == 0  # KTO's three rows no longer make it scroll
+        else:  # the boxes free to move went to the shorter, right column
+            more = page.labels["technique.liger_kernel"]
+            objective = page.editor("technique.objective")
+            assert more.mapTo(page, more.rect().topLeft()).x() > objective.mapTo(page, objective.rect().topLeft()).x()
