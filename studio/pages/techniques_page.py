@@ -136,7 +136,7 @@ class TechniquesPage(QWidget):
         self.problem_label.setStyleSheet("color: #dc2626;")
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(scroll)
-        split.addWidget(self.breakdown)
+        split.addWidget(VerticalScrollArea(self.breakdown))  # a short window scrolls the notes, never draws them over the table
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         self.command_line = CommandLineWidget(state)

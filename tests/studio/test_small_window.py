@@ -73,3 +73,15 @@ def test_at_1280x800_the_kto_form_fits_and_the_grpo_form_keeps_two_columns(qtbot
             more = page.labels["technique.liger_kernel"]
             objective = page.editor("technique.objective")
             assert more.mapTo(page, more.rect().topLeft()).x() > objective.mapTo(page, objective.rect().topLeft()).x()
+
+
+def test_the_estimates_notes_never_draw_over_its_parts_table_once_resized(qtbot, make_studio):
+    from backend.paths import resources_dir
+
+    studio = make_studio(sampler=FakeSampler())
+    studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_kto.yaml")  # the longest notes
+    _show(qtbot, studio, "techniques", (1600, 1000))
+    for size in ((1024, 700), (1024, 600)):
+        breakdown = _show(qtbot, studio, "techniques", size).breakdown
+        assert breakdown.notes_label.text()
+        assert not breakdown.notes_label.geometry().intersects(breakdown.table.geometry()), size
