@@ -28,6 +28,7 @@ from studio.state.estimate_state import EstimateState
 from studio.state.metric_store import MetricStore
 from studio.state.run_state import RunState
 from studio.state.telemetry_store import TelemetryStore
+from studio.widgets.run_picker_widget import run_label
 
 CloseChoice = Literal["save", "discard", "cancel"]
 READOUT_S = 0.25
@@ -356,13 +357,15 @@ class RunController(QObject):
         except ValueError:
             name = folder.run_id
         step = checkpoint_step(checkpoint)
-        if folder.status() == "finished":
+        summary = folder.summary()
+        shown = f"{run_label(summary)} ({folder.run_id})"  # as the Runs page and the pickers name it
+        if summary.status == "finished":
             self.window.set_resume_target(f"Train {_short(name)} more…",
-                                          f"{folder.run_id} has finished: train it for more steps as a new run "
+                                          f"{shown} has finished: train it for more steps as a new run "
                                           f"from its {checkpoint.name} (the finished run is kept as it is)")
         else:
             self.window.set_resume_target(f"Resume {_short(name)} (step {step})",
-                                          f"Continue {folder.run_id} from {checkpoint.name}, its newest complete "
+                                          f"Continue {shown} from {checkpoint.name}, its newest complete "
                                           "checkpoint")
 
 
