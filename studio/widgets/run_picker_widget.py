@@ -19,13 +19,31 @@ from backend.paths import runs_dir
 from backend.runs import RunFolder, RunSummary
 
 
-def finished_runs(root: Path | None = None) -> list[RunFolder]:
-    """Run folders whose fine-tune finished, newest first (folder names start with the time)."""
+_SUMMARIES: dict[str, tuple[tuple[int, int], RunSummary]] = {}
+"""Each run folder's summary with the events stamp it was read at: a page shown again reads no file twice."""
+
+
+def summary_of(folder: RunFolder) -> RunSummary:
+    """The folder's summary, read again only when its events.jsonl changed."""
+    try:
+        info = folder.events_path.stat()
+        stamp = (info.st_mtime_ns, info.st_size)
+    except OSError:
+        stamp = (0, -1)
+    cached = _SUMMARIES.get(str(folder.path))
+    if cached is None or cached[0] != stamp:
+        cached = _SUMMARIES[str(folder.path)] = (stamp, folder.summary())
+    return cached[1]
+
+
+def finished_runs(root: Path | None = None) -> list[RunSummary]:
+    """Summaries of the run folders whose fine-tune finished, newest first (folder names start with the time)."""
     root = root or runs_dir()
     if not root.is_dir():
         return []
     children = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True)
-    return [RunFolder(p) for p in children if RunFolder(p).status() == "finished"]
+    summaries = (summary_of(RunFolder(p)) for p in children)
+    return [s for s in summaries if s.status == "finished"]
 
 
 def run_label(summary: RunSummary) -> str:
@@ -63,10 +81,9 @@ class RunPickerWidget(QWidget):
         current = self.path() or self.preferred()
         self.combo.blockSignals(True)
         self.combo.clear()
-        for folder in finished_runs():
-            summary = folder.summary()
-            self.combo.addItem(run_label(summary), str(folder.path))
-            self.combo.setItemData(self.combo.count() - 1, f"{summary.model}\n{folder.path}", 3)  # ToolTipRole
+        for summary in finished_runs():
+            self.combo.addItem(run_label(summary), summary.path)
+            self.combo.setItemData(self.combo.count() - 1, f"{summary.model}\n{summary.path}", 3)  # ToolTipRole
         index = self.combo.findData(current) if current else -1
         self.combo.setCurrentIndex(index if index >= 0 else (0 if self.combo.count() else -1))
         self.combo.blockSignals(False)

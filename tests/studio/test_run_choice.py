@@ -75,3 +75,19 @@ def test_the_runs_page_selection_seeds_a_picker_that_has_shown_no_run(qtbot, mak
     studio.pages["runs"].select_runs([first.path.name])
     studio.window.show_page("export")
     assert studio.pages["export"].picker.path() == str(first.path)
+
+
+def test_a_picker_refresh_reads_only_the_runs_that_changed(qtbot, make_studio, monkeypatch):
+    studio = make_studio(fake_command("normal"))
+    first = finished_run(studio, "alpha")
+    finished_run(studio, "beta")
+    read = []
+    real = RunFolder.summary
+    monkeypatch.setattr(RunFolder, "summary", lambda self: read.append(self.run_id) or real(self))
+    picker = studio.pages["export"].picker
+    picker.refresh()
+    picker.refresh()
+    assert sorted(read) == sorted([first.run_id, RunFolder(other_than(picker, str(first.path))).run_id])
+    first.append_event({"type": "JobStarted", "v": 1, "job": "export", "run_dir": str(first.path)})
+    picker.refresh()
+    assert read.count(first.run_id) == 2 and len(read) == 3
