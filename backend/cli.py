@@ -18,7 +18,8 @@ from backend.config import ConfigError, RunConfig
 from backend.config_help import fields_epilog
 from backend.errors import JobError
 from backend.paths import not_downloaded, usable_home
-from backend.runs import RunFolder, RunIndex
+from backend.run_index import RunIndex
+from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess
 
 

@@ -1,7 +1,8 @@
-"""Run folders and the SQLite index of runs. Torch-free: the studio and CLI use it.
+"""Run folders: config, events, checkpoints and each run's summary. Torch-free: the studio and CLI use it.
 
-The folders are the truth; the index is a cache for the Runs page that `RunIndex.sync()` rebuilds
-from them, so a crashed studio or a hand-deleted folder never leaves the list lying.
+The folders are the truth; the index (run_index.py) is a cache for the Runs page that
+`RunIndex.sync()` rebuilds from them, so a crashed studio or a hand-deleted folder never leaves the
+list lying.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import re
 import secrets
 import shutil
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,15 @@ class RunSummary:
 
 COLUMNS = ("run_id", "path", "name", "created", "status", "steps", "final_loss", "tokens_per_s", "model", "method",
            "reason")
+
+
+def status_of(terminal: dict[str, Any] | None) -> str:
+    """A run's status word from the last word of its newest fine-tune attempt (None: none yet)."""
+    if terminal is None:
+        return "incomplete"
+    if terminal["type"] == "JobFinished":
+        return "stopped" if terminal.get("stopped") else "finished"
+    return "cancelled" if terminal.get("kind") == "cancelled" else "failed"
 
 
 class RunFolder:
@@ -128,12 +137,7 @@ class RunFolder:
 
     def status(self) -> str:
         """finished | stopped | failed | cancelled | incomplete (no final event: running or lost)."""
-        event = self.terminal_event()
-        if event is None:
-            return "incomplete"
-        if event["type"] == "JobFinished":
-            return "stopped" if event.get("stopped") else "finished"
-        return "cancelled" if event.get("kind") == "cancelled" else "failed"
+        return status_of(self.terminal_event())
 
     def metrics(self) -> list[dict[str, Any]]:
         return [e for e in self.iter_events() if e.get("type") == "MetricsLogged"]
@@ -172,12 +176,16 @@ class RunFolder:
         return "\n".join(text.splitlines()[-lines:])
 
     def summary(self) -> RunSummary:
+        """The Runs table's row, from one pass over events.jsonl (a long run's file is read once)."""
         steps, final_loss, tps = 0, None, None
         job = "finetune"
+        terminal: dict[str, Any] | None = None
         for event in self.iter_events():
             kind = event.get("type")
             if kind == "JobStarted":
                 job = event.get("job", "finetune")
+                if job == "finetune":
+                    terminal = None  # as terminal_event(): a resume starts a new attempt
             elif job != "finetune":
                 continue  # exports, evaluations and chats do not change the run's figures
             elif kind == "MetricsLogged":
@@ -186,6 +194,8 @@ class RunFolder:
             elif kind == "JobFinished":
                 tps = event.get("tokens_per_s")
                 final_loss = event.get("final_loss", final_loss)
+            if kind in ("JobFinished", "JobFailed") and job == "finetune":
+                terminal = event
         model = method = ""
         try:
             config = self.load_config()
@@ -199,9 +209,8 @@ class RunFolder:
             created = self.config_path.stat().st_mtime
         except OSError:
             pass
-        terminal = self.terminal_event() or {}
-        reason = str(terminal.get("message", "")) if terminal.get("type") == "JobFailed" else ""
-        return RunSummary(self.run_id, str(self.path), name, created, self.status(), steps,
+        reason = str(terminal.get("message", "")) if terminal and terminal.get("type") == "JobFailed" else ""
+        return RunSummary(self.run_id, str(self.path), name, created, status_of(terminal), steps,
                           final_loss, tps, model, method, reason)
 
 
@@ -250,149 +259,3 @@ def mark_checkpoint_complete(path: Path, step: int) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, marker)
-
-
-class RunIndex:
-    """SQLite cache of run summaries under the studio home; rebuilt from folders by sync().
-
-    Being a cache, an unreadable file (garbage bytes, a half-written page, a folder in its place) is
-    moved aside to runs.sqlite.corrupt and rebuilt from the run folders; `rebuilt` says so."""
-
-    def __init__(self, home: Path | None = None):
-        self.home = home or usable_home()
-        self.root = self.home / "runs"
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.db_path = self.home / "runs.sqlite"
-        self._seen: dict[str, tuple[float, int]] = {}
-        self.rebuilds = 0
-        self.rebuilt = ""
-        """Why the index file was unreadable and rebuilt from the folders ("" when it was fine)."""
-        self.unreadable: list[str] = []
-        """Run folders the last sync() could not read (each `path: reason`); they are left alone."""
-        try:
-            self._db = self._open()
-        except sqlite3.DatabaseError as exc:
-            self._db = self._rebuild(exc)
-
-    def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path)
-        try:
-            existing = tuple(row[1] for row in db.execute("PRAGMA table_info(runs)"))
-            if existing and existing != COLUMNS:  # an older studio's cache: rebuilt from the folders
-                with db:
-                    db.execute("DROP TABLE runs")
-            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
-            if problems != ["ok"]:
-                raise sqlite3.DatabaseError(f"damaged: {problems[0]}")
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, path TEXT, name TEXT,"
-                " created REAL, status TEXT, steps INTEGER, final_loss REAL, tokens_per_s REAL,"
-                " model TEXT, method TEXT, reason TEXT)"
-            )
-        except BaseException:
-            db.close()
-            raise
-        return db
-
-    def _rebuild(self, exc: sqlite3.DatabaseError) -> sqlite3.Connection:
-        """Move the unreadable index (and its journals) aside and start an empty one; sync() refills it."""
-        if "locked" in str(exc):  # another studio is writing it: not damage, nothing to rebuild
-            raise exc
-        aside = self.db_path.with_name(self.db_path.name + ".corrupt")
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            source, target = Path(f"{self.db_path}{suffix}"), Path(f"{aside}{suffix}")
-            if not source.exists() and not source.is_symlink():
-                continue
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
-            os.replace(source, target)
-        self._seen.clear()
-        self.rebuilds += 1
-        self.rebuilt = (f"the run index {self.db_path} was unreadable ({exc}); rebuilt it from the run "
-                        f"folders (the old file is kept as {aside.name})")
-        return self._open()
-
-    def _guarded(self, action: Any) -> Any:
-        """Run one query; on damage found mid-session, rebuild the index once and run it again."""
-        try:
-            return action()
-        except sqlite3.DatabaseError as exc:
-            if "locked" in str(exc):
-                raise
-            self._db.close()
-            self._db = self._rebuild(exc)
-            return action()
-
-    def close(self) -> None:
-        self._db.close()
-
-    def update(self, folder: RunFolder) -> RunSummary:
-        s = folder.summary()
-        return self._guarded(lambda: self._write(s))
-
-    def _write(self, s: RunSummary) -> RunSummary:
-        with self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (s.run_id, s.path, s.name, s.created, s.status, s.steps, s.final_loss,
-                 s.tokens_per_s, s.model, s.method, s.reason),
-            )
-        return s
-
-    def sync(self) -> list[RunSummary]:
-        """Re-read the folders whose events changed since the last sync; drop rows whose folder is
-        gone. Unchanged runs cost one stat, so a page that syncs on every show stays quick. A folder
-        that cannot be read is listed in `unreadable` and its row (if any) kept."""
-        rebuilds = self.rebuilds
-        ids = self._sync_folders()
-        if self.rebuilds != rebuilds:  # the index was rebuilt halfway: the folders read before are missing
-            ids = self._sync_folders()
-        self._guarded(lambda: self._drop_missing(ids))
-        return self.list()
-
-    def _sync_folders(self) -> set[str]:
-        ids: set[str] = set()
-        self.unreadable = []
-        if not self.root.is_dir():
-            return ids
-        for child in self.root.iterdir():
-            try:
-                if not (child.is_dir() and (child / "config.yaml").exists()):
-                    continue
-                ids.add(child.name)
-                stamp = self._stamp(child)
-                if self._seen.get(child.name) != stamp:
-                    self.update(RunFolder(child))
-                    self._seen[child.name] = stamp
-            except OSError as exc:
-                ids.add(child.name)
-                self.unreadable.append(f"{child}: {exc.strerror or exc}")
-        return ids
-
-    def _drop_missing(self, ids: set[str]) -> None:
-        with self._db:
-            for (run_id,) in self._db.execute("SELECT run_id FROM runs").fetchall():
-                if run_id not in ids:
-                    self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
-
-    @staticmethod
-    def _stamp(path: Path) -> tuple[float, int]:
-        try:
-            info = (path / "events.jsonl").stat()
-            return info.st_mtime, info.st_size
-        except OSError:
-            return 0.0, -1
-
-    def list(self) -> list[RunSummary]:
-        rows = self._guarded(
-            lambda: self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC").fetchall())
-        return [RunSummary(*row) for row in rows]
-
-    def delete(self, run_id: str) -> None:
-        row = self._db.execute("SELECT path FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row:
-            shutil.rmtree(row[0], ignore_errors=True)
-        with self._db:
-            self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))

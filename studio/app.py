@@ -193,6 +193,8 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     controller = RunController(window, pages["train"], runs_page, training, store, telemetry, state, estimate,
                                config_factory=config.config, parent=window)
     recovery = RecoveryController(controller, config, parent=window)
+    window.open_config_requested.connect(lambda path: open_config(window, config, path))
+    config.started_over.connect(controller.forget_run)
     _wire_start_blocker(window, pages["train"], training, estimate, controller)
     monitor.sampled.connect(lambda sample: pages["techniques"].hardware.set_gpu_count(len(sample.devices)))
 
@@ -255,6 +257,21 @@ def _wire_start_blocker(window: MainWindow, train_page: Any, jobs: JobController
     jobs.event_received.connect(on_event)
     jobs.running_changed.connect(on_running_changed)
     show()
+
+
+def open_config(window: MainWindow, config: Any, path: str) -> bool:
+    """File > Open config: the draft starts over from a RunConfig YAML; a file that does not load is
+    one line naming the file, line and field (the draft stays as it was)."""
+    from backend.config import ConfigError, RunConfig
+
+    try:
+        raw = RunConfig.load(path).model_dump(mode="json")
+    except ConfigError as exc:
+        window.show_problem(f"Cannot open the config: {exc}")
+        return False
+    config.replace(raw, source=Path(path))
+    window.statusBar().showMessage(f"Opened {path}", 8000)
+    return True
 
 
 def _wire_settings(window: MainWindow, config: Any, settings: Settings, theme: Any, controller: Any) -> None:
@@ -322,6 +339,7 @@ def run_app(argv: list[str] | None = None) -> int:
     window = MainWindow()
     app.setWindowIcon(window.windowIcon())
     settings.restore_window(window)
+    window.fit_to_screen()
     probing = bool(os.environ.get(STARTUP_PROBE_ENV))
     built: list[Studio] = []
 

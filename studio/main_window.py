@@ -10,27 +10,39 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QDockWidget,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
-    QPlainTextEdit,
     QStackedWidget,
+    QStyle,
     QWidget,
 )
 
 from backend.paths import resources_dir
+from studio.widgets.log_view_widget import LogViewWidget
 
 PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("train", "Train"), ("runs", "Runs"),
          ("export", "Export"), ("chat", "Chat"))
 """(key, title) of each page, in the order a first run walks through them."""
 LOG_MAX_LINES = 5000
 """The log pane keeps only the newest lines, so a chatty worker cannot grow the studio's memory."""
+
+
+def fitted_geometry(wanted: QRect, available: QRect, frame_height: int = 0) -> QRect:
+    """`wanted` shrunk to the available area (less the title bar's height) and moved inside it."""
+    width = min(wanted.width(), available.width())
+    height = min(wanted.height(), available.height() - frame_height)
+    x = min(max(wanted.x(), available.x()), available.right() + 1 - width)
+    y = min(max(wanted.y(), available.y() + frame_height), available.bottom() + 1 - height)
+    return QRect(x, y, width, height)
 
 
 def icon(name: str) -> QIcon:
@@ -62,6 +74,8 @@ class MainWindow(QMainWindow):
     """Emitted with "system", "light" or "dark" when the person picked a theme."""
     save_config_requested = Signal()
     """Emitted when the person chose File > Save config."""
+    open_config_requested = Signal(str)
+    """Emitted with the YAML file the person chose in File > Open config."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -71,8 +85,10 @@ class MainWindow(QMainWindow):
         self._close_guards: list[Callable[[], bool]] = []
         self._close_hooks: list[Callable[[], None]] = []
         self.pages: dict[str, QWidget] = {}
-        self._running = False
         """Installed pages by key (model, data, techniques, train, runs, export, chat)."""
+        self._running = False
+        self.ask_config_path: Callable[[], str] = self._ask_config_path
+        """Asks which config file to open ("" for none); tests replace it."""
 
         self.page_list = QListWidget()
         self.page_list.setObjectName("PageList")
@@ -94,9 +110,7 @@ class MainWindow(QMainWindow):
         row.addWidget(self.stack, 1)
         self.setCentralWidget(central)
 
-        self.log_view = QPlainTextEdit()
-        self.log_view.setReadOnly(True)
-        self.log_view.setMaximumBlockCount(LOG_MAX_LINES)
+        self.log_view = LogViewWidget(LOG_MAX_LINES)
         self.log_view.setPlaceholderText("Phases, checkpoints, errors and the worker's log appear here.")
         self.log_dock = QDockWidget("Log", self)
         self.log_dock.setObjectName("LogDock")
@@ -135,10 +149,14 @@ class MainWindow(QMainWindow):
                                           self.resume_requested, "resume")
         self.save_config_action = self._action("Save config…", "Ctrl+S", "Save the setup as a YAML config",
                                                self.save_config_requested)
+        self.open_config_action = QAction("Open config…", self, shortcut=QKeySequence.StandardKey.Open)
+        self.open_config_action.setToolTip("Start the setup over from a RunConfig YAML file (one the CLI trains)")
+        self.open_config_action.triggered.connect(self._on_open_config_triggered)
         quit_action = QAction("Quit", self, shortcut=QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
         menu = self.menuBar()
         file_menu = menu.addMenu("&File")
+        file_menu.addAction(self.open_config_action)
         file_menu.addAction(self.save_config_action)
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
@@ -189,6 +207,12 @@ class MainWindow(QMainWindow):
         self.stop_action.setEnabled(running)
         self.cancel_action.setEnabled(running)
         self.save_config_action.setEnabled(not running)
+        self.open_config_action.setEnabled(not running)
+
+    def set_stoppable(self, stoppable: bool) -> None:
+        """Stop and Cancel only while the run can still be stopped (off once its last event came)."""
+        self.stop_action.setEnabled(self._running and stoppable)
+        self.cancel_action.setEnabled(self._running and stoppable)
 
     def set_start_blocker(self, reason: str) -> None:
         """Why Start cannot go on this machine ("" lets it): Start is disabled and its tooltip says why."""
@@ -220,10 +244,34 @@ class MainWindow(QMainWindow):
         self.env_label.setToolTip(details)
 
     def append_log(self, line: str) -> None:
-        self.log_view.appendPlainText(line)
+        self.log_view.append_line(line)
 
     def log_text(self) -> str:
         return self.log_view.toPlainText()
+
+    def _on_open_config_triggered(self) -> None:
+        path = self.ask_config_path()
+        if path:
+            self.open_config_requested.emit(path)
+
+    def _ask_config_path(self) -> str:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a config", "", "Run configs (*.yaml *.yml);;All files (*)")
+        return path
+
+    def show_problem(self, text: str) -> None:
+        """One line in the status bar (until the next message) and in the log."""
+        self.statusBar().showMessage(text)
+        self.append_log(text)
+
+    def fit_to_screen(self) -> None:
+        """Shrink and move the window into its screen's available area (a 1024x700 screen, or a layout
+        saved on a bigger monitor): the right edge and the status bar must never open off-screen."""
+        screen = self.screen() or QApplication.primaryScreen()
+        if screen is None:
+            return
+        frame = self.style().pixelMetric(QStyle.PixelMetric.PM_TitleBarHeight) if not self.isVisible() else \
+            self.frameGeometry().height() - self.geometry().height()
+        self.setGeometry(fitted_geometry(self.geometry(), screen.availableGeometry(), frame))
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         if not all(guard() for guard in self._close_guards):

@@ -28,6 +28,7 @@ from studio.state.estimate_state import EstimateState
 from studio.state.metric_store import MetricStore
 from studio.state.run_state import RunState
 from studio.state.telemetry_store import TelemetryStore
+from studio.widgets.run_picker_widget import run_label
 
 CloseChoice = Literal["save", "discard", "cancel"]
 READOUT_S = 0.25
@@ -63,6 +64,8 @@ class RunController(QObject):
         """Asked how many more steps to train a finished run (None: not now); tests replace it."""
         self.folder: RunFolder | None = None
         """The run the Train page shows: the one started, resumed or continued last in this window."""
+        self._started_over = False
+        """The draft was replaced since the last run: Resume offers no run of the old setup."""
         self.capabilities: Any = None
         """The last WorkerReady's capabilities (None until a worker has run)."""
         self._close_when_idle = False
@@ -144,7 +147,20 @@ class RunController(QObject):
         newest run on disk with a complete checkpoint. Named on the button, never a hidden selection."""
         if self.folder is not None:
             return self.folder if self.folder.latest_checkpoint() is not None else None
-        return newest_resumable(runs_dir())
+        return None if self._started_over else newest_resumable(runs_dir())
+
+    def forget_run(self) -> None:
+        """Another preset or config file replaced the draft: the Train page drops the last run's charts,
+        plan, readouts and Resume target (the Runs page still resumes any run). Not during a run."""
+        if self.jobs.is_running():
+            return
+        self.folder, self._history, self._details, self._started_over = None, None, "", True
+        self.store.clear()
+        self.telemetry.clear()
+        self.page.clear_run()
+        self.state.reset()
+        self.show_peaks()
+        self.update_resume_target()
 
     def resume(self, folder: RunFolder | None) -> None:
         """Continue an unfinished run in its own folder from its newest complete checkpoint."""
@@ -289,8 +305,10 @@ class RunController(QObject):
             self.window.close()
 
     def _on_state_changed(self) -> None:
-        """Show the state: at once outside a run or when its status changed, else at most every
+        """Stop and Cancel end with the run's last event (the worker may take seconds more to exit).
+        Show the state: at once outside a run or when its status changed, else at most every
         READOUT_S (a stream of MetricsLogged must not repaint the readouts a hundred times a second)."""
+        self.window.set_stoppable(self.state.running)
         if self._readout_timer.isActive():
             return
         wait = READOUT_S - (time.monotonic() - self._shown_at)
@@ -339,13 +357,15 @@ class RunController(QObject):
         except ValueError:
             name = folder.run_id
         step = checkpoint_step(checkpoint)
-        if folder.status() == "finished":
+        summary = folder.summary()
+        shown = f"{run_label(summary)} ({folder.run_id})"  # as the Runs page and the pickers name it
+        if summary.status == "finished":
             self.window.set_resume_target(f"Train {_short(name)} more…",
-                                          f"{folder.run_id} has finished: train it for more steps as a new run "
+                                          f"{shown} has finished: train it for more steps as a new run "
                                           f"from its {checkpoint.name} (the finished run is kept as it is)")
         else:
             self.window.set_resume_target(f"Resume {_short(name)} (step {step})",
-                                          f"Continue {folder.run_id} from {checkpoint.name}, its newest complete "
+                                          f"Continue {shown} from {checkpoint.name}, its newest complete "
                                           "checkpoint")
 
 

@@ -81,6 +81,8 @@ class ModelPage(QWidget):
 
         self.presets = PresetPickerWidget()
         self.presets.chosen.connect(self.use_preset)
+        self.presets.show_loaded(state.source)
+        state.started_over.connect(lambda: self.presets.show_loaded(state.source))
         start = QGroupBox("Start from a preset (a real model, sized for a card)")
         QVBoxLayout(start).addWidget(self.presets)
 

@@ -30,7 +30,8 @@ from PySide6.QtWidgets import (
 )
 
 from backend.memory_record import MemoryRecord
-from backend.runs import RunFolder, RunIndex, RunSummary
+from backend.run_index import RunIndex
+from backend.runs import RunFolder, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics
@@ -43,18 +44,28 @@ METRIC_NAMES = {"loss": "Training loss", "rewards/chosen": "Reward of chosen ans
                 "rewards/rejected": "Reward of rejected answers", "rewards/margins": "Reward margin",
                 "rewards/accuracies": "Preference accuracy", "reward": "Mean reward", "reward_std": "Reward spread",
                 "kl": "KL to the reference", "completions/mean_length": "Completion length (tokens)",
-                "entropy": "Entropy"}
-"""Readable names of the metrics the Compare combo offers (others show as logged)."""
+                "entropy": "Entropy", "eval_loss": "Evaluation loss", "learning_rate": "Learning rate",
+                "grad_norm": "Gradient norm", "tokens_per_s": "Useful tokens/s",
+                "frac_reward_zero_std": "Share of groups with no reward spread",
+                "logps/chosen": "Log-probability of chosen answers",
+                "logps/rejected": "Log-probability of rejected answers"}
+"""Readable names of the metrics the Compare combo offers (others are named by metric_title's rules)."""
+PREFIXES = {"completions": "Completion", "clip_ratio": "Clipped share", "logps": "Log-probability",
+            "logits": "Logits", "rewards": "Reward"}
+"""The first part of a logged name, in words: "clip_ratio/low_mean" -> "Clipped share (low mean)"."""
 
 
 def metric_title(name: str) -> str:
-    """"rewards/margins" -> "Reward margin"; rewards/<label>/mean -> "Reward <label> (mean)"."""
+    """"rewards/margins" -> "Reward margin"; rewards/<label>/mean -> "Reward <label> (mean)"; any other
+    name in words, never the raw key beside readable ones."""
     if name in METRIC_NAMES:
         return METRIC_NAMES[name]
     parts = name.split("/")
     if len(parts) == 3 and parts[0] == "rewards":
         return f"Reward {parts[1]} ({'spread' if parts[2] == 'std' else parts[2]})"
-    return name
+    words = [part.replace("_", " ") for part in parts]
+    head = PREFIXES.get(parts[0], words[0][:1].upper() + words[0][1:])
+    return f"{head} ({', '.join(words[1:])})" if len(words) > 1 else head
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -68,8 +79,8 @@ def memory_cell(path: str) -> QTableWidgetItem:
     if record is None:
         return _cell("—")
     item = _cell(record.comparison())
-    item.setToolTip(f"{record.device}, {record.outcome}: measured as {record.measured_kind}"
-                    + (f"; {record.calibration}" if record.calibration else ""))
+    item.setToolTip(f"{record.comparison()}\n{record.device}, {record.outcome}: measured as {record.measured_kind}"
+                    + (f"; {record.calibration}" if record.calibration else ""))  # the cell is often cut
     return item
 
 

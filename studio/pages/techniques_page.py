@@ -56,7 +56,8 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 """The page's groups: (title, ((dotted key, label), ...)). Every TechniqueSection field is here."""
 COLUMNS = {"Objective": 0, "Method": 0, "Memory and speed": 1, "Data shaping": 1, "Batch, length and schedule": 1}
-"""Each group's column when the form has two (a new group goes to the left one)."""
+"""Each group's column when the form has two; any other group (More techniques, Hardware) goes to the
+shorter column, so a DPO, KTO or GRPO section does not make the left column scroll alone."""
 OBJECTIVE_ONLY = {"technique.dpo_beta": "dpo", "technique.dpo_loss": "dpo", "kto.beta": "kto",
                   "kto.desirable_weight": "kto", "kto.undesirable_weight": "kto", "grpo.num_generations": "grpo",
                   "grpo.max_completion_length": "grpo", "grpo.temperature": "grpo", "grpo.loss": "grpo",
@@ -75,6 +76,11 @@ OBJECTIVE_TIPS = {
             "mean.",
 }
 """The objective combo's item tooltips: what each needs as data and what it teaches."""
+SFT_ONLY = {"technique.packing": "DPO, KTO and GRPO build their own batches (a prompt and its answers kept apart), "
+                                 "so nothing is packed",
+            "technique.shortcuts": "a DPO, KTO or GRPO run trains the plain transformers + peft way (the "
+                                   "shortcuts' exactness tests cover the SFT step only)"}
+"""Settings a TRL objective ignores (backend.training.techniques: no packing, shortcuts off), with why."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "technique.lora_dropout": 2, "technique.lora_alpha": 1,
             "technique.neftune_alpha": 1, "grpo.temperature": 2, "grpo.beta": 4, "kto.desirable_weight": 2,
@@ -114,14 +120,16 @@ class TechniquesPage(QWidget):
                     self.max_seq_len_label.setStyleSheet("color: palette(placeholder-text);")
                     form.addRow("", self.max_seq_len_label)
             if title == "Objective":
+                # The rewards editor is wide: its row goes under its label rather than widen the column.
+                form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
                 self.rewards = RewardEditorWidget(state)
                 self.rewards_label = QLabel("Rewards")
                 self.rewards_label.setToolTip(description("grpo.rewards"))
                 form.addRow(self.rewards_label, self.rewards)
                 self.objective_form = form
-            form_widget.add(box, COLUMNS.get(title, 0))
+            form_widget.add(box, COLUMNS.get(title))
         self.hardware = HardwareWidget(state, editors)
-        form_widget.add(self.hardware, 0)
+        form_widget.add(self.hardware, None)
         self.form = form_widget
         scroll = VerticalScrollArea(form_widget)  # the form reflows to the width instead of scrolling sideways
 
@@ -133,7 +141,7 @@ class TechniquesPage(QWidget):
         self.problem_label.setStyleSheet("color: #dc2626;")
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(scroll)
-        split.addWidget(self.breakdown)
+        split.addWidget(VerticalScrollArea(self.breakdown))  # a short window scrolls the notes, never draws them over the table
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         self.command_line = CommandLineWidget(state)
@@ -192,3 +200,12 @@ class TechniquesPage(QWidget):
         for key, owner in OBJECTIVE_ONLY.items():
             self.objective_form.setRowVisible(self.labels[key], owner == objective)
         self.objective_form.setRowVisible(self.rewards_label, objective == "grpo")
+        if hasattr(self, "form"):
+            self.form.reflow()
+        for key, why in SFT_ONLY.items():  # shown, so the SFT value stays in view, but off with the reason
+            editor, label = self.editor(key), self.labels[key]
+            editor.setEnabled(objective == "sft")
+            tip = description(key) if objective == "sft" else \
+                f"{description(key)}\n\nNot used by {objective.upper()}: {why}."
+            editor.setToolTip(tip)
+            label.setToolTip(tip)

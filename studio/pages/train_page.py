@@ -34,6 +34,10 @@ from studio.widgets.objective_charts_widget import ObjectiveChartsWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.sample_list_widget import SampleListWidget
 from studio.widgets.units import clock_text
+from studio.widgets.vertical_scroll_area import VerticalScrollArea
+
+CHART_MIN_HEIGHT = 150
+"""The least height of each Train page chart: title, ticks, axis label and about ninety pixels of plot."""
 
 THROUGHPUT_TIP = (
     "Useful tokens/s: tokens the loss is computed on, per second of training; padding and prompt tokens are "
@@ -93,7 +97,7 @@ class TrainPage(QWidget):
         self.plan_label.setVisible(False)
         self.failure_panel = FailurePanelWidget()
         self.progress = QProgressBar()
-        self.progress.setFormat("step %v / %m")
+        self.progress.setFormat("no run yet")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         self.eta_label = QLabel("")
@@ -158,6 +162,8 @@ class TrainPage(QWidget):
         split.setStretchFactor(1, 1)
         split.setSizes([1000, 900])  # scaled to the space the page gets
         self.split = split
+        for chart in self.charts():  # below this a chart's ticks and labels run into each other
+            chart.setMinimumHeight(CHART_MIN_HEIGHT)
         self._objective_room = False
         """Whether the charts were given more room for an objective's two rows (done once, then the person's)."""
 
@@ -169,7 +175,7 @@ class TrainPage(QWidget):
         layout.addWidget(self.plan_label)
         layout.addWidget(self.failure_panel)
         layout.addLayout(readouts)
-        layout.addWidget(split, 1)
+        layout.addWidget(VerticalScrollArea(split), 1)  # a small window scrolls the charts, never squashes them
 
     def charts(self) -> list:
         return [self.chart, self.lr_chart, self.grad_chart, self.speed_chart,
@@ -202,7 +208,7 @@ class TrainPage(QWidget):
         self.set_plan("")
         self.set_status("")
         self.failure_panel.clear()
-        self.set_progress(0, 1, None)
+        self.set_progress(0, 0, None)
         self.set_throughput(None)
         for chart in self.charts():
             chart.reset_range()
@@ -225,6 +231,8 @@ class TrainPage(QWidget):
         self.plan_label.setVisible(bool(text))
 
     def set_progress(self, step: int, max_steps: int, eta_s: float | None) -> None:
+        """Step of max_steps; before a run (max_steps 0) the bar is empty and says so, not "step 0 / 1"."""
+        self.progress.setFormat("step %v / %m" if max_steps > 0 else "no run yet")
         self.progress.setRange(0, max(max_steps, 1))
         self.progress.setValue(min(step, max(max_steps, 1)))
         self.eta_label.setText(f"about {clock_text(eta_s)} left" if eta_s is not None else "")

@@ -48,6 +48,8 @@ class ConfigState(QObject):
 
     changed = Signal(str)
     """Emitted with the dotted key that changed ("" when everything was replaced)."""
+    started_over = Signal()
+    """Emitted when another file replaced the draft (a preset, File > Open config), not on a save."""
 
     def __init__(self, base: dict[str, Any] | None = None, source: Path | None = None,
                  parent: QObject | None = None) -> None:
@@ -140,6 +142,7 @@ class ConfigState(QObject):
         self._raw = copy.deepcopy(raw)
         self.source = source
         self.changed.emit("")
+        self.started_over.emit()
 
     def save(self, path: Path) -> RunConfig:
         """Validate and write the draft as YAML; the saved file becomes the command line's base."""

@@ -1,6 +1,7 @@
 """RunMetrics: every metric a past run logged, read from its events.jsonl, for comparing runs.
 
-The loss, and the objective metrics TRL logged (MetricsLogged.extra: rewards/margins, reward, kl,
+The loss, the learning rate, gradient norm, throughput and evaluation loss every run logs, and the
+objective metrics TRL logged (MetricsLogged.extra: rewards/margins, reward, kl,
 ...), each as (steps, values). A file is read once per version (modification time and size), so
 selecting runs again costs nothing; reading is plain JSON, no torch.
 """
@@ -12,15 +13,30 @@ from pathlib import Path
 from backend.runs import RunFolder
 
 LOSS = "loss"
+STANDARD = ("eval_loss", "learning_rate", "grad_norm", "tokens_per_s")
+"""What every fine-tune logs besides the loss (eval_loss from its EvalFinished events)."""
 Series = tuple[list[float], list[float]]
 
 
 def read_metrics(path: str | Path) -> dict[str, Series]:
-    """{metric name: (steps, values)} of a run folder, the loss first, then extra metrics as they came."""
+    """{metric name: (steps, values)} of a run folder's fine-tune (not its exports' progress): the loss
+    first, then the STANDARD ones it logged, then extra metrics as they came."""
     found: dict[str, Series] = {LOSS: ([], [])}
-    for event in RunFolder(path).metrics():
+    for name in STANDARD:
+        found[name] = ([], [])
+    job = "finetune"
+    for event in RunFolder(path).iter_events():
+        kind = event.get("type")
+        if kind == "JobStarted":
+            job = event.get("job", "finetune")
+        if job != "finetune" or kind not in ("MetricsLogged", "EvalFinished"):
+            continue
         step = float(event.get("step", 0) or 0)
-        values = {LOSS: event.get(LOSS), **(event.get("extra") or {})}
+        if kind == "EvalFinished":
+            values = {"eval_loss": event.get("eval_loss")}
+        else:
+            values = {LOSS: event.get(LOSS), **{name: event.get(name) for name in STANDARD[1:]},
+                      **(event.get("extra") or {})}
         for name, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
                 steps, ys = found.setdefault(name, ([], []))

@@ -24,6 +24,8 @@ from backend.protocol import (
 )
 
 ACTIVE = ("starting", "running", "stopping")
+READY = "Ready. Pick a model and a dataset, then Start."
+"""The status sentence before any run."""
 """Statuses during which a worker process is alive."""
 
 PHASE_WORDS = {
@@ -59,7 +61,7 @@ class RunState(QObject):
         self.pid: int | None = None
         """The worker's process id (from WorkerReady) while it runs."""
         self.status = "idle"
-        self.message = "Ready. Pick a model and a dataset, then Start."
+        self.message = READY
         self.run_dir = ""
         self.phase = ""
         self.step = 0
@@ -74,6 +76,16 @@ class RunState(QObject):
         return self.status in ACTIVE
 
     # --- transitions driven by the studio -------------------------------------------------------
+    def reset(self) -> None:
+        """Back to idle, as at start-up (the draft started over: the last run's figures no longer apply)."""
+        if self.running:
+            return
+        self.status, self.message, self.run_dir, self.phase = "idle", READY, "", ""
+        self.step, self.max_steps, self.tokens_per_s, self.loss = 0, 0, None, None
+        self.mfu = self.compile_seconds = None
+        self.eta_s, self._rate_start, self.plan, self.pid = None, None, "", None
+        self.changed.emit()
+
     def begin(self, run_dir: str, max_steps: int) -> None:
         self.status, self.run_dir, self.phase = "starting", run_dir, ""
         self.step, self.max_steps, self.tokens_per_s, self.loss = 0, max_steps, None, None

@@ -18,7 +18,8 @@ from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QPush
 from backend.config import ConfigError, ModelSection, RunConfig, TechniqueSection
 from backend.errors import JobError
 from backend.paths import resolve_resource
-from backend.runs import RunFolder, RunIndex
+from backend.run_index import RunIndex
+from backend.runs import RunFolder
 from backend.training.start_adapter import start_adapter_folder
 from studio.state.config_state import ConfigState
 from studio.state.form_values import display_path

@@ -14,8 +14,13 @@ from backend.protocol import CompletionScored
 from studio.state.objective_store import MAX_COMPLETIONS, ObjectiveStore
 
 
+NEWLINE = "⏎"
+"""Shown where a completion breaks its line: a reward that checks lines must see them in one row."""
+
+
 def _one_line(text: str, width: int) -> str:
-    flat = " ".join(text.split())
+    """The text in one row: each line break shown as NEWLINE (not joined with a space), runs of spaces one."""
+    flat = f" {NEWLINE} ".join(" ".join(line.split()) for line in text.strip().splitlines())
     return flat if len(flat) <= width else flat[:width - 1] + "…"
 
 

@@ -101,6 +101,8 @@ class ExportReportWidget(QWidget):
                 if open_:
                     item.setToolTip(f"{check.get('reason') or check.get('measured')}. To check it elsewhere: "
                                     f"{check.get('how_to_verify') or 'llama.cpp'}")
+                else:
+                    item.setToolTip(text)  # a narrow window cuts the cell: the whole text on hover
                 self.table.setItem(row, column, item)
 
     def rows(self) -> list[tuple[str, ...]]:

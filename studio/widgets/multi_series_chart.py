@@ -1,7 +1,8 @@
 """MultiSeriesChart: several live series of one store on one chart (chosen vs rejected, each reward function).
 
 The series may be fixed names or found in the store as they appear (`names` a callable, e.g. every
-rewards/<label>/mean of a GRPO run), each with its colour and a legend entry.
+rewards/<label>/mean of a GRPO run), each with its colour and a legend entry. The legend is rich text
+(`legend_changed`) for a label beside the chart: drawn on the plot, it covered the curves of a small chart.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QPalette
-from PySide6.QtWidgets import QWidget
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from studio.widgets.live_chart import COLORS, LiveChart, arrays
 
@@ -23,28 +23,22 @@ SeriesNames = Callable[[], list[tuple[str, str]]]
 class MultiSeriesChart(LiveChart):
     """Plots `store.arrays(name)` for every (name, label) that `names()` gives, one colour each."""
 
+    legend_changed = Signal(str)
+    """The legend's rich text whenever the drawn series change ("" for one series: the title names it)."""
+
     def __init__(self, store: Any, names: SeriesNames, title: str, left: str = "", bottom: str = "step",
                  dashed: Callable[[str], bool] | None = None, group: Callable[[str], str] | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(title=title, left=left, bottom=bottom, parent=parent)
-        self.getPlotItem().addLegend(offset=(-4, 2), labelTextSize=LEGEND_SIZE, verSpacing=-8, colCount=2)
         self._store, self._names = store, names
         self._dashed = dashed or (lambda _name: False)
         self._group = group or (lambda name: name)
         """Series of one group share a colour (a reward's mean and its spread)."""
         self._curves: dict[str, pg.PlotDataItem] = {}
+        self.legend = ""
+        """The legend's rich text now."""
         store.changed.connect(self.mark_dirty)
         self.mark_dirty()
-
-    def _apply_palette(self) -> None:
-        """As LiveChart's, and each legend label drawn again in the theme's text colour (small charts, small text)."""
-        super()._apply_palette()
-        legend = self.getPlotItem().legend
-        if legend is None:
-            return
-        color = self.palette().color(QPalette.ColorRole.WindowText).name()
-        for _sample, label in legend.items:
-            label.setText(label.text, color=color, size=LEGEND_SIZE)
 
     def series_names(self) -> list[str]:
         """The store names drawn now (after any pending redraw)."""
@@ -57,24 +51,59 @@ class MultiSeriesChart(LiveChart):
         x = curve.getData()[0] if curve is not None else None
         return 0 if x is None else len(x)
 
+    def _legend_html(self, entries: list[tuple[str, str, str]]) -> str:
+        """One coloured entry per solid series; a dashed one (a spread) beside a solid one of its colour
+        shares a single "┄ spread" entry, so the legend stays one or two short lines."""
+        solid_groups = {self._group(name) for name, _, _ in entries if not self._dashed(name)}
+        items, shared = [], False
+        for name, label, color in entries:
+            if self._dashed(name) and self._group(name) in solid_groups:
+                shared = True
+                continue
+            mark = "┄┄" if self._dashed(name) else "━━"
+            items.append(f"<span style='color:{color}'>{mark}</span>&nbsp;{label.replace(' ', '&nbsp;')}")
+        if shared:
+            items.append("┄┄&nbsp;spread")
+        return "&nbsp;&nbsp; ".join(items)
+
     def redraw(self) -> None:
         wanted = self._names()
         names = [name for name, _ in wanted]
         for name in [n for n in self._curves if n not in names]:
             self.getPlotItem().removeItem(self._curves.pop(name))
-        data = []
+        data, entries = [], []
         groups = list(dict.fromkeys(self._group(name) for name in names))
         for name, label in wanted:
             curve = self._curves.get(name)
             if curve is None:
                 style = Qt.PenStyle.DashLine if self._dashed(name) else None
                 color = COLORS[groups.index(self._group(name)) % len(COLORS)]
-                curve = self._curves[name] = self.line(color, name=label, style=style)
-                self._apply_palette()
+                curve = self._curves[name] = self.line(color, style=style)
+            entries.append((name, label, curve.opts["pen"].color().name()))
             x, y = arrays(*self._store.arrays(name))
             curve.setData(x, y)
             data.append((x, y))
-        legend = self.getPlotItem().legend
-        if legend is not None:
-            legend.setVisible(len(wanted) > 1)  # one series: the title names it
+        legend = self._legend_html(entries) if len(entries) > 1 else ""  # one series: the title names it
+        if legend != self.legend:
+            self.legend = legend
+            self.legend_changed.emit(legend)
         self.fit_arrays(*data)
+
+
+def with_legend(chart: MultiSeriesChart) -> QWidget:
+    """The chart with its legend in a small wrapping label under it (hidden while there is none)."""
+    box = QWidget()
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.setSpacing(0)
+    label = QLabel(chart.legend)
+    label.setWordWrap(True)
+    label.setStyleSheet(f"font-size: {LEGEND_SIZE};")
+    label.setVisible(bool(chart.legend))
+    label.setMinimumHeight(2 * label.fontMetrics().lineSpacing())  # room to wrap once: a grid cell does not ask
+    chart.legend_changed.connect(label.setText)
+    chart.legend_changed.connect(lambda text: label.setVisible(bool(text)))
+    layout.addWidget(chart, 1)
+    layout.addWidget(label)
+    box.setToolTip(chart.toolTip())
+    return box

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QGridLayout, QStackedWidget, QWidget
 from studio.state.objective_store import ObjectiveStore
 from studio.widgets.live_chart import LiveChart
 from studio.widgets.metric_chart import MetricChart
-from studio.widgets.multi_series_chart import MultiSeriesChart
+from studio.widgets.multi_series_chart import MultiSeriesChart, with_legend
 
 TIPS = {
     "rewards": "The implicit reward (beta x log-probability ratio to the reference) of the chosen and the rejected "
@@ -71,7 +71,8 @@ class ObjectiveChartsWidget(QStackedWidget):
         grid.setContentsMargins(0, 0, 0, 0)
         for index, (key, chart) in enumerate(charts.items()):
             chart.setToolTip(TIPS.get(key, ""))
-            grid.addWidget(chart, *divmod(index, columns))
+            shown = with_legend(chart) if isinstance(chart, MultiSeriesChart) else chart
+            grid.addWidget(shown, *divmod(index, columns))
         for column in range(columns):
             grid.setColumnStretch(column, 1)
         for row in range((len(charts) + columns - 1) // columns):

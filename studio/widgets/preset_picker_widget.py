@@ -28,6 +28,8 @@ class PresetPickerWidget(QWidget):
     def __init__(self, presets: list[Preset] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.presets = presets if presets is not None else list_presets()
+        self.loaded = ""
+        """The preset file the draft was loaded from ("" for none): shown first, and kept by the card filter."""
         self.card = QComboBox()
         self.card.addItem("Any card", 0)
         for size in CARD_SIZES:
@@ -59,7 +61,19 @@ class PresetPickerWidget(QWidget):
         fitting = [size for size in CARD_SIZES[:-1] if size <= gib + 0.5]
         if fitting:
             self.card.setCurrentIndex(self.card.findData(fitting[-1]))
-            self.list.setCurrentIndex(self.list.count() - 1)
+            if not self.loaded or self.list.currentData() != self.loaded:
+                self.list.setCurrentIndex(self.list.count() - 1)
+
+    def show_loaded(self, path: object) -> None:
+        """Show the preset the draft was loaded from (not whichever sorts first): a preset file among the
+        list, else leave the list as it is."""
+        self.loaded = str(path) if path else ""
+        index = self.list.findData(self.loaded) if self.loaded else -1
+        if index < 0 and self.loaded and any(str(p.path) == self.loaded for p in self.presets):
+            self.card.setCurrentIndex(0)  # filtered out by the card size: show every card
+            index = self.list.findData(self.loaded)
+        if index >= 0:
+            self.list.setCurrentIndex(index)
 
     def shown(self) -> list[Preset]:
         limit = self.card.currentData() or 0

@@ -73,4 +73,10 @@ class TokenHistogramChart(LiveChart):
         top = longest * 1.15 if far else max(longest, float(self.seq_len)) * 1.05
         self._far_label.setText(f"seq_len {self.seq_len} →" if far else "")
         self._far_label.setPos(top, float(counts.max()))
-        self.getPlotItem().setXRange(0, top, padding=0.0)
+        # Both axes: the base chart's empty range (y 0 to 1) has auto-range off, so the counts set y too.
+        self.getPlotItem().getViewBox().setRange(xRange=(0, top), yRange=(0, float(counts.max()) * 1.12), padding=0.0)
+
+    def tallest_bar(self) -> float:
+        """The highest bin's count (0 when nothing is drawn): the y axis must reach it."""
+        heights = [float(max(bars.opts["height"], default=0)) for bars in (self._bars, self._over)]
+        return max(heights)

@@ -4,7 +4,8 @@ import json
 import shutil
 
 from backend.config import RunConfig
-from backend.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
+from backend.run_index import RunIndex
+from backend.runs import CHECKPOINT_MARKER, RunFolder
 
 
 def finish(folder: RunFolder, loss: float, job: str = "finetune") -> None:
@@ -49,3 +50,37 @@ def test_the_method_column_names_an_objective_beyond_sft(studio_home):
     index = RunIndex()
     assert {s.name: s.method for s in index.sync()} == {"plain": "lora", "pref": "dora dpo"}
     index.close()
+
+
+def test_a_new_session_reads_only_the_runs_that_changed(studio_home, monkeypatch):
+    a = RunFolder.create(RunConfig(name="a"))
+    b = RunFolder.create(RunConfig(name="b"))
+    finish(a, 1.5)
+    first = RunIndex()
+    assert {s.name for s in first.sync()} == {"a", "b"}
+    first.close()
+    read = []
+    real = RunFolder.summary
+    monkeypatch.setattr(RunFolder, "summary", lambda self: read.append(self.run_id) or real(self))
+    second = RunIndex()  # the next time the studio opens: the rows and their stamps are in the file
+    assert {s.name: s.status for s in second.sync()} == {"a": "finished", "b": "incomplete"} and read == []
+    finish(b, 0.7)
+    assert {s.name: s.status for s in second.sync()} == {"a": "finished", "b": "finished"}
+    assert read == [b.run_id]  # only the run whose events changed
+    second.close()
+    RunIndex().delete(a.run_id)
+    third = RunIndex()
+    assert [s.name for s in third.sync()] == ["b"] and read == [b.run_id]
+    third.close()
+
+
+def test_the_summary_status_matches_status_through_a_resume_and_an_export(studio_home):
+    folder = RunFolder.create(RunConfig(name="r"))
+    folder.append_event({"type": "JobStarted", "job": "finetune", "run_dir": str(folder.path)})
+    folder.append_event({"type": "JobFailed", "kind": "crash", "message": "boom"})
+    assert folder.summary().status == folder.status() == "failed" and folder.summary().reason == "boom"
+    folder.append_event({"type": "JobStarted", "job": "finetune", "run_dir": str(folder.path)})  # a resume
+    assert folder.summary().status == folder.status() == "incomplete" and folder.summary().reason == ""
+    finish(folder, 1.0)
+    finish(folder, 5.0, job="export")
+    assert folder.summary().status == folder.status() == "finished"

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 from backend.config import RunConfig
-from backend.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
+from backend.run_index import RunIndex
+from backend.runs import CHECKPOINT_MARKER, RunFolder
 from backend.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 

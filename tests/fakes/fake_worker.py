@@ -48,6 +48,7 @@ from backend.protocol import (  # noqa: E402 (after the sys.path line, so the sc
     MemorySample,
     MetricsLogged,
     PhaseChanged,
+    StartJob,
     StopAnswer,
     StopJob,
     TelemetrySampled,
@@ -153,6 +154,11 @@ class FakeWorker:
 
             return run_objective(self, start)
         first, resumed = self.resume_point() if start.resume else (0, None)
+        code = self.finetune(start, first, resumed)
+        time.sleep(self.args.linger)  # a real worker takes a while to exit after its last event
+        return code
+
+    def finetune(self, start: StartJob, first: int, resumed: str | None) -> int:
         if self.scenario == "stream":
             train = start.config.get("train", {})
             rank = start.config.get("technique", {}).get("lora_rank", 8)
@@ -271,6 +277,7 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=500, help="stream: steps between evaluations")
     parser.add_argument("--save-every", type=int, default=1000, help="stream: steps between checkpoints")
     parser.add_argument("--cuda", action="store_true", help="report a simulated CUDA device in WorkerReady")
+    parser.add_argument("--linger", type=float, default=0.0, help="finetune: seconds alive after the last event")
     return FakeWorker(parser.parse_args()).run()
 
 

@@ -79,6 +79,18 @@ def test_histogram_marks_seq_len_and_the_share_truncated(qtbot, make_studio, tmp
     assert answer and f"longest answer {answer:,} tokens" in page.truncated_label.text()
 
 
+def test_histogram_y_axis_fits_the_counts_without_a_double_click(qtbot, make_studio, tmp_path):
+    studio = make_studio()
+    page = studio.pages["data"]
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps({"instruction": "Say hi", "input": "", "output": "hi"}) + "\n"
+                            for _ in range(30)))
+    page.choose(str(path))
+    page.histogram.flush()
+    y_low, y_high = page.histogram.getPlotItem().getViewBox().viewRange()[1]
+    assert page.histogram.tallest_bar() == 30 and y_low == 0 and 30 <= y_high <= 36
+
+
 def test_split_spin_box_sets_the_validation_split(qtbot, make_studio):
     studio = make_studio()
     page = studio.pages["data"]

@@ -42,6 +42,8 @@ def test_export_runs_shows_progress_and_the_passing_report(qtbot, make_studio):
     assert "verified" in page.status_label.text()
     rows = page.report.rows()
     assert [r[0] for r in rows] == ["logits", "tokenizer"] and rows[0][1:4] == ("0.0031", "0.01", "pass")
+    what = page.report.table.item(0, 4)
+    assert what.text() and what.toolTip() == what.text()  # "What it measures" reads whole on hover
     assert "passed every check" in page.report.verdict.text()
     assert RunFolder(folder.path).status() == "finished"  # the export does not change the run's status
     opened = []

@@ -117,3 +117,20 @@ def test_yaml_scalar_writes_reward_dicts_that_parse_back():
     from backend.config_help import fields_epilog
 
     assert "grpo.rewards  (list of RewardSpec, default [{kind: exact_match}])" in fields_epilog(100)
+
+
+def test_packing_and_the_speed_shortcuts_are_off_with_the_reason_for_every_trl_objective(qtbot, make_studio):
+    from studio.widgets.field_editors import description
+
+    studio = make_studio()
+    page = studio.pages["techniques"]
+    for objective in ("dpo", "kto", "grpo"):
+        studio.config.set("technique.objective", objective)
+        for key in ("technique.packing", "technique.shortcuts"):
+            editor = page.editor(key)
+            assert not editor.isEnabled(), (objective, key)
+            assert f"Not used by {objective.upper()}" in editor.toolTip() == page.labels[key].toolTip()
+    studio.config.set("technique.objective", "sft")
+    packing = page.editor("technique.packing")
+    assert packing.isEnabled() and packing.toolTip() == description("technique.packing")
+    assert page.editor("technique.shortcuts").isEnabled()

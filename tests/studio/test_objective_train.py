@@ -73,3 +73,39 @@ def test_the_store_keeps_extra_metrics_by_name_and_history_for_a_resume(qtbot):
                         {"type": "CompletionScored", "step": 2, "prompt": "p", "completion": "c", "reward": 0.0}],
                        up_to_step=5)
     assert store.kind() == "preference" and store.count("rewards/margins") == 1 and len(store.completions) == 1
+
+
+def test_after_a_grpo_run_in_a_small_window_no_chart_is_squashed_and_no_legend_covers_a_curve(qtbot, make_studio):
+    from PySide6.QtWidgets import QApplication
+
+    from studio.pages.train_page import CHART_MIN_HEIGHT
+
+    studio = make_studio(fake_command("objectives", 0.005))
+    studio.window.resize(1024, 700)
+    studio.config.set("grpo.rewards", [{"kind": "exact_match", "column": "answer"},
+                                       {"kind": "length", "target": 3, "weight": 0.5}])
+    _run(qtbot, studio, "grpo")
+    page = studio.train_page
+    page.show_objective()
+    functions = page.objective_charts.grpo["functions"]
+    for chart in page.charts():
+        chart.flush()
+    for _ in range(3):  # the legends shown, then the layouts they ask for
+        QApplication.processEvents()
+    assert functions.getPlotItem().legend is None  # no legend drawn on the plot
+    assert "exact_match" in functions.legend and "length" in functions.legend
+    assert functions.legend.count("spread") == 1  # the dashed spreads share one entry
+    legend_label = functions.parentWidget().layout().itemAt(1).widget()
+    assert legend_label.isVisibleTo(page) and not legend_label.geometry().intersects(functions.geometry())
+    shown = [c for c in page.charts() if c.isVisibleTo(page)]
+    assert page.gpu_panel.memory_chart in shown
+    assert all(chart.height() >= CHART_MIN_HEIGHT for chart in shown), [c.height() for c in shown]
+
+
+def test_a_completions_line_breaks_stay_visible_in_its_row():
+    from studio.widgets.completion_list_widget import NEWLINE, completion_text
+
+    event = CompletionScored(step=2, prompt="Yes or no?", completion="tes S\nno", rewards={"regex": 0.0}, reward=0.0)
+    assert completion_text(event).endswith(f": tes S {NEWLINE} no")
+    spaced = CompletionScored(step=2, prompt="p", completion="a   b\n\n c ", rewards={}, reward=1.0)
+    assert completion_text(spaced).endswith(f": a b {NEWLINE}  {NEWLINE} c")

@@ -49,3 +49,17 @@ def test_using_a_preset_replaces_the_draft_and_offers_the_download(qtbot, make_s
 def test_hub_paths_name_the_download_folder(studio_home):
     assert resolve_resource("hub:Qwen/Qwen2.5-0.5B") == hub_folder("Qwen/Qwen2.5-0.5B")
     assert hub_folder("Qwen/Qwen2.5-0.5B") == studio_home / "models" / "Qwen--Qwen2.5-0.5B"
+
+
+def test_the_list_first_shows_the_preset_the_draft_was_loaded_from(qtbot, make_studio):
+    from backend.paths import resources_dir
+
+    studio = make_studio()
+    picker = studio.pages["model"].presets
+    assert studio.config.source is not None and studio.config.source.name == "tiny_lora.yaml"
+    assert picker.selected().path == studio.config.source  # not the first preset in the list's order
+    assert picker.list.itemData(0) != str(studio.config.source)  # (which is another one)
+    picker.set_card_memory(int(23.6 * GIB))  # the loaded one fits a 24 GB card: it stays shown
+    assert picker.selected().path == studio.config.source
+    studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_kto.yaml")
+    assert picker.selected().path.name == "tiny_kto.yaml"

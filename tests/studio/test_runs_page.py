@@ -110,7 +110,7 @@ def test_a_failed_run_says_why_and_its_config_opens(qtbot, make_studio):
 def test_an_older_runs_index_is_rebuilt_with_the_reasons(qtbot, studio_home):
     import sqlite3
 
-    from backend.runs import RunIndex
+    from backend.run_index import RunIndex
 
     studio_home.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(studio_home / "runs.sqlite")
@@ -152,3 +152,31 @@ def test_a_multiple_selection_survives_a_refresh(qtbot, make_studio):
     page.refresh()  # as when the page is shown again
     assert {s.run_id for s in page.selected()} == {a.run_id, b.run_id}
     assert page.overlay.curve_count() == 2
+
+
+def test_two_sft_runs_compare_every_metric_they_logged_by_name(qtbot, make_studio):
+    folders = []
+    for name in ("alpha", "beta"):
+        folder = RunFolder.create(RunConfig.from_dict({"name": name}))
+        folder.append_event({"type": "JobStarted", "job": "finetune", "run_dir": str(folder.path), "max_steps": 2})
+        for step in (1, 2):
+            folder.append_event({"type": "MetricsLogged", "step": step, "max_steps": 2, "loss": 2.0 / step,
+                                 "learning_rate": 1e-3, "grad_norm": 0.5, "tokens_per_s": 900.0,
+                                 "extra": {"clip_ratio/low_mean": 0.1}})
+        folder.append_event({"type": "EvalFinished", "step": 2, "eval_loss": 1.1})
+        folder.append_event({"type": "JobFinished", "run_dir": str(folder.path), "steps": 2, "final_loss": 1.0})
+        folder.append_event({"type": "JobStarted", "job": "export", "run_dir": str(folder.path), "max_steps": 6})
+        folder.append_event({"type": "MetricsLogged", "step": 3, "max_steps": 6})  # an export's progress
+        folders.append(folder)
+    studio = make_studio()
+    page = studio.pages["runs"]
+    studio.window.show_page("runs")
+    page.select_runs([f.run_id for f in folders])
+    titles = [page.metric_combo.itemText(i) for i in range(page.metric_combo.count())]
+    assert page.metric_combo.isEnabled()
+    assert titles == ["Training loss", "Evaluation loss", "Learning rate", "Gradient norm", "Useful tokens/s",
+                      "Clipped share (low mean)"]
+    page.set_metric("eval_loss")
+    assert page.overlay.curve_count() == 2
+    page.set_metric("loss")
+    assert page.run_metrics.series(str(folders[0].path), "loss") == ([1.0, 2.0], [2.0, 1.0])  # not the export's

@@ -39,3 +39,49 @@ def test_techniques_form_is_one_column_when_narrow_and_two_when_wide(qtbot, make
     assert layout_checks.page_problems(page) == []
     method, memory = page.editor("technique.method"), page.editor("technique.offload")
     assert method.mapTo(page, method.rect().topLeft()).x() < memory.mapTo(page, memory.rect().topLeft()).x()
+
+
+def test_the_window_opens_inside_a_small_screens_available_area(qtbot):
+    from PySide6.QtCore import QRect
+
+    from studio.main_window import MainWindow, fitted_geometry
+
+    small = QRect(0, 0, 1024, 700)
+    fitted = fitted_geometry(QRect(0, 0, 1280, 800), small, frame_height=24)
+    assert small.contains(fitted.adjusted(0, -24, 0, 0)) and fitted.width() == 1024 and fitted.height() == 676
+    moved = fitted_geometry(QRect(900, 500, 800, 600), QRect(0, 0, 1600, 1000))  # a layout saved further right
+    assert moved == QRect(800, 400, 800, 600)
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.fit_to_screen()  # the offscreen screen is 800x800: smaller than the default 1280x800
+    assert window.screen().availableGeometry().contains(window.geometry())
+
+
+def test_at_1280x800_the_kto_form_fits_and_the_grpo_form_keeps_two_columns(qtbot, make_studio):
+    from backend.paths import resources_dir
+
+    studio = make_studio(sampler=FakeSampler())
+    for preset in ("tiny_kto", "tiny_grpo"):
+        studio.pages["model"].use_preset(resources_dir() / "presets" / f"{preset}.yaml")
+        page = _show(qtbot, studio, "techniques", (1280, 800))
+        scroll = page.form.parentWidget().parentWidget()
+        assert page.form.column_count == 2, preset  # GRPO's wide rewards editor went under its label
+        assert layout_checks.page_problems(page) == []
+        if preset == "tiny_kto":
+            assert scroll.verticalScrollBar().maximum() == 0  # KTO's three rows no longer make it scroll
+        else:  # the boxes free to move went to the shorter, right column
+            more = page.labels["technique.liger_kernel"]
+            objective = page.editor("technique.objective")
+            assert more.mapTo(page, more.rect().topLeft()).x() > objective.mapTo(page, objective.rect().topLeft()).x()
+
+
+def test_the_estimates_notes_never_draw_over_its_parts_table_once_resized(qtbot, make_studio):
+    from backend.paths import resources_dir
+
+    studio = make_studio(sampler=FakeSampler())
+    studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_kto.yaml")  # the longest notes
+    _show(qtbot, studio, "techniques", (1600, 1000))
+    for size in ((1024, 700), (1024, 600)):
+        breakdown = _show(qtbot, studio, "techniques", size).breakdown
+        assert breakdown.notes_label.text()
+        assert not breakdown.notes_label.geometry().intersects(breakdown.table.geometry()), size

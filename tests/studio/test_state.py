@@ -109,3 +109,28 @@ def test_window_defaults_and_tooltips(qtbot):
     assert window.stop_action.shortcut().toString() == "Ctrl+."
     assert window.log_view.maximumBlockCount() > 0
     studio.monitor.stop()
+
+
+def test_file_open_config_loads_a_yaml_and_says_what_is_wrong_in_one_line(qtbot, make_studio, tmp_path):
+    from backend.config import RunConfig
+
+    studio = make_studio()
+    window = studio.window
+    good = tmp_path / "mine.yaml"
+    RunConfig.from_dict({"name": "from-a-file", "technique": {"lora_rank": 4}}).save(good)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("technique:\n  lora_rank: -3\n")
+    assert window.open_config_action in window.menuBar().actions()[0].menu().actions()
+    window.ask_config_path = lambda: str(good)
+    window.open_config_action.trigger()
+    assert studio.config.get("name") == "from-a-file" and studio.config.get("technique.lora_rank") == 4
+    assert studio.config.source == good
+    window.ask_config_path = lambda: str(bad)
+    window.open_config_action.trigger()
+    message = window.statusBar().currentMessage()
+    assert message.startswith("Cannot open the config:") and "line 2" in message and "technique.lora_rank" in message
+    assert "\n" not in message and message in window.log_text()
+    assert studio.config.get("technique.lora_rank") == 4  # the draft stays as it was
+    window.ask_config_path = lambda: ""  # the dialog cancelled: nothing happens
+    window.open_config_action.trigger()
+    assert studio.config.get("name") == "from-a-file"

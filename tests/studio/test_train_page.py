@@ -60,6 +60,7 @@ def test_stop_and_save_then_resume_from_the_checkpoint(qtbot, make_studio):
     checkpoint = folder.latest_checkpoint()
     assert studio.state.status == "stopped" and checkpoint is not None
     assert page.resume_button.isEnabled() and checkpoint.name in window.resume_action.toolTip()
+    assert f"{studio.config.get('name')} · lora · 20" in window.resume_action.toolTip()  # named as on the Runs page
     stopped_at = studio.store.step
     page.resume_button.click()
     assert studio.client.is_running()
@@ -84,3 +85,39 @@ def test_shortcuts_drive_the_run(qtbot, make_studio):
     window.stop_action.trigger()
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=WAIT_MS)
     assert studio.state.status == "stopped"
+
+
+def test_before_any_run_the_bar_does_not_read_step_0_of_1(make_studio):
+    page = make_studio().train_page
+    assert page.progress.text() == "no run yet" and "step" not in page.progress.text()
+
+
+def test_stop_is_off_once_the_run_ended_while_the_worker_is_still_exiting(qtbot, make_studio):
+    studio = make_studio(fake_command("normal", None, "--linger", "3"))
+    page = studio.train_page
+    page.start_button.click()
+    qtbot.waitUntil(lambda: studio.client.is_running() and page.stop_button.isEnabled(), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: studio.state.status == "finished", timeout=WAIT_MS)
+    assert studio.client.is_running()  # the worker lingers on: nothing left to stop
+    assert not page.stop_button.isEnabled() and not studio.window.cancel_action.isEnabled()
+    assert not page.start_button.isEnabled()  # Start waits for the worker to exit
+    qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=WAIT_MS)
+    assert not page.stop_button.isEnabled()
+
+
+def test_another_preset_clears_the_last_runs_charts_plan_and_resume_target(qtbot, make_studio):
+    from backend.paths import resources_dir
+
+    studio = make_studio(fake_command("normal"))
+    window, page = studio.window, studio.train_page
+    page.start_button.click()
+    qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=WAIT_MS)
+    page.chart.flush()
+    assert page.chart.point_count() == 10 and page.plan_label.text()
+    assert window.resume_action.text().startswith("Train ") and window.resume_action.isEnabled()
+    studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_dpo.yaml")
+    page.chart.flush()
+    assert page.chart.point_count() == 0 and not page.plan_label.isVisibleTo(page) and page.plan_label.text() == ""
+    assert window.resume_action.text() == "Resume" and not window.resume_action.isEnabled()
+    assert page.progress.text() == "no run yet" and studio.state.status == "idle"
+    assert studio.controller.folder is None and "Finished" not in page.status_label.text()
