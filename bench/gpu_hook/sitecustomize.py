@@ -5,7 +5,8 @@ sitecustomize at start-up in every process, and this one acts only when its vari
 
 - GPU_CHECK_MEMORY_CAP_BYTES=N: once torch is imported, torch.cuda.set_per_process_memory_fraction
   caps this process's allocator at N bytes minus what the CUDA context already holds (a card of N
-  bytes holds both), so that a run "fits a 24 GB card" is tried on a larger one.
+  bytes holds both; GPU_CHECK_CONTEXT_BYTES gives that context when other processes share the
+  card), so that a run "fits a 24 GB card" is tried on a larger one.
 - GPU_CHECK_PROFILE=START:COUNT:FILE: every transformers Trainer profiles the optimizer steps after
   START for COUNT steps with torch.profiler and writes the top kernels by device time to FILE.
 - GPU_CHECK_HOOK_LOG=FILE: one JSON line per thing done (or not done, and why), for the check's report.
@@ -60,7 +61,9 @@ def cap_memory(torch) -> None:
         log(hook="memory_cap", applied=False, cap_bytes=cap, why="no CUDA device")
         return
     free, total = torch.cuda.mem_get_info()  # initialises CUDA: the context is counted in `total - free`
-    context = total - free - torch.cuda.memory_reserved()
+    # Measured here when this process is alone on the card; the check measures it once up front
+    # (GPU_CHECK_CONTEXT_BYTES) because its capped runs share the card with other work.
+    context = int(os.environ.get("GPU_CHECK_CONTEXT_BYTES") or (total - free - torch.cuda.memory_reserved()))
     fraction = max(0.0, min(1.0, (cap - context) / total))
     torch.cuda.set_per_process_memory_fraction(fraction)
     log(hook="memory_cap", applied=True, cap_bytes=cap, context_bytes=context, total_bytes=total, fraction=fraction)
