@@ -21,7 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import hub_kernels_off  # noqa: E402,F401  (before transformers)
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # before transformers
 
 CONFIGS = ROOT / "tests/fixtures/model_configs"
 TINY = ROOT / "resources/tiny"

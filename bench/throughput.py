@@ -45,7 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-import hub_kernels_off  # noqa: E402,F401  (Hub kernels off, before transformers; the worker inherits it)
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # before transformers; the worker and the baseline inherit it
 
 if "--toggle" in sys.argv:  # in this process, as in the worker: set before torch loads OpenMP
     from backend.cpu_features import RUNTIME_ENV

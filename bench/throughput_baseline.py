@@ -2,7 +2,7 @@
 
 A user's plain script: the same model, data, LoRA settings, batch, sequence length and
 checkpointing as the studio's run, SDPA attention, bf16 on CUDA, the Trainer's defaults otherwise,
-Hub kernels off (bench/hub_kernels_off.py). Prints one `RESULT {json}` line: useful tokens/s over
+Hub kernels off (bench/hub_kernels.py). Prints one `RESULT {json}` line: useful tokens/s over
 all steps and over the steps after `warmup` (each step's useful tokens and end time are recorded),
 the losses, and on CUDA the peaks of torch's allocated and reserved memory.
 
@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hub_kernels_off  # noqa: E402  (before transformers)
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # before transformers
 
 
 def rows_of(path: str) -> list[dict]:
@@ -62,7 +64,7 @@ def main(cfg: dict) -> dict:
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16 if cuda else torch.float32), "device_map": {"": 0 if cuda else "cpu"}}
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32,
-                                                 attn_implementation="sdpa", **quant, **hub_kernels_off.load_kwargs())
+                                                 attn_implementation="sdpa", **quant, **hub_kernels.load_kwargs())
     checkpointing = bool(cfg.get("checkpointing"))
     if quant:
         from peft import prepare_model_for_kbit_training

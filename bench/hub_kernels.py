@@ -1,9 +1,11 @@
-"""Hub kernels off for every bench that loads a model: import this before transformers.
+"""Hub kernels off for every bench that loads a model: switch_off() before transformers is imported.
 
 transformers 5.25 turns Hub kernels on by default (from_pretrained's use_kernels=None becomes True
 unless USE_HUB_KERNELS says no) and then fetches compiled kernels for the device, which an offline
-machine cannot and a benchmark must not. The environment switches are set here, before transformers
-or the kernels package is imported (both read them then), and LOAD_KWARGS is passed to from_pretrained.
+machine cannot and a benchmark must not. The environment switches are read by transformers and the
+kernels package when they are imported; a worker or baseline process started afterwards inherits
+them. load_kwargs() is passed to from_pretrained as well. Importing this module changes nothing
+(the test suite imports some benches), so each script calls switch_off() where it starts.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import os
 ENV = {"USE_HUB_KERNELS": "0", "DISABLE_KERNEL_MAPPING": "1"}
 """transformers' switch (integrations/hub_kernels.py) and the kernels package's own (layer/globals.py)."""
 
-os.environ.update(ENV)
+
+def switch_off() -> None:
+    os.environ.update(ENV)
 
 
 def load_kwargs() -> dict:
