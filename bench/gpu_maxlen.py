@@ -33,6 +33,12 @@ def card_argument(help_text: str) -> str | None:
     return f"{found.group(1)} {{gib}}" if found else None
 
 
+def capped(hook_log: Path) -> dict:
+    """What the worker's hook did about the cap (bench/gpu_hook/sitecustomize.py), {} if nothing."""
+    lines = hook_log.read_text().splitlines() if hook_log.is_file() else []
+    return next((e for e in map(json.loads, reversed(lines)) if e.get("hook") == "memory_cap"), {})
+
+
 def cli(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "studio", *argv], cwd=ROOT, capture_output=True, text=True)
 
@@ -78,8 +84,11 @@ def main() -> int:
         _, err = job.communicate()
         run = json.loads((out / f"maxlen_{gib}gib.json").read_text()) if (out / f"maxlen_{gib}gib.json").is_file() else {}
         peak = (run.get("steady") or {}).get("cuda_max_reserved_bytes")
+        cap = capped(out / f"maxlen_{gib}gib_hook.log")
+        # within: the capped run trained to its end (an allocation past the cap is an out-of-memory error)
+        within = None if not cap.get("applied") else bool(run.get("ok")) and (peak or 0) <= gib * 2**30
         result["cards"].append({"gib": gib, "max_seq_len": length, "trained": bool(run.get("ok")),
-                                "max_reserved_bytes": peak, "within": bool(run.get("ok")) and (peak or 0) <= gib * 2**30,
+                                "max_reserved_bytes": peak, "within": within, "cap": cap,
                                 "error": None if run.get("ok") else (run.get("train_tail") or err)[-300:]})
     (out / "maxlen.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -78,6 +78,12 @@ def export_row(name: str, report: dict, step: dict) -> str:
             f"{timings.get('reference')} + {timings.get('check')} s |")
 
 
+def within(card: dict) -> str:
+    if card.get("within") is None:
+        return f"not capped: {(card.get('cap') or {}).get('why', 'the hook did not run')}"
+    return "within the cap" if card["within"] else "NOT within the cap"
+
+
 def main(out: Path) -> str:
     env, steps = read(out / "env.json"), steps_line(out)
     rows = ["| what | result | | | | |", "|---|---|---|---|---|---|"]
@@ -107,7 +113,7 @@ def main(out: Path) -> str:
         rows.append(f"| longest row (optional) | skipped: {maxlen.get('skipped', 'did not run')} | | | | |")
     for card in maxlen.get("cards", []):
         rows.append(f"| longest row, {card['gib']} GiB cap | seq_len {card.get('max_seq_len')} | "
-                    f"{'within' if card.get('within') else 'NOT within'} | max reserved {gib(card.get('max_reserved_bytes'))} "
+                    f"{within(card)} | max reserved {gib(card.get('max_reserved_bytes'))} "
                     f"| {card.get('error') or ''} | |")
     wall = steps.pop("wall", {}).get("seconds")
     rows.append("| steps | " + ", ".join(f"{k} {v.get('seconds')}/{v.get('limit')} s (rc {v.get('rc')})"

@@ -149,3 +149,20 @@ def test_benches_switch_hub_kernels_off_before_transformers_loads():
     env = {k: v for k, v in os.environ.items() if k not in ("USE_HUB_KERNELS", "DISABLE_KERNEL_MAPPING")}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["None", "0", "1", "{'use_kernels':", "False}"]
+
+
+def test_a_capped_run_is_judged_only_where_the_cap_was_applied(tmp_path):
+    from gpu_maxlen import capped
+    from gpu_summary import main
+
+    log = tmp_path / "hook.log"
+    log.write_text(json.dumps({"hook": "imported"}) + "\n" + json.dumps(
+        {"hook": "memory_cap", "applied": False, "why": "no CUDA device"}) + "\n")
+    assert capped(log) == {"hook": "memory_cap", "applied": False, "why": "no CUDA device"}
+    assert capped(tmp_path / "missing.log") == {}
+    cards = [{"gib": 24, "max_seq_len": 96, "within": None, "cap": capped(log)},
+             {"gib": 80, "max_seq_len": 4096, "within": False, "cap": {"applied": True}, "error": "out of memory"}]
+    (tmp_path / "maxlen.json").write_text(json.dumps({"cards": cards}))
+    table = main(tmp_path)
+    assert "| longest row, 24 GiB cap | seq_len 96 | not capped: no CUDA device |" in table
+    assert "| longest row, 80 GiB cap | seq_len 4096 | NOT within the cap |" in table
