@@ -42,7 +42,7 @@ def preset_row(name: str, data: dict) -> str:
     return (f"| {name} | predicted {gib(predicted)} | max allocated {gib(steady.get('cuda_max_allocated_bytes'))} "
             f"({times(data.get('measured_allocated_over_predicted'))}) | max reserved "
             f"{gib(steady.get('cuda_max_reserved_bytes'))} ({times(data.get('measured_reserved_over_predicted'))}) | "
-            f"{steady.get('tokens_per_s', 0):,.0f} useful tok/s over steps {steady.get('from_step')}-{steady.get('to_step')}"
+            f"{steady.get('tokens_per_s', 0):,.0f} useful tok/s over steps {(steady.get('from_step') or 0) + 1}-{steady.get('to_step')}"
             f" | MFU {f'{mfu:.1%}' if mfu else 'n/a'} |")
 
 

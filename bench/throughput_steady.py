@@ -38,8 +38,8 @@ def steady_compare(preset: Path, common: list[str], params: dict, warmup: int, s
         base = run_baseline(params)
         rows.append({"studio": studio, "baseline": base, "studio_run": str(folder)})
         print(f"round {round_ + 1}: studio {studio['tokens_per_s']:,.0f} useful tok/s at steady state "
-              f"(steps {studio['from_step']}-{studio['to_step']}), baseline {base['steady_tokens_per_s']:,.0f} "
-              f"(steps {base['warmup']}-{base['steps']}); studio MFU {studio['mfu'] or 0:.1%}  "
+              f"(steps {studio['from_step'] + 1}-{studio['to_step']}), baseline {base['steady_tokens_per_s']:,.0f} "
+              f"(steps {base['warmup'] + 1}-{base['steps']}); studio MFU {studio['mfu'] or 0:.1%}  "
               f"[{time.monotonic() - t0:.0f}s]", flush=True)
     studio_tps = statistics.median(r["studio"]["tokens_per_s"] for r in rows)
     base_tps = statistics.median(r["baseline"]["steady_tokens_per_s"] for r in rows)

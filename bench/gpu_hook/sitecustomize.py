@@ -96,7 +96,7 @@ def profile_trainers(trainer_module) -> None:
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 self.profiler.__exit__(None, None, None)
-                key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+                key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
                 table = self.profiler.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
                 with open(path, "w", encoding="utf-8") as handle:
                     handle.write(f"steps {int(start) + 1}-{int(start) + int(count)}, sorted by {key}\n{table}\n")

@@ -126,7 +126,7 @@ def test_the_summary_says_what_did_not_run_and_invents_nothing(tmp_path):
                                                              "from_step": 2, "to_step": 22}}))
     table = main(tmp_path)
     assert "| Llama-3.2-1B LoRA (12 GB preset) | predicted 10.00 GiB | max allocated 9.00 GiB (0.90x)" in table
-    assert "1,234 useful tok/s over steps 2-22 | MFU 30.0%" in table
+    assert "1,234 useful tok/s over steps 3-22 | MFU 30.0%" in table
     assert "| Llama-3.1-8B QLoRA (16 GB preset) | did not run |" in table
     assert "| steady QLoRA 8B | did not run |" in table and "| export gguf | did not finish" in table
     assert table.splitlines()[1].startswith("|---")
