@@ -1,7 +1,7 @@
 """The longest row a card can train, checked by capping the worker (optional step of bench/gpu_check.sh).
 
-Asks `finetune-studio estimate PRESET --max-seq-len --json` (key "max_seq_len") for each card size,
-then trains the preset at that length with the worker's CUDA allocator capped to the card
+Asks `finetune-studio estimate PRESET --max-seq-len --json --worst-case` (key "max_seq_len"; every
+position a target, as in the rows it then trains on) for each card size, then trains the preset at that length with the worker's CUDA allocator capped to the card
 (bench/gpu_hook: set_per_process_memory_fraction, the CUDA context taken off) and says whether the
 run stayed within it. Where the installed CLI has no --max-seq-len, or no way to name the card size,
 it says so and writes {"skipped": why}: the step is optional. GPU_CHECK_CARD_ARG (e.g. "--card-gib {gib}")
@@ -64,7 +64,7 @@ def main() -> int:
     for gib in ([] if "skipped" in result else [int(g) for g in args.cards_gib.split(",")]):
         sets = [f"model.path={args.model}", *args.set]
         done = cli("estimate", args.preset, *[a for s in sets for a in ("--set", s)], "--max-seq-len", "--json",
-                   *template.format(gib=gib).split())
+                   "--worst-case", *template.format(gib=gib).split())
         try:
             length = int(json.loads(done.stdout)["max_seq_len"])
         except (ValueError, KeyError, TypeError):
