@@ -70,8 +70,10 @@ def travelling_tree() -> int:
 def main() -> int:
     OUT.mkdir(exist_ok=True)
     wanted = [pinned(p) for p in PACKAGES]
-    for old in OUT.glob("*.whl"):  # one version of each: two stop the whole install there
-        if not any(old.name.lower().startswith(w.split("==")[0].replace("-", "_").lower() + "-") for w in wanted):
+    versions = {w.split("==")[0].replace("-", "_").lower(): (w.split("==") + [None])[1] for w in wanted}
+    for old in OUT.glob("*.whl"):  # one version of each (two stop the whole install there), nothing unwanted
+        name, version = old.name.split("-")[:2]
+        if name.lower() not in versions or versions[name.lower()] not in (None, version):
             old.unlink()
     command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
                "3.12", "--implementation", "cp", "-d", str(OUT)]
