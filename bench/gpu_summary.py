@@ -105,8 +105,10 @@ def main(out: Path) -> str:
         profile = out / f"{name}_profile.txt"
         mfu = ((read(out / f"{name}.json").get("steady") or {}).get("mfu"))
         if profile.is_file() and mfu is not None and mfu < 0.25:
-            top = [line[:70].strip() for line in profile.read_text().splitlines()[4:7] if line.strip()]
-            rows.append(f"| profile {name} (MFU {mfu:.1%} < 25%): top 3 by self device time | "
+            lines = profile.read_text().splitlines()
+            top = [line[:70].strip() for line in lines[4:7] if line.strip()]
+            key = lines[0].split("sorted by ")[-1] if lines else "?"
+            rows.append(f"| profile {name} (MFU {mfu:.1%} < 25%): top 3 by {key} | "
                         + " | ".join(short(t, 60) for t in top[:3]) + f" | {profile.name} in the outputs | |")
     maxlen = read(out / "maxlen.json")
     if maxlen.get("skipped") or not maxlen:
