@@ -112,6 +112,7 @@ wait
 # 6. the table
 echo "== summary ($(( $(date +%s) - T0 )) s in all)"
 printf '{"step": "wall", "seconds": %d}\n' $(( $(date +%s) - T0 )) >>"$OUT/steps.jsonl"
+"$PY" bench/gpu_summary.py "$OUT" --profiles
 "$PY" bench/gpu_summary.py "$OUT" | tee "$OUT/summary.md"
 if [ -n "$BACK" ]; then
   cp "$OUT/summary.md" "$BACK/" && tar czf "$BACK/gpu_check_outputs.tgz" -C "$OUT" .

@@ -2,7 +2,8 @@
 
 A step that did not run or failed shows as such: the table never fills a gap with a figure.
 
-    python bench/gpu_summary.py OUT_DIR
+    python bench/gpu_summary.py OUT_DIR               # the table
+    python bench/gpu_summary.py OUT_DIR --profiles    # the top kernels where MFU is under 25%
 """
 
 from __future__ import annotations
@@ -123,5 +124,17 @@ def main(out: Path) -> str:
     return "\n".join(rows)
 
 
+def profiles(out: Path, rows: int = 10) -> str:
+    """The top kernels of each preset run whose steady-state MFU is under 25%, printed before the table."""
+    parts = []
+    for name in ("lora_1b", "qlora_8b"):
+        mfu = (read(out / f"{name}.json").get("steady") or {}).get("mfu")
+        profile = out / f"{name}_profile.txt"
+        if profile.is_file() and mfu is not None and mfu < 0.25:
+            parts.append(f"== {name}: MFU {mfu:.1%} at steady state; torch.profiler, "
+                         + "\n".join(profile.read_text().splitlines()[:rows + 4]))
+    return "\n".join(parts)
+
+
 if __name__ == "__main__":
-    print(main(Path(sys.argv[1])))
+    print(profiles(Path(sys.argv[1])) if sys.argv[2:] == ["--profiles"] else main(Path(sys.argv[1])))

@@ -166,3 +166,15 @@ def test_a_capped_run_is_judged_only_where_the_cap_was_applied(tmp_path):
     table = main(tmp_path)
     assert "| longest row, 24 GiB cap | seq_len 96 | not capped: no CUDA device |" in table
     assert "| longest row, 80 GiB cap | seq_len 4096 | NOT within the cap |" in table
+
+
+def test_the_top_kernels_are_printed_only_where_mfu_is_under_a_quarter(tmp_path):
+    from gpu_summary import profiles
+
+    table = "steps 23-24, sorted by self_device_time_total\n---\nName\n---\n" + "\n".join(f"kernel_{i}" for i in range(30))
+    for name, mfu in (("lora_1b", 0.31), ("qlora_8b", 0.12)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"steady": {"mfu": mfu}}))
+        (tmp_path / f"{name}_profile.txt").write_text(table)
+    printed = profiles(tmp_path)
+    assert "qlora_8b: MFU 12.0%" in printed and "lora_1b" not in printed
+    assert "kernel_5" in printed and "kernel_20" not in printed  # the top rows only
