@@ -27,10 +27,13 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # before transformers
+import torch  # noqa: E402
 
 from backend.training.data import IGNORE, encode_conversation  # noqa: E402
 from backend.training.records import read_records, to_conversation  # noqa: E402
@@ -137,7 +140,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     began = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, **hub_kernels.load_kwargs()).to(args.device)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     eval_records = read_records(args.eval)
     rows = load_examples(tokenizer, args.train, args.seq_len)

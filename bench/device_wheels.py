@@ -1,14 +1,16 @@
-"""Fill .whl/ with the wheels the lent GPU machine lacks, for bench/device_check.sh.
+"""Fill .whl/ with the wheels the lent GPU machine lacks, for bench/gpu_check.sh.
 
-That machine has no network and its own Python 3.12 with CUDA torch, transformers, peft and
-accelerate, but not pydantic, datasets, bitsandbytes, gguf or liger-kernel (the device notes list
-its packages). A call carries at most 64 MiB with the working tree (~25 MB), and bitsandbytes'
-wheel alone is 43 MB: one CUDA library per CUDA release and ROCm build. So its wheel is rewritten
-keeping the CPU library and the CUDA 13 ones (the machine's torch is built for CUDA 13.0), which
-brings the set to ~27 MB. Versions are this checkout's environment's, so the GPU run tests the
-same code paths as CI (transformers is carried too: the machine's 5.17 predates what CI runs).
+That machine has no network and its own Python 3.12 with CUDA torch 2.11, transformers 5.17,
+huggingface_hub 1.33, peft and accelerate, but not pydantic, datasets, bitsandbytes, gguf or kernels
+(the device notes list its packages). Versions carried are this checkout's environment's, so the GPU
+run tests the code paths CI tests: transformers 5.25 refuses to import without huggingface_hub >= 2.4,
+which needs httpx2/httpcore2 (and they truststore, idna, anyio, h11) and a newer click; transformers
+also needs kernels (and kernels tomlkit) and a newer regex. A call carries at most 64 MiB with the
+working tree, so what travels is slimmed: bitsandbytes' wheel (43 MB: one CUDA library per CUDA
+release and ROCm build) keeps its CPU library and the CUDA 13.0 one (the machine's torch is cu130),
+and hf-xet (only used to download, which the offline check never does) is left to the machine's own.
 
-    python bench/device_wheels.py            # then: run(command="bash bench/device_check.sh", carry=[".whl"])
+    python bench/device_wheels.py    # then: run(command="bash bench/gpu_check.sh", carry=[".whl"])
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / ".whl"
-PACKAGES = ["transformers", "peft", "datasets", "dill", "multiprocess", "pydantic", "pydantic_core",
-            "annotated-types", "typing-inspection", "platformdirs", "gguf", "bitsandbytes", "liger-kernel"]
+PACKAGES = [
+    # the project's own stack, newer than or missing from the machine's
+    "transformers", "peft", "datasets", "dill", "multiprocess", "pydantic", "pydantic_core", "annotated-types",
+    "typing-inspection", "platformdirs", "gguf", "bitsandbytes", "liger-kernel",
+    # what transformers 5.25 needs that the machine lacks or has too old (importlib.metadata.requires)
+    "huggingface_hub", "httpx2", "httpcore2", "truststore", "idna", "anyio", "h11", "click", "kernels", "tomlkit",
+    "regex",
+]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
-KEEP_CUDA = ("cuda130", "cuda132")
+KEEP_CUDA = ("cuda130",)
 LIMIT = 64 * 2**20
 
 
@@ -52,21 +60,36 @@ def slim_bitsandbytes(wheel: Path) -> None:
     slim.replace(wheel)
 
 
+def travelling_tree() -> int:
+    """Bytes of what a device call sends besides carried paths: tracked and untracked-not-ignored files."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((ROOT / n.decode()).stat().st_size for n in set(listed) if n and (ROOT / n.decode()).is_file())
+
+
 def main() -> int:
     OUT.mkdir(exist_ok=True)
+    wanted = [pinned(p) for p in PACKAGES]
+    versions = {w.split("==")[0].replace("-", "_").lower(): (w.split("==") + [None])[1] for w in wanted}
+    for old in OUT.glob("*.whl"):  # one version of each (two stop the whole install there), nothing unwanted
+        name, version = old.name.split("-")[:2]
+        if name.lower() not in versions or versions[name.lower()] not in (None, version):
+            old.unlink()
     command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
                "3.12", "--implementation", "cp", "-d", str(OUT)]
     for platform in PLATFORMS:
         command += ["--platform", platform]
-    subprocess.run(command + [pinned(p) for p in PACKAGES], check=True)
+    subprocess.run(command + wanted, check=True)
     for wheel in OUT.glob("bitsandbytes-*.whl"):
         slim_bitsandbytes(wheel)
-    wheels = sum(p.stat().st_size for p in OUT.glob("*.whl"))
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
-    tree = sum((ROOT / name.decode()).stat().st_size for name in tracked if name and (ROOT / name.decode()).is_file())
-    print(f"{len(list(OUT.glob('*.whl')))} wheels, {wheels / 2**20:.1f} MiB; with the tracked tree "
-          f"{(wheels + tree) / 2**20:.1f} MiB of the {LIMIT // 2**20} MiB a device call carries")
-    return 0 if wheels + tree < LIMIT else 1
+    wheels = sorted(OUT.glob("*.whl"), key=lambda p: -p.stat().st_size)
+    size = sum(p.stat().st_size for p in wheels)
+    for wheel in wheels:
+        print(f"  {wheel.stat().st_size / 2**20:6.2f} MiB  {wheel.name}")
+    tree = travelling_tree()
+    print(f"{len(wheels)} wheels, {size / 2**20:.1f} MiB; working tree {tree / 2**20:.1f} MiB; together "
+          f"{(size + tree) / 2**20:.1f} MiB of the {LIMIT // 2**20} MiB a device call carries")
+    return 0 if size + tree < LIMIT else 1
 
 
 if __name__ == "__main__":

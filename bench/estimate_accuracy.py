@@ -117,6 +117,9 @@ def _fmt(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import hub_kernels
+
+    hub_kernels.switch_off()  # in the script only: the test suite imports this module
     argv = sys.argv[1:] if argv is None else argv
     if "--objectives" in argv:  # DPO, KTO and GRPO against real TRL steps (bench/estimate_objectives.py)
         import estimate_objectives

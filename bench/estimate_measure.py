@@ -13,6 +13,7 @@ for _p in (ROOT, ROOT / "bench"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+import hub_kernels  # noqa: E402
 from estimate_cases import Case  # noqa: E402
 from estimate_tensors import _SavedTensorMeter, _storage_key, _tensors_in, _unique_bytes, cpu_step_peak  # noqa: E402,F401
 
@@ -76,6 +77,7 @@ def build_model(case: Case, device: str = "cpu"):
             dtype=dtype,
             device_map=device,
             attn_implementation=case.attention,
+            **hub_kernels.load_kwargs(),
         )
     else:
         torch.manual_seed(0)

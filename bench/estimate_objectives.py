@@ -294,6 +294,9 @@ def compare(case: Case) -> dict[str, tuple[int, int, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import hub_kernels
+
+    hub_kernels.switch_off()  # in the script only: the test suite imports this module
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="cases whose name contains this")
     ap.add_argument("--ci", action="store_true", help="the test suite's slice")

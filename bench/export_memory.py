@@ -32,6 +32,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # the workers it starts inherit it
 CONFIG_NAME = "TinyLlama--TinyLlama-1.1B-Chat-v1.0"
 CONFIG = ROOT / "tests" / "fixtures" / "model_configs" / CONFIG_NAME / "config.json"
 KEYS = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,

@@ -20,11 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # before transformers
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 
 def best_of(repeat: int, fn) -> float:
@@ -46,7 +49,8 @@ def main() -> int:
     from backend.export.gguf_writer import GgufExport
     from backend.export.tensor_source import StateDictSource
 
-    model = AutoModelForCausalLM.from_pretrained(ROOT / "resources" / "tiny", dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(ROOT / "resources" / "tiny", dtype=torch.float32,
+                                                 **hub_kernels.load_kwargs()).eval()
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "resources" / "tiny")
     with tempfile.TemporaryDirectory(prefix="export-speed-") as scratch:
         target = Path(scratch) / "model.gguf"

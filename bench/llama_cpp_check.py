@@ -26,6 +26,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # before transformers
 from backend.export.gguf_check import EXTRA_TEXTS  # noqa: E402  (digits, whitespace runs, other scripts)
 INSTALL = (
     "llama-cpp-python is not importable. Build it for a generic CPU (slow), e.g. into its own venv:\n"
@@ -225,7 +229,7 @@ def single(path: Path, hf: str | None, tokens: int) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, **hub_kernels.load_kwargs()).eval()
     figures = compare(path, model, AutoTokenizer.from_pretrained(hf))
     print(f"llama.cpp vs transformers (fp32, weights not rounded): largest |logit diff| {figures['rel_diff']:.4f} "
           f"of the largest |logit| (90th percentile {figures['rel_p90']:.4f}), "

@@ -10,6 +10,9 @@ not counted, for either side. Prints each run, the medians and the ratio (studio
     # on a GPU: a 0.6B model built from a config, bf16 (both sides), LoRA and QLoRA, peak memory too
     python bench/throughput.py --model-size 0.6b --data tests/fixtures/peer-data/alpaca_en_demo.json \
         --seq-len 1024 --method qlora --rounds 2
+    # steady state (GPU): the first 3 steps left out, 20 measured, useful tokens/s and peaks side by side
+    python bench/throughput.py --preset resources/presets/llama-3.2-1b_lora_12gb.yaml --model MODEL_DIR \
+        --data LONG_ROWS.jsonl --warmup 3 --steps 23 --rounds 1 --set train.gradient_accumulation_steps=1
     # the speed shortcuts (backend/training/shortcuts.py): studio with them (auto) against without
     # (off), and each shortcut's own worth: auto against auto with that one shortcut left out
     python bench/throughput.py --shortcuts --model-size 1024 --vocab 32000 --rounds 3 --steps 4 \
@@ -41,75 +44,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+import hub_kernels  # noqa: E402
+
+hub_kernels.switch_off()  # before transformers; the worker and the baseline inherit it
+
 if "--toggle" in sys.argv:  # in this process, as in the worker: set before torch loads OpenMP
     from backend.cpu_features import RUNTIME_ENV
 
     for _name, _value in RUNTIME_ENV.items():
         os.environ.setdefault(_name, _value)
 
-BASELINE = r'''
-import json, sys, time, torch
-from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer,
-                          TrainerCallback, TrainingArguments)
-cfg = json.loads(sys.argv[1])
-tok = AutoTokenizer.from_pretrained(cfg["model"])
-text = open(cfg["data"], encoding="utf-8").read()
-rows = json.loads(text) if cfg["data"].endswith(".json") else [json.loads(l) for l in text.splitlines() if l.strip()]
-def encode(r):
-    prompt = r["instruction"] + ("\n\n" + r["input"] if r.get("input") else "")
-    msgs = [{"role": "user", "content": prompt}]
-    p = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    full = tok.apply_chat_template(msgs + [{"role": "assistant", "content": r["output"]}], tokenize=False)
-    pi = tok(p, add_special_tokens=False)["input_ids"]
-    fi = tok(full, add_special_tokens=False)["input_ids"][: cfg["seq_len"]]
-    return {"input_ids": fi, "attention_mask": [1] * len(fi), "labels": ([-100] * len(pi) + fi[len(pi):])[: len(fi)]}
-ds = Dataset.from_list([encode(r) for r in rows])
-ds = ds.train_test_split(test_size=cfg["validation_split"], seed=cfg["seed"])["train"]
-cuda = torch.cuda.is_available()
-quant = {}
-if cfg["method"] == "qlora":
-    from transformers import BitsAndBytesConfig
-    quant = {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-             bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16 if cuda else torch.float32),
-             "device_map": {"": 0 if cuda else "cpu"}}
-model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.bfloat16 if cuda else torch.float32, **quant)
-if quant:
-    from peft import prepare_model_for_kbit_training
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-model = get_peft_model(model, LoraConfig(r=cfg["rank"], lora_alpha=cfg["alpha"], target_modules="all-linear",
-                                         task_type="CAUSAL_LM"))
-base = DataCollatorForSeq2Seq(tok, padding="longest")
-counts = []
-def collate(features):
-    batch = base(features)
-    counts.append(int((batch["labels"][:, 1:] != -100).sum()))
-    return batch
-args = TrainingArguments(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=cfg["batch"],
-                         learning_rate=cfg["lr"], logging_steps=1, save_strategy="no", report_to=[],
-                         disable_tqdm=True, seed=cfg["seed"], use_cpu=not cuda, bf16=cuda)
-class Clock(TrainerCallback):
-    """Times the steps the same way the studio does: from train begin to the last step's end."""
-    begin = end = 0.0
-    def on_train_begin(self, *a, **k): Clock.begin = time.monotonic()
-    def on_step_end(self, *a, **k): Clock.end = time.monotonic()
-trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate, callbacks=[Clock()])
-out = trainer.train()
-tokens = sum(counts[: cfg["steps"]])
-out.metrics["train_runtime"] = Clock.end - Clock.begin
-losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-print("RESULT " + json.dumps({"tokens_per_s": tokens / out.metrics["train_runtime"], "threads": torch.get_num_threads(),
-                              "first_loss": losses[0], "final_loss": losses[-1], "losses": losses,
-                              "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}))
-'''
-
-
 def run_baseline(params: dict, threads: int | None = None) -> dict:
+    """The bare Trainer (bench/throughput_baseline.py) in its own process."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    done = subprocess.run([sys.executable, "-c", BASELINE, json.dumps(params)], capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, str(ROOT / "bench/throughput_baseline.py"), json.dumps(params)],
+                          capture_output=True, text=True, env=env)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -134,7 +86,7 @@ def run_studio(preset: Path, overrides: list[str]) -> dict:
     peaks = [(e.get("memory") or {}).get("peak_bytes") for e in events if e["type"] == "MetricsLogged"]
     chosen = [e["detail"] for e in events if e["type"] == "PhaseChanged" and e["phase"] == "threads"]
     threads = int(chosen[-1].split()[0]) if chosen and chosen[-1][:1].isdigit() else None  # measured count
-    return {**terminal, "reported_tokens_per_s": terminal["tokens_per_s"], "events": events,
+    return {**terminal, "reported_tokens_per_s": terminal["tokens_per_s"], "events": events, "run_dir": folder.path,
             "tokens_per_s": last["tokens_seen"] / last["elapsed_s"], "losses": losses,
             "peak_bytes": max((p for p in peaks if p), default=None), "threads": threads}
 
@@ -206,6 +158,13 @@ def main() -> int:
     parser.add_argument("--toggle", action="store_true",
                         help="the same per training step, in one process (bench/shortcut_worth.py)")
     parser.add_argument("--leave-out", help="with --toggle: only these shortcuts (comma-separated) left out one at a time")
+    parser.add_argument("--model", help="a model folder to train (instead of the preset's or --model-size)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another override, both sides")
+    parser.add_argument("--warmup", type=int,
+                        help="steady state: leave out the first N steps of each side (then at least 20 more are wise)")
+    parser.add_argument("--studio-run", help="with --warmup: the studio side is this finished run (made with the same "
+                                             "settings, e.g. by bench/gpu_preset_run.py), not a new one")
+    parser.add_argument("--json-out", help="with --warmup: write the side-by-side figures here")
     args = parser.parse_args()
 
     import torch
@@ -219,6 +178,9 @@ def main() -> int:
                       (args.seq_len, "train.seq_len")):
         if flag is not None:
             common.append(f"{key}={Path(flag).resolve() if key == 'data.path' else flag}")
+    if args.model:
+        common.append(f"model.path={Path(args.model).resolve()}")
+    common += args.set
     config = RunConfig.load(args.preset, common)
     if args.model_size:
         model = build_model(args.model_size, config.resolved_model_path(), Path(tempfile.mkdtemp(prefix="bench-model-")),
@@ -237,8 +199,13 @@ def main() -> int:
         "seq_len": config.train.seq_len, "rank": config.technique.lora_rank, "alpha": config.technique.lora_alpha,
         "batch": config.train.micro_batch_size, "lr": config.train.learning_rate, "steps": args.steps,
         "seed": config.train.seed, "validation_split": config.data.validation_split, "method": config.technique.method,
-        "out": tempfile.mkdtemp(prefix="bench-baseline-"),
+        "out": tempfile.mkdtemp(prefix="bench-baseline-"), "checkpointing": config.technique.gradient_checkpointing,
     }
+    if args.warmup is not None:
+        from bench.throughput_steady import steady_compare  # noqa: PLC0415
+
+        return steady_compare(Path(args.preset), common, params, args.warmup, args.steps, args.rounds, args.studio_run,
+                              args.json_out)
     cuda = torch.cuda.is_available()
     studio_threads = default_threads()
     results: dict[str, list[float]] = {"studio (default threads)": [], "baseline": []}
