@@ -61,8 +61,8 @@ shorter column, so a DPO, KTO or GRPO section does not make the left column scro
 OBJECTIVE_ONLY = {"technique.dpo_beta": "dpo", "technique.dpo_loss": "dpo", "kto.beta": "kto",
                   "kto.desirable_weight": "kto", "kto.undesirable_weight": "kto", "grpo.num_generations": "grpo",
                   "grpo.max_completion_length": "grpo", "grpo.temperature": "grpo", "grpo.loss": "grpo",
-                  "grpo.beta": "grpo"}
-"""The settings shown only while their objective is chosen."""
+                  "grpo.beta": "grpo", "technique.activation_offload": "sft"}
+"""The settings shown only while their objective is chosen (activation offload is a shortcut of the SFT step)."""
 OBJECTIVE_TIPS = {
     "sft": "Supervised fine-tuning. Data: instructions with their answers (alpaca, sharegpt, messages or text). "
            "Teaches the model to answer like the examples.",
@@ -197,8 +197,8 @@ class TechniquesPage(QWidget):
     def _show_objective(self) -> None:
         """Only the chosen objective's settings; the rewards only for GRPO."""
         objective = self._state.get("technique.objective")
-        for key, owner in OBJECTIVE_ONLY.items():
-            self.objective_form.setRowVisible(self.labels[key], owner == objective)
+        for key, owner in OBJECTIVE_ONLY.items():  # each in its own group's form
+            self.labels[key].parentWidget().layout().setRowVisible(self.labels[key], owner == objective)
         self.objective_form.setRowVisible(self.rewards_label, objective == "grpo")
         if hasattr(self, "form"):
             self.form.reflow()
