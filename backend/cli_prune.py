@@ -70,6 +70,8 @@ def add_prune_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "the LAYER:GROUP pairs given (the same number in every layer)")
     parser.add_argument("--ffn-keep", type=_share, metavar="SHARE", help="keep this share of FFN channels, e.g. 0.75")
     parser.add_argument("--samples", type=positive_int, default=32, help="calibration rows (default 32)")
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="held-out prompts scored for exact match (default: all beside the training data)")
     parser.add_argument("--out", metavar="DIR", help="pruned model folder (default: RUN_DIR/pruned)")
     parser.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default=None,
@@ -83,7 +85,7 @@ def add_prune_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _params(args: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {"rank_only": args.rank_only, "samples": args.samples, "overwrite": args.overwrite}
-    for key in ("drop_layers", "layers", "drop_heads", "ffn_keep", "dtype"):
+    for key in ("drop_layers", "layers", "drop_heads", "ffn_keep", "dtype", "limit"):
         if getattr(args, key) is not None:
             params[key] = getattr(args, key)
     if args.out:

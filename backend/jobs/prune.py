@@ -104,7 +104,7 @@ def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, stage: Any, req
         reporter.emit(PhaseChanged(phase="ranked", detail=str(run_dir / RANKING)))
         reporter.emit(JobFinished(run_dir=str(run_dir), seconds=time.monotonic() - began))
         return
-    prompts, skipped = _prompts(config)
+    prompts, skipped = _prompts(config, request.limit)
     skipped += [] if eval_set is not None else ["perplexity skipped: the run has no validation split"]
     stage("measure", "the model before pruning")
     before = _measure(model, tokenizer, eval_set, prompts, data_tokenizer.pad_token_id, batch, request, perplexity)
@@ -156,14 +156,14 @@ def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def _prompts(config: RunConfig) -> tuple[Any, list[str]]:
+def _prompts(config: RunConfig, limit: int | None) -> tuple[Any, list[str]]:
     """(prompts file, prompts) beside the training data, or None and why exact match is skipped."""
     from backend.evaluation.prompts import default_prompts_file, read_prompts
 
     path = default_prompts_file(config)
     if path is None:
         return None, ["exact match skipped: no held-out prompts file lies beside the training data"]
-    return (path, read_prompts(path)), []
+    return (path, read_prompts(path, limit)), []
 
 
 def _measure(model: Any, tokenizer: Any, eval_set: Any, prompts: Any, pad_id: int, batch: int,

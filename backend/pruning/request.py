@@ -18,7 +18,7 @@ from backend.errors import bad_input
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
 """model_types whose decoder layers are self_attn.{q,k,v,o}_proj + mlp.{gate,up,down}_proj, one config for all."""
 KNOWN = {"rank_only", "drop_layers", "layers", "drop_heads", "ffn_keep", "out", "overwrite", "samples", "dtype",
-         "model", "max_new_tokens"}
+         "model", "max_new_tokens", "limit"}
 DEFAULT_SAMPLES = 32
 
 
@@ -71,6 +71,7 @@ class PruneRequest:
     dtype: str | None = None
     model: str | None = None
     max_new_tokens: int = 32
+    limit: int | None = None  # held-out prompts scored (None: all)
 
     @classmethod
     def parse(cls, params: dict[str, Any]) -> "PruneRequest":
@@ -85,6 +86,7 @@ class PruneRequest:
         req.layers = None if params.get("layers") is None else _whole(params["layers"], "layers", 1)
         req.samples = _whole(params.get("samples", DEFAULT_SAMPLES), "samples", 1)
         req.max_new_tokens = _whole(params.get("max_new_tokens", 32), "max_new_tokens", 1)
+        req.limit = None if params.get("limit") is None else _whole(params["limit"], "limit", 1)
         heads = params.get("drop_heads")
         if isinstance(heads, list):
             req.drop_heads = [parse_head(h) for h in heads] if heads else None
