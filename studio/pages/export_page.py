@@ -37,6 +37,7 @@ from studio.services.open_folder import open_folder
 from studio.widgets.evaluation_widget import EvaluationWidget
 from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.prune_widget import PruneWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
 
 REPORT = EXPORT_REPORT
@@ -123,6 +124,8 @@ class ExportPage(QWidget):
         split = QSplitter()
         split.addWidget(export_box)
         split.addWidget(eval_box)
+        self.prune = PruneWidget(JobController(None, jobs.worker_command, jobs.worker_env, parent=self))
+        split.addWidget(self.prune)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)
@@ -165,6 +168,7 @@ class ExportPage(QWidget):
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
         self.evaluation.set_run(path)
+        self.prune.set_run(path)
         self._update_buttons()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
