@@ -91,5 +91,5 @@ def format_report(report: dict[str, Any]) -> str:
     lines += [f"  note: {s}" for s in report.get("skipped", [])]
     heal = report.get("heal") or {}
     if heal.get("command"):
-        lines.append(f"  heal it:     {heal['command']}  (config {heal['config']})")
+        lines.append(f"  heal it:     {heal['command']}")
     return "\n".join(lines)
