@@ -66,21 +66,25 @@ def run_prune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
             raise JobError("cancelled", f"prune cancelled before {name}; nothing was written")
         reporter.emit(PhaseChanged(phase=name, detail=detail))
 
+    def on_batch(done: int, total: int) -> None:  # a Stop during a long ranking or measurement
+        if stop.requested:
+            raise JobError("cancelled", "prune cancelled while measuring; nothing was written")
+
     source = PruneSource.check(run_dir, config, request)
     out = None if request.rank_only else out_folder(run_dir, request, source)
     stage("check", f"{source.described}; {request.picks(source.shape)}")
     tmp = (out or run_dir / "pruned").with_name(f".{(out or run_dir / 'pruned').name}.partial-{os.getpid()}")
     try:
         tmp.mkdir(parents=True)
-        _prune(config, run_dir, reporter, stage, request, source, out, tmp, began)
+        _prune(config, run_dir, reporter, (stage, on_batch), request, source, out, tmp, began)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, stage: Any, request: PruneRequest,
+def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, hooks: tuple[Any, Any], request: PruneRequest,
            source: PruneSource, out: Path | None, tmp: Path, began: float) -> None:
-    from backend.evaluation.perplexity import perplexity
+    stage, on_batch = hooks
     from backend.pruning.importance import rank
     from backend.pruning.removal import parameter_count
     from backend.training.data import build_datasets
@@ -96,7 +100,7 @@ def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, stage: Any, req
     model = source.load(folder)
     batch = config.train.micro_batch_size
     stage("rank", f"{len(calibration)} rows of {config.data.path}")
-    ranking = rank(model, calibration, data_tokenizer.pad_token_id, batch)
+    ranking = rank(model, calibration, data_tokenizer.pad_token_id, batch, on_batch)
     if request.rank_only:
         payload = {"created": _now(), "source": source.described, **ranking.to_json()}
         write_json(run_dir / RANKING, payload)
@@ -107,7 +111,7 @@ def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, stage: Any, req
     prompts, skipped = _prompts(config, request.limit)
     skipped += [] if eval_set is not None else ["perplexity skipped: the run has no validation split"]
     stage("measure", "the model before pruning")
-    before = _measure(model, tokenizer, eval_set, prompts, data_tokenizer.pad_token_id, batch, request, perplexity)
+    before = _measure(model, tokenizer, eval_set, prompts, data_tokenizer.pad_token_id, batch, request, on_batch)
     params_before, shape_before = parameter_count(model), shape_of(model.config)
 
     stage("prune", request.picks(source.shape))
@@ -121,7 +125,7 @@ def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, stage: Any, req
     pruned = source.load(tmp)
     expected = shape_of(pruned.config)
     _check_shapes(tmp, expected, source.shape, removed)
-    after = _measure(pruned, tokenizer, eval_set, prompts, data_tokenizer.pad_token_id, batch, request, perplexity)
+    after = _measure(pruned, tokenizer, eval_set, prompts, data_tokenizer.pad_token_id, batch, request, on_batch)
     params_after = parameter_count(pruned)
     del pruned
 
@@ -167,12 +171,13 @@ def _prompts(config: RunConfig, limit: int | None) -> tuple[Any, list[str]]:
 
 
 def _measure(model: Any, tokenizer: Any, eval_set: Any, prompts: Any, pad_id: int, batch: int,
-             request: PruneRequest, perplexity: Any) -> dict[str, Any]:
+             request: PruneRequest, on_batch: Any) -> dict[str, Any]:
     from backend.evaluation.exact_match import exact_match
+    from backend.evaluation.perplexity import perplexity
 
     with torch.no_grad():
-        ppl = perplexity(model, eval_set, pad_id, batch) if eval_set is not None else None
-        em = (exact_match(model, tokenizer, prompts[1], request.max_new_tokens, max(batch, 16))
+        ppl = perplexity(model, eval_set, pad_id, batch, on_batch) if eval_set is not None else None
+        em = (exact_match(model, tokenizer, prompts[1], request.max_new_tokens, max(batch, 16), on_batch)
               if prompts and prompts[1] else None)
     return {"ppl": ppl, "em": em}
 

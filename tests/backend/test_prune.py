@@ -248,6 +248,30 @@ def test_one_kv_head_refuses_head_pruning(tmp_path):
     assert not any(p.name.startswith(".") for p in folder.path.iterdir() if p.is_dir())
 
 
+class LateStop:
+    """A Stop that arrives on the `after`-th look: mid-job, once the scratch folder holds the merge."""
+
+    def __init__(self, after: int) -> None:
+        self.looks, self.after = 0, after
+
+    @property
+    def requested(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.after
+
+
+def test_a_stop_while_ranking_leaves_nothing_behind(lora_run, tmp_path):
+    from backend.jobs.prune import run_prune
+
+    out = tmp_path / "stopped"
+    stop = LateStop(after=4)  # check, merge, rank, then the first calibration batch
+    with pytest.raises(JobError, match="cancelled while measuring") as caught:
+        run_prune(lora_run.load_config(), lora_run.path, Reporter(io.StringIO()), stop,
+                  params={"out": str(out), "layers": 1, "samples": 16})
+    assert caught.value.kind == "cancelled" and stop.looks == 4
+    assert not out.exists() and list(tmp_path.glob(".stopped.partial-*")) == []
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "backend.cli", "prune", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
