@@ -20,7 +20,7 @@ from backend.cli_checks import open_run_folder, output_folder, positive_int
 from backend.config import ConfigError, RunConfig
 from backend.errors import JobError
 from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
-from backend.pruning.request import PruneRequest, Shape
+from backend.pruning.request import PruneRequest, Shape, out_problem
 from backend.runs import RunFolder
 
 DEMO_DATA = "bundled:datasets/demo_train.jsonl"
@@ -122,6 +122,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         request.check(Shape.read(model))
     except JobError as exc:
         raise ConfigError(exc.message) from None
+    if not args.rank_only and params.get("out"):
+        problem = out_problem(Path(params["out"]), args.overwrite, [model] + ([folder.path] if folder else []))
+        if problem:  # before a run folder is made for a model folder, or a worker starts
+            raise ConfigError(problem)
     if folder is None:
         folder = RunFolder.create(config)
     args.run_folder = folder.path

@@ -26,7 +26,7 @@ import torch
 from backend.config import RunConfig
 from backend.errors import JobError, bad_input
 from backend.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged
-from backend.pruning.request import PruneRequest, Shape, kept_channels
+from backend.pruning.request import PruneRequest, Shape, kept_channels, out_problem
 from backend.pruning.report import HEAL, RANKING, REPORT, write_json
 from backend.pruning.source import DTYPES, PruneSource
 from backend.worker.reporter import Reporter
@@ -45,12 +45,9 @@ def shape_of(config: Any) -> dict[str, Any]:
 def out_folder(run_dir: Path, request: PruneRequest, source: PruneSource) -> Path:
     """The pruned model's folder, refused when it would overwrite the run's or the model's own files."""
     out = Path(request.out or run_dir / "pruned").expanduser().absolute()
-    for own in (Path(run_dir), source.folder):
-        own = own.resolve()
-        if out.resolve() == own or out.resolve() in own.parents:
-            raise bad_input(f"{out} would overwrite {own}; pick another --out")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not request.overwrite)):
-        raise bad_input(f"{out} already holds files; pass --overwrite to replace them, or --out elsewhere")
+    problem = out_problem(out, request.overwrite, [Path(run_dir), source.folder])
+    if problem:
+        raise bad_input(problem)
     return out
 
 

@@ -161,6 +161,18 @@ class PruneRequest:
         return "; ".join(parts) or "nothing (ranking only)"
 
 
+def out_problem(out: Path, overwrite: bool, protected: list[Path]) -> str:
+    """Why the pruned model cannot be written into `out` ("" when it can): the run's or the model's own
+    folder, or one that holds files without overwrite."""
+    for own in protected:
+        own = Path(own).resolve()
+        if out.resolve() == own or out.resolve() in own.parents:
+            return f"{out} would overwrite {own}; pick another --out"
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
+        return f"{out} already holds files; pass --overwrite to replace them, or --out elsewhere"
+    return ""
+
+
 def kept_channels(intermediate: int, share: float) -> int:
     """FFN channels kept per layer for a share: rounded, at least one."""
     return max(1, min(intermediate, round(intermediate * share)))
