@@ -36,6 +36,12 @@ class PruneSource:
     @classmethod
     def check(cls, run_dir: Path, config: RunConfig, request: PruneRequest) -> "PruneSource":
         """Refusals before anything loads: the run (or folder) and the picks against its config.json."""
+        objective = config.technique.objective
+        if objective != "sft":  # calibration and perplexity read prompt/answer rows
+            raise bad_input(f"{Path(run_dir) / 'config.yaml'}: a {objective} run's data are not prompt/answer rows, "
+                            "which pruning calibrates and measures on",
+                            "export it merged (finetune-studio export RUN_DIR --format merged) and prune that folder "
+                            "with --data pointing at prompt/answer data")
         if request.model:
             folder = Path(request.model).expanduser().absolute()
             if not (folder / "config.json").is_file():

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 from backend.errors import JobError
 from backend.protocol import PhaseChanged
 from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
-from backend.pruning.request import PruneRequest, Shape
+from backend.pruning.request import PruneRequest, Shape, out_problem
 from backend.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
@@ -139,6 +139,11 @@ class PruneWidget(QGroupBox):
                 return ("nothing to prune: give layers to drop, head groups or a share of FFN channels to keep, "
                         "or press Rank to see what matters least first")
             PruneRequest.parse(params).check(Shape.read(model))
+            if not params["rank_only"]:
+                out = Path(params.get("out") or folder.path / "pruned")
+                problem = out_problem(out, params["overwrite"], [folder.path, model])
+                if problem:
+                    return problem.replace("pass --overwrite", "tick Overwrite").replace("--out", "another folder")
         except JobError as exc:
             return exc.message
         except ValueError as exc:

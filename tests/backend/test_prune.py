@@ -298,3 +298,13 @@ def test_cli_prunes_through_the_worker(lora_run, tmp_path):
     assert "[rank]" in done.stderr and "Traceback" not in done.stderr
     again = _cli(str(lora_run.path), "--layers", "1", "--out", str(out))
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_a_preference_run_is_refused_before_anything_loads(tmp_path):
+    from backend.jobs.prune import run_prune
+
+    config = RunConfig.load(PRESET, ["technique.objective=dpo", "data.path=bundled:datasets/demo_dpo.jsonl"])
+    folder = RunFolder.create(config, root=tmp_path)
+    with pytest.raises(JobError, match="a dpo run's data are not prompt/answer rows") as caught:
+        run_prune(config, folder.path, Reporter(io.StringIO()), StopListener(io.StringIO()), params={"layers": 1})
+    assert "--format merged" in caught.value.hint

@@ -75,6 +75,11 @@ def test_picks_become_the_prune_jobs_params_and_its_report_is_shown(qtbot, make_
     assert prune.status_label.text().startswith("Pruned: /runs/x/pruned")
     prune.rank_button.click()
     assert started[-1] == (folder.path, "prune", {"rank_only": True, "overwrite": False})
+    prune.prune_button.click()  # the folder now holds the last pruned model
+    assert "already holds files; tick Overwrite" in prune.status_label.text() and len(started) == 2
+    prune.overwrite_check.setChecked(True)
+    prune.prune_button.click()
+    assert len(started) == 3 and started[-1][2]["overwrite"] is True
 
 
 def test_a_runs_last_report_shows_when_it_is_picked(qtbot, make_studio):
