@@ -3,7 +3,8 @@
 Pick a finished run and a format (each says who loads it), the dtype for merged and bitsandbytes
 exports, the output folder (RUN_DIR/exports/FORMAT unless changed) and whether to overwrite. Export
 runs the export job in a fresh worker with a progress bar; the verification report is shown check
-by check (a failed check in red). Beside it, Evaluate compares the base and the tuned model.
+by check (a failed check in red). Beside it, Evaluate compares the base and the tuned model, and
+Prune (a tab beside Evaluate, studio/widgets/prune_widget.py) ranks and removes layers, heads and channels.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -123,9 +125,11 @@ class ExportPage(QWidget):
         QVBoxLayout(eval_box).addWidget(self.evaluation)
         split = QSplitter()
         split.addWidget(export_box)
-        split.addWidget(eval_box)
         self.prune = PruneWidget(JobController(None, jobs.worker_command, jobs.worker_env, parent=self))
-        split.addWidget(self.prune)
+        self.side_tabs = QTabWidget()  # Evaluate and Prune share the right column
+        self.side_tabs.addTab(eval_box, "Evaluate")
+        self.side_tabs.addTab(self.prune, "Prune")
+        split.addWidget(self.side_tabs)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)

@@ -39,7 +39,7 @@ class PruneWidget(QGroupBox):
     """Rank / Prune / Stop, the picks, an output folder, a status line and the ranking or report as text."""
 
     def __init__(self, jobs: JobController, parent: QWidget | None = None) -> None:
-        super().__init__("Prune", parent)
+        super().__init__("Rank and remove layers, head groups, FFN channels", parent)
         self.jobs = jobs
         self._path = ""
         self._last: Path | None = None  # the file the running job will write
