@@ -308,3 +308,30 @@ def test_a_preference_run_is_refused_before_anything_loads(tmp_path):
     with pytest.raises(JobError, match="a dpo run's data are not prompt/answer rows") as caught:
         run_prune(config, folder.path, Reporter(io.StringIO()), StopListener(io.StringIO()), params={"layers": 1})
     assert "--format merged" in caught.value.hint
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "gemma", "llama"])
+def test_every_cut_saves_and_reloads_computing_the_same(tmp_path, family):
+    """The other supported families, in memory: all three cuts, saved, reloaded, the same logits."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from backend.pruning.importance import rank
+    from backend.pruning.removal import drop_head_groups, drop_layers, keep_channels
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(family, vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ranking = rank(model, [{"input_ids": list(range(3, 30))}, {"input_ids": list(range(40, 52))}], 0, 2)
+    drop_head_groups(model, ranking.least_groups(1))
+    keep_channels(model, ranking.kept_channels(48))
+    drop_layers(model, ranking.least_layers(2))
+    ids = torch.arange(5, 25)[None]
+    with torch.no_grad():
+        expected = model(ids).logits
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    c = reloaded.config
+    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size) == (2, 2, 1, 48)
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, expected)
