@@ -126,7 +126,7 @@ def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, hooks: tuple[An
     params_after = parameter_count(pruned)
     del pruned
 
-    heal = _heal(config, tmp, out)
+    heal = _heal(config, tmp, out, request.picks(source.shape))
     report = {
         "created": _now(), "source": source.described, "path": str(out), "dtype": source.dtype,
         "model_type": source.shape.model_type, "picks": request.picks(source.shape), "removed": removed,
@@ -212,12 +212,17 @@ def _check_shapes(folder: Path, loaded: dict[str, Any], shape: Shape, removed: d
             raise JobError("crashed", f"{folder}/config.json: {key} is {loaded[key]}, the pruning made {value}")
 
 
-def _heal(config: RunConfig, tmp: Path, out: Path) -> dict[str, str]:
+def _heal(config: RunConfig, tmp: Path, out: Path, picks: str) -> dict[str, str]:
     """heal.yaml beside the model: the run's config, training the pruned folder (a new adapter)."""
     model = config.model.model_copy(update={"path": str(out), "adapter": ""})
     heal = config.model_copy(update={"model": model, "name": f"{config.name}-pruned-heal"[:60]})
-    heal.save(tmp / HEAL)
-    return {"config": str(out / HEAL), "command": f"finetune-studio train {out / HEAL}"}
+    command = f"finetune-studio train {out / HEAL}"
+    header = (f"# Title: {config.name}, pruned, healed by a new {config.technique.method} run\n"
+              f"# {config.name} pruned ({picks}); this run trains a new adapter on the pruned model to win back\n"
+              f"# what pruning cost (prune_report.json beside it has the figures before and after).\n"
+              f"# Run it:   {command}\n")
+    (tmp / HEAL).write_text(header + heal.to_yaml(), encoding="utf-8")
+    return {"config": str(out / HEAL), "command": command}
 
 
 def _estimate(config: RunConfig, folder: Path) -> dict[str, Any]:

@@ -103,6 +103,7 @@ def check_measured(report: dict) -> None:
     est = report["estimate"]
     assert 0 < est["after_bytes"] < est["before_bytes"], est
     heal = RunConfig.load(Path(report["path"]) / "heal.yaml")
+    assert f"# Run it:   finetune-studio train {report['path']}/heal.yaml" in (Path(report["path"]) / "heal.yaml").read_text()
     assert Path(heal.model.path) == Path(report["path"]) and heal.model.adapter == ""
 
 
