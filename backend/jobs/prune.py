@@ -218,7 +218,7 @@ def _heal(config: RunConfig, tmp: Path, out: Path, picks: str) -> dict[str, str]
     heal = config.model_copy(update={"model": model, "name": f"{config.name}-pruned-heal"[:60]})
     command = f"finetune-studio train {out / HEAL}"
     header = (f"# Title: {config.name}, pruned, healed by a new {config.technique.method} run\n"
-              f"# {config.name} pruned ({picks}); this run trains a new adapter on the pruned model to win back\n"
+              f"# {config.name} pruned ({picks}); this run tunes the pruned model again to win back\n"
               f"# what pruning cost (prune_report.json beside it has the figures before and after).\n"
               f"# Run it:   {command}\n")
     (tmp / HEAL).write_text(header + heal.to_yaml(), encoding="utf-8")
