@@ -72,6 +72,7 @@ def run_prune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     stage("check", f"{source.described}; {request.picks(source.shape)}")
     tmp = (out or run_dir / "pruned").with_name(f".{(out or run_dir / 'pruned').name}.partial-{os.getpid()}")
     try:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by an earlier process of the same id
         tmp.mkdir(parents=True)
         _prune(config, run_dir, reporter, (stage, on_batch), request, source, out, tmp, began)
     except BaseException:
@@ -95,6 +96,9 @@ def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, hooks: tuple[An
     folder = source.materialize(tmp / ".merged", tokenizer)
     estimate_before = _estimate(config, folder)
     model = source.load(folder)
+    with torch.no_grad():  # as it will be written (a no-op for the merge, written in that dtype already)
+        for param in model.parameters():
+            param.copy_(param.to(DTYPES[source.dtype]).float())
     batch = config.train.micro_batch_size
     stage("rank", f"{len(calibration)} rows of {config.data.path}")
     ranking = rank(model, calibration, data_tokenizer.pad_token_id, batch, on_batch)

@@ -336,3 +336,12 @@ def test_every_cut_saves_and_reloads_computing_the_same(tmp_path, family):
     assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size) == (2, 2, 1, 48)
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, expected)
+
+
+def test_the_figures_differ_by_the_pruning_alone(tmp_path):
+    """The bundled model is fp32 and is written in bf16: a cut that keeps every channel changes no figure."""
+    folder, config = model_job(tmp_path / "runs", BUNDLED_MODEL)
+    _, report = prune(folder, tmp_path / "same", config, model=str(BUNDLED_MODEL), samples=4, ffn_keep=1.0)
+    assert report["dtype"] == "bf16" and report["shapes"]["after"]["intermediate_size"] == 768
+    assert report["perplexity"]["after"] == report["perplexity"]["before"]
+    assert report["exact_match"]["after"] == report["exact_match"]["before"]
