@@ -323,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     from backend.cli_serve import add_serve_estimate_parser
 
     add_serve_estimate_parser(sub)
+    from backend.cli_prune import add_prune_parser
+
+    add_prune_parser(sub)
     return parser
 
 

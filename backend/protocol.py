@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 PROTOCOL_VERSION = 2
 
-JobKind = Literal["finetune", "export", "evaluate", "chat"]
+JobKind = Literal["finetune", "export", "evaluate", "chat", "prune"]
 FailureKind = Literal["bad_input", "out_of_memory", "disk_full", "missing_dependency", "crashed", "cancelled"]
 
 

@@ -3,7 +3,8 @@
 Pick a finished run and a format (each says who loads it), the dtype for merged and bitsandbytes
 exports, the output folder (RUN_DIR/exports/FORMAT unless changed) and whether to overwrite. Export
 runs the export job in a fresh worker with a progress bar; the verification report is shown check
-by check (a failed check in red). Beside it, Evaluate compares the base and the tuned model.
+by check (a failed check in red). Beside it, Evaluate compares the base and the tuned model, and
+Prune (a tab beside Evaluate, studio/widgets/prune_widget.py) ranks and removes layers, heads and channels.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -37,6 +39,7 @@ from studio.services.open_folder import open_folder
 from studio.widgets.evaluation_widget import EvaluationWidget
 from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.prune_widget import PruneWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
 
 REPORT = EXPORT_REPORT
@@ -122,7 +125,11 @@ class ExportPage(QWidget):
         QVBoxLayout(eval_box).addWidget(self.evaluation)
         split = QSplitter()
         split.addWidget(export_box)
-        split.addWidget(eval_box)
+        self.prune = PruneWidget(JobController(None, jobs.worker_command, jobs.worker_env, parent=self))
+        self.side_tabs = QTabWidget()  # Evaluate and Prune share the right column
+        self.side_tabs.addTab(eval_box, "Evaluate")
+        self.side_tabs.addTab(self.prune, "Prune")
+        split.addWidget(self.side_tabs)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)
@@ -165,6 +172,7 @@ class ExportPage(QWidget):
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
         self.evaluation.set_run(path)
+        self.prune.set_run(path)
         self._update_buttons()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:

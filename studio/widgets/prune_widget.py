@@ -1,0 +1,201 @@
+"""PruneWidget: the Export page's Prune section: rank a run's layers, key/value head groups and FFN channels,
+remove what is picked, and show the figures before and after (backend/jobs/prune.py in a fresh worker).
+
+The picks are checked against the model's config.json before a worker starts (backend/pruning/request.py,
+the CLI's own check), so a layer out of range or an uneven head pick is one red line, not a failed job.
+The ranking and the report are the CLI's text (backend/pruning/report.py). Torch-free.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backend.errors import JobError
+from backend.protocol import PhaseChanged
+from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
+from backend.pruning.request import PruneRequest, Shape, out_problem
+from backend.runs import RunFolder
+from studio.job_controller import JobController, JobOutcome, failure_text
+
+
+class PruneWidget(QGroupBox):
+    """Rank / Prune / Stop, the picks, an output folder, a status line and the ranking or report as text."""
+
+    def __init__(self, jobs: JobController, parent: QWidget | None = None) -> None:
+        super().__init__("Rank and remove layers, head groups, FFN channels", parent)
+        self.jobs = jobs
+        self._path = ""
+        self._last: Path | None = None  # the file the running job will write
+        self.layers_edit = QLineEdit()
+        self.layers_edit.setPlaceholderText("e.g. 12,13 (indices from the ranking)")
+        self.count_spin = QSpinBox()
+        self.count_spin.setRange(0, 999)
+        self.count_spin.setSpecialValueText("none")
+        self.count_spin.setToolTip("Drop this many of the least important layers (when no indices are given)")
+        self.heads_spin = QSpinBox()
+        self.heads_spin.setRange(0, 999)
+        self.heads_spin.setSpecialValueText("none")
+        self.heads_spin.setToolTip("Key/value groups removed from every layer, each with its query heads: "
+                                   "transformers keeps one head count for all layers")
+        self.ffn_spin = QDoubleSpinBox()
+        self.ffn_spin.setRange(0.05, 1.0)
+        self.ffn_spin.setSingleStep(0.05)
+        self.ffn_spin.setValue(1.0)
+        self.ffn_spin.setToolTip("Share of FFN channels kept in every layer (1.00 keeps them all)")
+        self.out_edit = QLineEdit()
+        self.out_edit.setPlaceholderText("RUN_DIR/pruned")
+        self.overwrite_check = QCheckBox("Overwrite what that folder holds")
+        form = QFormLayout()
+        form.addRow("Drop layers", self.layers_edit)
+        form.addRow("or the least important", self.count_spin)
+        form.addRow("Drop head groups per layer", self.heads_spin)
+        form.addRow("Keep FFN channels", self.ffn_spin)
+        form.addRow("Output folder", self.out_edit)
+        form.addRow("", self.overwrite_check)
+        self.rank_button = QPushButton("Rank")
+        self.rank_button.setToolTip("Measure every layer, head group and FFN channel on the run's training data")
+        self.rank_button.clicked.connect(lambda: self._start(rank_only=True))
+        self.prune_button = QPushButton("Prune")
+        self.prune_button.setToolTip("Merge the adapter, remove the picks, write the model and measure it again")
+        self.prune_button.clicked.connect(lambda: self._start(rank_only=False))
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.jobs.cancel)
+        buttons = QHBoxLayout()
+        for button in (self.rank_button, self.prune_button, self.stop_button):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        self.status_label = QLabel("")
+        self.status_label.setWordWrap(True)
+        self.text = QTextBrowser()
+        self.text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.text.setPlaceholderText("The ranking, or the pruned model's figures before and after, appear here.")
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status_label)
+        layout.addWidget(self.text, 1)
+        jobs.event_received.connect(self._on_jobs_event_received)
+        jobs.ended.connect(self._on_jobs_ended)
+        jobs.running_changed.connect(lambda _running: self._update_buttons())
+        self._update_buttons()
+
+    def set_run(self, path: str) -> None:
+        """The run to prune; its last report or ranking (if any) is shown."""
+        if self.jobs.is_running() or path == self._path:
+            return
+        self._path = path
+        self._say("")
+        self.text.clear()
+        for name in (f"pruned/{REPORT}", RANKING):
+            found = read_json(Path(path) / name) if path else None
+            if found is not None:
+                self._show(found, rank_only=name == RANKING)
+                break
+        self._update_buttons()
+
+    def params(self, rank_only: bool) -> dict[str, Any]:
+        """What the controls ask the prune job for."""
+        params: dict[str, Any] = {"rank_only": rank_only, "overwrite": self.overwrite_check.isChecked()}
+        if self.out_edit.text().strip():
+            params["out"] = str(Path(self.out_edit.text().strip()).expanduser().absolute())
+        if rank_only:
+            return params
+        text = self.layers_edit.text().replace(" ", "")
+        if text:
+            params["drop_layers"] = [int(v) if v.isdigit() else v for v in text.split(",") if v]
+        elif self.count_spin.value():
+            params["layers"] = self.count_spin.value()
+        if self.heads_spin.value():
+            params["drop_heads"] = self.heads_spin.value()
+        if self.ffn_spin.value() < 1.0:
+            params["ffn_keep"] = round(self.ffn_spin.value(), 4)
+        return params
+
+    def problem(self, folder: RunFolder, params: dict[str, Any]) -> str:
+        """Why these picks cannot be pruned from this run, in one line ("" when they can)."""
+        try:
+            config = folder.load_config()
+            model = folder.path / "model" if config.technique.method == "full" else config.resolved_model_path()
+            if any(not isinstance(v, int) for v in params.get("drop_layers", [])):
+                return "Drop layers: give layer indices separated by commas, e.g. 12,13"
+            if not params["rank_only"] and not set(params) & {"drop_layers", "layers", "drop_heads", "ffn_keep"}:
+                return ("nothing to prune: give layers to drop, head groups or a share of FFN channels to keep, "
+                        "or press Rank to see what matters least first")
+            PruneRequest.parse(params).check(Shape.read(model))
+            if not params["rank_only"]:
+                out = Path(params.get("out") or folder.path / "pruned")
+                problem = out_problem(out, params["overwrite"], [folder.path, model])
+                if problem:
+                    return problem.replace("pass --overwrite", "tick Overwrite").replace("--out", "another folder")
+        except JobError as exc:
+            return exc.message
+        except ValueError as exc:
+            return f"cannot read {folder.config_path}: {exc}"
+        return ""
+
+    def _start(self, rank_only: bool) -> None:
+        if not self._path or self.jobs.is_running():
+            return
+        folder = RunFolder(self._path)
+        params = self.params(rank_only)
+        problem = self.problem(folder, params)
+        if problem:
+            self._say(problem[0].upper() + problem[1:], error=True)
+            return
+        out = Path(params.get("out") or folder.path / "pruned")
+        self._last = folder.path / RANKING if rank_only else out / REPORT
+        self.text.clear()
+        self._say("Ranking…" if rank_only else "Pruning…")
+        self.jobs.start(folder, folder.load_config(), job="prune", params=params)
+
+    def _on_jobs_event_received(self, event: Any) -> None:
+        if isinstance(event, PhaseChanged):
+            self._say(f"{event.phase.replace('_', ' ').capitalize()}: {event.detail}" if event.detail else event.phase)
+
+    def _on_jobs_ended(self, outcome: JobOutcome) -> None:
+        if outcome.ok and self._last is not None:
+            found = read_json(self._last)
+            if found is None:
+                self._say(f"the prune finished but {self._last} is missing or unreadable", error=True)
+                return
+            self._show(found, rank_only=self._last.name == RANKING)
+            self._say("Ranked: least important first." if self._last.name == RANKING else
+                      f"Pruned: {found.get('path')}. Train its heal.yaml to recover what pruning cost.")
+        elif outcome.status == "cancelled":
+            self._say("Stopped: nothing was pruned.")
+        else:
+            self._say(failure_text("Prune", outcome), error=True)
+
+    def _show(self, payload: dict[str, Any], rank_only: bool) -> None:
+        try:
+            self.text.setPlainText(format_ranking(payload) if rank_only else format_report(payload))
+        except (KeyError, TypeError):
+            self.text.setPlainText("")
+            self._say("the saved prune report is from another version and cannot be shown", error=True)
+
+    def _update_buttons(self) -> None:
+        running = self.jobs.is_running()
+        for button in (self.rank_button, self.prune_button):
+            button.setEnabled(bool(self._path) and not running)
+        self.stop_button.setEnabled(running)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        self.status_label.setText(text)
+        self.status_label.setStyleSheet("color: #dc2626;" if error else "")
