@@ -63,7 +63,7 @@ class Studio:
     editors: FieldEditors
     pages: dict[str, QWidget] = field(default_factory=dict)
     jobs: dict[str, JobController] = field(default_factory=dict)
-    """One JobController per page that runs jobs: train, export, evaluate, chat."""
+    """One JobController per page that runs jobs: train, export, evaluate, chat, prune."""
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -208,7 +208,8 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
                                  parent=window)
     for child in (store, telemetry, state, monitor):
         child.setParent(controller)
-    job_controllers = {"train": training, "export": exporting, "evaluate": evaluating, "chat": chatting}
+    job_controllers = {"train": training, "export": exporting, "evaluate": evaluating, "chat": chatting,
+                       "prune": pages["export"].prune.jobs}
     window.save_config_requested.connect(pages["techniques"].command_line.save_button.click)
     if core.problem:
         state.note(f"The preset could not be read, using defaults: {core.problem}")
