@@ -322,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     from backend.cli_serve import add_serve_estimate_parser
 
     add_serve_estimate_parser(sub)
+    from backend.cli_serve_run import add_serve_run_parser
+
+    add_serve_run_parser(sub)
     return parser
 
 
