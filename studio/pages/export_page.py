@@ -38,6 +38,7 @@ from studio.widgets.evaluation_widget import EvaluationWidget
 from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
+from studio.widgets.serve_widget import ServeWidget
 
 REPORT = EXPORT_REPORT
 DTYPE_FORMATS = ("merged", "bnb-8bit", "bnb-4bit")
@@ -123,6 +124,11 @@ class ExportPage(QWidget):
         split = QSplitter()
         split.addWidget(export_box)
         split.addWidget(eval_box)
+        self.serve = ServeWidget()  # the run's export behind an OpenAI-compatible server
+        self.serve.set_target(self.picker.path())
+        serve_box = QGroupBox("Serve")
+        QVBoxLayout(serve_box).addWidget(self.serve)
+        split.addWidget(serve_box)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)
@@ -165,6 +171,7 @@ class ExportPage(QWidget):
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
         self.evaluation.set_run(path)
+        self.serve.set_target(path)
         self._update_buttons()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
