@@ -49,6 +49,15 @@ def test_transformers_on_the_cpu_batches_continuously_offline_with_a_sized_cache
     assert launch.model == str(bundled_model) and launch.argv[4] == str(bundled_model)
 
 
+def test_transformers_on_a_gpu_leaves_the_cache_to_free_memory_unless_bounded(bundled_model):
+    source = resolve(str(bundled_model), None)
+    launch = transformers_launch(source, 8128, TOKEN, "cuda")
+    assert _flag(launch.argv, "--device") == "cuda" and "--continuous-batching" in launch.argv
+    assert "--cb-num-blocks" not in launch.argv and "--max-model-len" not in launch.argv
+    bounded = transformers_launch(source, 8128, TOKEN, "cuda", context=512, seqs=4)
+    assert _flag(bounded.argv, "--max-model-len") == "512" and _flag(bounded.argv, "--cb-num-blocks") == "8"
+
+
 def test_vllm_runs_the_serving_estimate_line_with_the_token_in_its_env(bundled_model, monkeypatch):
     source = resolve(str(bundled_model), None)
     card = Card(24.0, 0.85, 1, 16, 2048)
