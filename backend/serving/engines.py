@@ -90,12 +90,13 @@ def _shown(argv: list[str], token: str) -> str:
 
 
 def _needs_merged(source: ServeSource) -> None:
-    """A run without the merged export: say which export to make (the engines load full weights)."""
-    if "--enable-lora" in source.flags or not Path(source.serve_path).exists():
+    """A run without the export asked for: say which export to make (these engines load whole weights)."""
+    lora = "--enable-lora" in source.flags
+    if lora or not Path(source.serve_path).exists():
         run = next((n.split("`")[1] for n in source.notes if "`finetune-studio export" in n), None)
         make = run or f"finetune-studio export RUN_DIR --format {source.fmt}"
-        raise ValueError(f"no {source.fmt} export to serve (a server loads full weights, not {source.serve_path} "
-                         f"with an adapter or nothing); make it first with `{make}`")
+        why = "the run has its adapter only" if lora else f"{source.serve_path} does not exist"
+        raise ValueError(f"no {source.fmt} export to serve ({why}); make it first with `{make}`")
 
 
 CPU_SEQS = 8

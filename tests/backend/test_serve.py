@@ -99,6 +99,25 @@ def test_a_run_without_its_merged_export_names_the_export_to_make(tmp_path):
         transformers_launch(source, 8126, TOKEN, "cpu")
 
 
+def test_a_run_is_served_from_its_merged_export_or_told_to_make_it(tmp_path, bundled_model, capsys):
+    import shutil
+
+    from backend.config import RunConfig
+    from backend.runs import RunFolder
+    from tests.conftest import PRESET
+
+    folder = RunFolder.create(RunConfig.load(PRESET, ["name=to-serve"]), root=tmp_path)
+    code = main(["serve", str(folder.path), "--port", "0", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"`finetune-studio export {folder.path} --format merged`" in err
+    merged = folder.path / "exports" / "merged"
+    shutil.copytree(bundled_model, merged)
+    (merged / "export_report.json").write_text('{"format": "merged"}')
+    launch = transformers_launch(resolve(str(folder.path), None), 8129, TOKEN, "cpu")
+    assert launch.model == str(merged) and launch.argv[4] == str(merged)
+
+
 def test_a_taken_port_is_one_line_and_nothing_starts(bundled_model, capsys):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
