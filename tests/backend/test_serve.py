@@ -13,6 +13,7 @@ import socket
 import subprocess
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -138,10 +139,9 @@ def test_a_server_that_lost_the_race_for_its_port_says_so(bundled_model):
 
 # --- the embedded server on the bundled model -----------------------------------------------------
 
-@pytest.fixture(scope="module")
-def served(bundled_model):
-    """`finetune-studio serve resources/tiny --port 0 --device cpu`, read until it says ready."""
-    process = subprocess.Popen([*module_command("backend.cli"), "serve", str(bundled_model), "--port", "0",
+def start_cli(model: Path) -> dict:
+    """`finetune-studio serve MODEL --port 0 --device cpu`, read until it says ready."""
+    process = subprocess.Popen([*module_command("backend.cli"), "serve", str(model), "--port", "0",
                                 "--device", "cpu"], env=worker_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -159,13 +159,18 @@ def served(bundled_model):
         process.kill()
         pytest.fail("the server did not say ready:\n" + "\n".join(lines[-20:]))
     text = "\n".join(lines)
-    info = {"process": process, "lines": lines, "token": re.search(r"^token:\s+(\S+)", text, re.M).group(1),
+    return {"process": process, "lines": lines, "token": re.search(r"^token:\s+(\S+)", text, re.M).group(1),
             "port": int(re.search(r"--port (\d+)", text).group(1)),
             "pid": int(re.search(r"^pid:\s+(\d+)", text, re.M).group(1)),
             "model": re.search(r"^ready:\s+\S+\s+model (.+)$", text, re.M).group(1)}
+
+
+@pytest.fixture(scope="module")
+def served(bundled_model):
+    info = start_cli(bundled_model)
     yield info
-    if process.poll() is None:
-        process.kill()
+    if info["process"].poll() is None:
+        info["process"].kill()
 
 
 def test_the_server_answers_concurrent_openai_clients(served):
@@ -213,3 +218,13 @@ def test_stop_ends_every_process_and_frees_the_port(served):
     while not any(line.startswith("stopped:") for line in served["lines"]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert f"stopped: port {served['port']} is free" in served["lines"]
+
+
+def test_a_killed_cli_takes_its_server_with_it(bundled_model):
+    started = start_cli(bundled_model)
+    server = psutil.Process(started["pid"])
+    family = [server, *server.children(recursive=True)]
+    started["process"].kill()  # SIGKILL: no chance to stop the server itself
+    started["process"].wait(10)
+    _, alive = psutil.wait_procs(family, timeout=20)
+    assert not alive, [p.cmdline()[:3] for p in alive]
