@@ -58,6 +58,15 @@ def install_auth(token: str) -> None:
     server.build_server = build_server
 
 
+def no_kernel_fallback() -> None:
+    """Continuous batching swaps a half-precision model to flash attention and, without the flash_attn
+    package, fetches `kernels-community/flash-attn` from the Hub (or loads a cached copy) with no flag to
+    stop it; USE_HUB_KERNELS=0 does not reach that path, so the check it calls answers no here."""
+    from transformers.utils import import_utils
+
+    import_utils.is_flash_attn_kernel_fallback_available = lambda fa_version: False
+
+
 def watch_client() -> None:
     """Exit when the client that started us is gone, so a killed CLI or studio leaves no server behind."""
     raw = os.environ.get("FINETUNE_STUDIO_CLIENT_PID", "")
@@ -80,6 +89,7 @@ def main(argv: list[str]) -> int:
         return 2
     watch_client()
     install_auth(token)
+    no_kernel_fallback()
     from transformers.cli.transformers import app  # its main() would first ask the Hub for a CLI update
 
     sys.argv = ["transformers", "serve", *argv]

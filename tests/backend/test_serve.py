@@ -137,6 +137,16 @@ def test_a_server_that_lost_the_race_for_its_port_says_so(bundled_model):
     assert server.failure() == port_taken_line(8127)
 
 
+def test_the_server_process_never_fetches_a_flash_attention_kernel(monkeypatch):
+    from transformers.utils import import_utils
+
+    from backend.serving.tf_server import no_kernel_fallback
+
+    monkeypatch.setattr(import_utils, "is_flash_attn_kernel_fallback_available", lambda fa_version: True)
+    no_kernel_fallback()
+    assert import_utils.is_flash_attn_kernel_fallback_available(2) is False
+
+
 # --- the embedded server on the bundled model -----------------------------------------------------
 
 def start_cli(model: Path) -> dict:
