@@ -11,6 +11,7 @@ server then ends with it: PR_SET_PDEATHSIG and the client watch).
 from __future__ import annotations
 
 import secrets
+import sys
 
 from PySide6.QtCore import QProcess, QProcessEnvironment, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -122,7 +123,8 @@ class ServeWidget(QWidget):
 
     def argv(self) -> list[str]:
         """The CLI line Start runs (the token travels in the environment)."""
-        args = [*module_command("backend.cli"), "serve", self._target, "--port", str(self.port_spin.value()),
+        cli = [sys.executable] if getattr(sys, "frozen", False) else module_command("backend.cli")  # a bundle is the CLI
+        args = [*cli, "serve", self._target, "--port", str(self.port_spin.value()),
                 "--engine", self.engine_combo.currentData(), "--device", self.device_combo.currentData()]
         if self.format_combo.currentData():
             args += ["--format", self.format_combo.currentData()]

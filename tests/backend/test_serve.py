@@ -195,6 +195,9 @@ def test_the_server_answers_concurrent_openai_clients(served):
 
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(ask, range(4)))
+    stream = client.chat.completions.create(model=served["model"], max_tokens=4, stream=True,
+                                            messages=[{"role": "user", "content": "Hi"}])
+    assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content) >= 1
     assert all(isinstance(text, str) and 0 < tokens <= 8 for text, tokens in answers)
     assert sum("127.0.0.1" in line and "chat/completions" in line and "200" in line for line in served["lines"]) >= 4
 

@@ -87,3 +87,17 @@ def test_the_panel_imports_no_torch():
             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+def test_the_export_page_serves_the_picked_run(qtbot, make_studio):
+    from tests.fakes import fake_command
+    from tests.studio.test_export_page import finished_run
+
+    studio = make_studio(fake_command("normal"))
+    first, second = finished_run(studio, "first"), finished_run(studio, "second")
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    for folder in (first, second):
+        page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(folder.path)))
+        assert page.serve.argv()[page.serve.argv().index("serve") + 1] == str(folder.path)
+    assert page.serve.start_button.isEnabled() and not page.serve.stop_button.isEnabled()
