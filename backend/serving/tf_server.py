@@ -61,7 +61,8 @@ def install_auth(token: str) -> None:
 def no_kernel_fallback() -> None:
     """Continuous batching swaps a half-precision model to flash attention and, without the flash_attn
     package, fetches `kernels-community/flash-attn` from the Hub (or loads a cached copy) with no flag to
-    stop it; USE_HUB_KERNELS=0 does not reach that path, so the check it calls answers no here."""
+    stop it; USE_HUB_KERNELS=0 does not reach that path, so the check it calls answers no here (and in
+    the model's process, which imports this module as __mp_main__)."""
     from transformers.utils import import_utils
 
     import_utils.is_flash_attn_kernel_fallback_available = lambda fa_version: False
@@ -96,6 +97,9 @@ def main(argv: list[str]) -> int:
     app()
     return 0
 
+
+if __name__ == "__mp_main__":  # the model's process, which multiprocessing spawns afresh from this module
+    no_kernel_fallback()
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -145,6 +145,15 @@ def test_the_server_process_never_fetches_a_flash_attention_kernel(monkeypatch):
     monkeypatch.setattr(import_utils, "is_flash_attn_kernel_fallback_available", lambda fa_version: True)
     no_kernel_fallback()
     assert import_utils.is_flash_attn_kernel_fallback_available(2) is False
+    # the model's process: multiprocessing's spawn imports the main module as __mp_main__
+    monkeypatch.setattr(import_utils, "is_flash_attn_kernel_fallback_available", lambda fa_version: True)
+    import runpy
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported (by this test)
+        runpy.run_module("backend.serving.tf_server", run_name="__mp_main__")
+    assert import_utils.is_flash_attn_kernel_fallback_available(2) is False
 
 
 # --- the embedded server on the bundled model -----------------------------------------------------
