@@ -14,7 +14,8 @@ import signal
 import sys
 from typing import Any
 
-from backend.cli_checks import positive_int
+from backend.cli_checks import positive_int, probability
+from backend.cli_serve import _card_gb as card_gb
 from backend.config import ConfigError
 from backend.serving import Card, resolve
 from backend.serving.engines import (DEVICES, ENGINES, ServeLaunch, choose_engine, llama_cpp_launch,
@@ -57,9 +58,9 @@ def add_serve_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=positive_int, default=None,
                         help="sequences batched at once: sizes the paged KV cache (transformers on the CPU: default "
                              "8) or vLLM's context for that many (vLLM: default, the most that fit at --context)")
-    parser.add_argument("--card-gb", type=float, default=None,
+    parser.add_argument("--card-gb", type=card_gb, default=None,
                         help="vLLM: memory of one GPU in GB (default: the first CUDA GPU's)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=UTILIZATION, help="vLLM's share of the card")
+    parser.add_argument("--gpu-memory-utilization", type=probability, default=UTILIZATION, help="vLLM's share of the card")
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, help="vLLM: GPUs the model is split over")
     parser.add_argument("--ready-timeout", type=positive_int, default=600, help="seconds to wait for the model to load")
     parser.set_defaults(func=cmd_serve)

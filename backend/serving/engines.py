@@ -141,24 +141,34 @@ def transformers_launch(source: ServeSource, port: int, token: str, device: str,
 
 def vllm_launch(source: ServeSource, port: int, token: str, card: Card, context: int | None = None,
                 concurrency: int | None = None) -> ServeLaunch:
-    """The serving estimate's `vllm serve` line for `card`, bound to 127.0.0.1, the token in VLLM_API_KEY."""
+    """The serving estimate's `vllm serve` line for `card`, bound to 127.0.0.1, the token in VLLM_API_KEY:
+    the most sequences at `context`, the longest context for `concurrency`, or, both given, those two
+    when they fit (a one-line refusal saying how many fit when they do not)."""
     if "--enable-lora" not in source.flags and not Path(source.serve_path).exists():
         _needs_merged(source)
-    result = estimate_serving(source, card, context, concurrency)
+    both = context is not None and concurrency is not None
+    result = estimate_serving(source, card, context, None if both else concurrency)
     if result.get("does_not_fit"):
         raise ValueError(f"does not fit the card: {result['does_not_fit']}")
     plan = result["plans"][-1]  # the concurrency's plan when one was asked, else the context's
     if not plan.get("vllm"):
         raise ValueError(f"no vLLM setting fits {card.gb:g} GB at that context; lower --context")
+    line = shlex.split(plan["vllm"])
+    if both:
+        if plan["max_num_seqs"] < concurrency:
+            raise ValueError(f"--max-num-seqs {concurrency}: only {plan['max_num_seqs']} sequences of {context:,} "
+                             f"tokens fit in {card.utilization:g} x {card.gb:g} GB; lower one of them")
+        line[line.index("--max-num-seqs") + 1] = str(concurrency)
     binary = Path(sys.executable).with_name("vllm")
-    argv = shlex.split(plan["vllm"]) + ["--host", HOST, "--port", str(port)]
+    argv = line + ["--host", HOST, "--port", str(port)]
     argv[0] = str(binary) if binary.exists() else "vllm"
     model = source.serve_path
     if "--lora-modules" in argv:
         model = argv[argv.index("--lora-modules") + 1].split("=", 1)[0]
     notes = list(result["notes"]) + list(plan["notes"])
+    shown = " ".join(shlex.quote(part) for part in ["vllm", *line[1:], "--host", HOST, "--port", str(port)])
     return ServeLaunch("vllm", argv, _env({"VLLM_API_KEY": token}), model, port,
-                       plan["vllm"] + f" --host {HOST} --port {port}  (token required: VLLM_API_KEY={HIDDEN})", notes)
+                       shown + f"  (token required: VLLM_API_KEY={HIDDEN})", notes)
 
 
 def llama_cpp_launch(source: ServeSource, port: int, token: str, context: int | None = None) -> ServeLaunch:

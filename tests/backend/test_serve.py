@@ -66,7 +66,12 @@ def test_vllm_runs_the_serving_estimate_line_with_the_token_in_its_env(bundled_m
     for flag, value in (("--tensor-parallel-size", "1"), ("--block-size", "16"), ("--gpu-memory-utilization", "0.85"),
                         ("--max-model-len", "512"), ("--host", "127.0.0.1"), ("--port", "8124")):
         assert _flag(launch.argv, flag) == value
-    assert int(_flag(launch.argv, "--max-num-seqs")) > 0
+    most = int(_flag(launch.argv, "--max-num-seqs"))
+    assert most > 1
+    both = vllm_launch(source, 8124, TOKEN, card, context=512, concurrency=most - 1)
+    assert _flag(both.argv, "--max-num-seqs") == str(most - 1) and _flag(both.argv, "--max-model-len") == "512"
+    with pytest.raises(ValueError, match=rf"only {most} sequences of 512 tokens fit"):
+        vllm_launch(source, 8124, TOKEN, card, context=512, concurrency=most + 1)
     assert launch.argv[:2][-1] == "serve" and launch.env["VLLM_API_KEY"] == TOKEN and TOKEN not in launch.shown
     monkeypatch.setattr(engines, "installed", lambda module: False)
     with pytest.raises(ValueError, match="vLLM is not installed"):
