@@ -39,6 +39,7 @@ from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
 from studio.widgets.serve_widget import ServeWidget
+from studio.widgets.vertical_scroll_area import VerticalScrollArea
 
 REPORT = EXPORT_REPORT
 DTYPE_FORMATS = ("merged", "bnb-8bit", "bnb-4bit")
@@ -123,12 +124,14 @@ class ExportPage(QWidget):
         QVBoxLayout(eval_box).addWidget(self.evaluation)
         split = QSplitter()
         split.addWidget(export_box)
-        split.addWidget(eval_box)
-        self.serve = ServeWidget()  # the run's export behind an OpenAI-compatible server
+        self.serve = ServeWidget()  # the run's export behind an OpenAI-compatible server, under Evaluate
         self.serve.set_target(self.picker.path())
         serve_box = QGroupBox("Serve")
-        QVBoxLayout(serve_box).addWidget(self.serve)
-        split.addWidget(serve_box)
+        QVBoxLayout(serve_box).addWidget(VerticalScrollArea(self.serve))  # a small window scrolls it
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(eval_box)
+        right.addWidget(serve_box)
+        split.addWidget(right)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)

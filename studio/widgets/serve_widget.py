@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
     QFormLayout,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -87,15 +88,19 @@ class ServeWidget(QWidget):
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(LOG_LINES)
+        options = QGridLayout()  # two options a row: the panel sits under Evaluate and must stay short
+        for index, (label, field) in enumerate((("Format", self.format_combo), ("Engine", self.engine_combo),
+                                                ("Device", self.device_combo), ("Port", self.port_spin))):
+            options.addWidget(QLabel(label), index // 2, (index % 2) * 2)
+            options.addWidget(field, index // 2, (index % 2) * 2 + 1)
+        options.setColumnStretch(1, 1)
+        options.setColumnStretch(3, 1)
         form = QFormLayout()
-        form.addRow("Format", self.format_combo)
-        form.addRow("Engine", self.engine_combo)
-        form.addRow("Device", self.device_combo)
-        form.addRow("Port", self.port_spin)
         form.addRow("URL", self.url_edit)
         form.addRow("API key", self.token_edit)
         form.addRow("Command", self.command_edit)
         layout = QVBoxLayout(self)
+        layout.addLayout(options)
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
