@@ -12,6 +12,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 from typing import Any
 
 from backend.cli_checks import positive_int, probability
@@ -88,6 +89,17 @@ def plan(args: argparse.Namespace, token: str) -> ServeLaunch:
     return transformers_launch(source, port, token, device, args.context, args.max_num_seqs)
 
 
+_PRINT = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line to stdout: the server's output is relayed from another thread, and print() writes
+    the text and its newline apart, so two threads could glue their lines together."""
+    with _PRINT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def _raise_interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -98,25 +110,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         launch = plan(args, token)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    print(f"engine:  {launch.engine}", flush=True)
-    print(f"command: {launch.shown}", flush=True)
+    say(f"engine:  {launch.engine}")
+    say(f"command: {launch.shown}")
     for note in launch.notes:
-        print(f"note:    {note}", flush=True)
-    server = ServerProcess(launch, token, on_line=lambda line: print(f"  | {line}", flush=True))
+        say(f"note:    {note}")
+    server = ServerProcess(launch, token, on_line=lambda line: say(f"  | {line}"))
     signal.signal(signal.SIGTERM, _raise_interrupt)  # the studio's Stop: the same clean stop as Ctrl-C
     try:
         try:
             server.start()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        print(f"token:   {token}  (printed once; clients send it as the API key)", flush=True)
-        print(f"pid:     {server.pid}", flush=True)
+        say(f"token:   {token}  (printed once; clients send it as the API key)")
+        say(f"pid:     {server.pid}")
         server.wait_ready(args.ready_timeout)
-        print(f"ready:   {launch.base_url}  model {launch.model}", flush=True)
-        print(f"try:     curl {launch.base_url}/chat/completions -H 'Authorization: Bearer <token>' "
-              "-H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'",
-              flush=True)
-        print("Ctrl-C stops the server", flush=True)
+        say(f"ready:   {launch.base_url}  model {launch.model}")
+        say(f"try:     curl {launch.base_url}/chat/completions -H 'Authorization: Bearer <token>' "
+            "-H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'")
+        say("Ctrl-C stops the server")
         assert server.process is not None
         server.process.wait()
         print(f"error: {server.failure()}", file=sys.stderr, flush=True)
@@ -125,10 +136,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
-        print("stopping the server", flush=True)
+        say("stopping the server")
         return 0
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second Stop while we clean up must not cut it short
         server.stop()
         if server.process is not None:
-            print(f"stopped: port {launch.port} is free", flush=True)
+            say(f"stopped: port {launch.port} is free")
