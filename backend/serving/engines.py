@@ -172,10 +172,13 @@ def vllm_launch(source: ServeSource, port: int, token: str, card: Card, context:
 
 
 def llama_cpp_launch(source: ServeSource, port: int, token: str, context: int | None = None) -> ServeLaunch:
-    """`python -m llama_cpp.server` on the GGUF file, with --api_key."""
+    """`python -m llama_cpp.server` on the GGUF file. The token goes in API_KEY, which its pydantic-settings
+    ServerSettings reads into api_key (kept out of argv, where `ps` shows it); interrupt_requests is off,
+    or each new request would cut off the one being answered."""
     _needs_merged(source)
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", source.serve_path, "--host", HOST,
-            "--port", str(port), "--api_key", token]
+            "--port", str(port), "--interrupt_requests", "false"]
     if context:
         argv += ["--n_ctx", str(context)]
-    return ServeLaunch("llama-cpp", argv, _env({}), source.serve_path, port, _shown(argv, token), list(source.notes))
+    return ServeLaunch("llama-cpp", argv, _env({"API_KEY": token}), source.serve_path, port,
+                       _shown(argv, token) + f"  (token required: API_KEY={HIDDEN})", list(source.notes))

@@ -92,9 +92,10 @@ def test_gguf_goes_to_llama_cpp_or_says_why_not(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="served by llama.cpp"):
         choose_engine(source, "transformers", "cpu")
     launch = llama_cpp_launch(source, 8125, TOKEN, context=2048)
-    assert launch.argv[1:3] == ["-m", "llama_cpp.server"] and _flag(launch.argv, "--api_key") == TOKEN
+    assert launch.argv[1:3] == ["-m", "llama_cpp.server"] and launch.env["API_KEY"] == TOKEN
     assert _flag(launch.argv, "--host") == "127.0.0.1" and _flag(launch.argv, "--n_ctx") == "2048"
-    assert TOKEN not in launch.shown and HIDDEN in launch.shown
+    assert _flag(launch.argv, "--interrupt_requests") == "false"  # concurrent clients are not cut off
+    assert TOKEN not in " ".join(launch.argv) and TOKEN not in launch.shown and HIDDEN in launch.shown
 
 
 def test_a_run_without_its_merged_export_names_the_export_to_make(tmp_path):
