@@ -326,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     from backend.cli_prune import add_prune_parser
 
     add_prune_parser(sub)
+    from backend.cli_serve_run import add_serve_run_parser
+
+    add_serve_run_parser(sub)
     return parser
 
 

@@ -41,6 +41,8 @@ from studio.widgets.export_report_widget import ExportReportWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.prune_widget import PruneWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
+from studio.widgets.serve_widget import ServeWidget
+from studio.widgets.vertical_scroll_area import VerticalScrollArea
 
 REPORT = EXPORT_REPORT
 DTYPE_FORMATS = ("merged", "bnb-8bit", "bnb-4bit")
@@ -126,9 +128,12 @@ class ExportPage(QWidget):
         split = QSplitter()
         split.addWidget(export_box)
         self.prune = PruneWidget(JobController(None, jobs.worker_command, jobs.worker_env, parent=self))
-        self.side_tabs = QTabWidget()  # Evaluate and Prune share the right column
+        self.serve = ServeWidget()  # the run's export behind an OpenAI-compatible server
+        self.serve.set_target(self.picker.path())
+        self.side_tabs = QTabWidget()  # Evaluate, Prune and Serve share the right column
         self.side_tabs.addTab(eval_box, "Evaluate")
         self.side_tabs.addTab(self.prune, "Prune")
+        self.side_tabs.addTab(VerticalScrollArea(self.serve), "Serve")  # a small window scrolls it
         split.addWidget(self.side_tabs)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
@@ -173,6 +178,7 @@ class ExportPage(QWidget):
             self.out_edit.setText(self.default_out())
         self.evaluation.set_run(path)
         self.prune.set_run(path)
+        self.serve.set_target(path)
         self._update_buttons()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
