@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from backend.config import RunConfig
+    from backend.config.run_config import RunConfig
 
 _NATIVE = ("avx512_bf16", "amx_bf16")
 
@@ -53,6 +53,6 @@ def bf16_base(run: RunConfig, device: str, native: bool) -> bool:
     """Whether a run holds its frozen base in bf16 on the CPU (lora_matmul.py): the worker's plan and
     the estimate ask the same question. Only plain LoRA at precision auto (fp32 asked means fp32),
     on one process or DDP (the sharded strategies flatten parameters of one dtype), shortcuts not off
-    (it is one of the speed shortcuts: backend/training/shortcuts.py)."""
+    (it is one of the speed shortcuts: backend/training/shortcuts/registry.py)."""
     return (device == "cpu" and native and run.technique.precision == "auto" and run.technique.method == "lora"
             and run.hardware.strategy in ("single", "ddp") and run.technique.shortcuts != "off")

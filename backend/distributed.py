@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 
 ACCELERATE_CONFIG = "accelerate_config.yaml"
 JOB_FILE = "start_job.json"

@@ -1,6 +1,6 @@
 """verdicts(): which of a run's choices can run on this machine, as one torch-free list of rules.
 
-The worker's plan (backend/training/techniques.py) refuses a choice that cannot run before it loads
+The worker's plan (backend/training/model/techniques.py) refuses a choice that cannot run before it loads
 anything, and the studio must say the same before Start is pressed; both call `verdicts` so the two
 can never drift apart. Each Verdict names the field, whether it runs as asked, the one-sentence
 reason, and where a faithful fallback exists the value that runs instead. What the studio cannot
@@ -16,7 +16,7 @@ from typing import Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.paths import HUB_PREFIX, resolve_resource
 from backend.protocol import Capabilities
 
@@ -28,7 +28,7 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence
 
 
 class AttentionFacts(Protocol):
-    """What the worker knows of the model's class (backend.training.model_facts.ModelFacts)."""
+    """What the worker knows of the model's class (backend.training.model.model_facts.ModelFacts)."""
 
     known: bool
     supports_sdpa: bool
@@ -297,7 +297,7 @@ def lenient_config(raw: dict[str, Any]) -> RunConfig | None:
     """`raw` with its sections checked one by one but not against each other: the choices of a draft
     that breaks a combination rule (KTO with micro-batch 1) can still be judged, so every problem is
     shown at once. None when a section itself is invalid."""
-    from backend.config import migrate, section_models
+    from backend.config.run_config import migrate, section_models
 
     try:
         data = migrate(raw)

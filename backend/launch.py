@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.cpu_features import RUNTIME_ENV
 from backend.hub_kernels import switch_off
 from backend.protocol import StartJob, encode

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import RunFolder
 
 ORIGIN = "origin.json"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.calibration import Calibration
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 import backend.cpu_features as cpu_features  # looked up at call time, as the worker's plan does
 from backend.device_caps import device_caps
 import backend.estimate as estimator  # looked up at call time: tests spy on backend.estimate.estimate
@@ -50,7 +50,7 @@ class RunEstimate:
 
 def longest_answer(config: RunConfig) -> int | None:
     """The data's longest answer in tokens, read as the studio's Data page reads it (None: not known)."""
-    from backend.training.dataset_profile import DatasetProfile  # torch-free (tokenizers only)
+    from backend.training.data.dataset_profile import DatasetProfile  # torch-free (tokenizers only)
 
     return DatasetProfile.read(config.data.path, config.model.path, config.data.format,
                                skip_invalid=config.data.skip_invalid, seq_len=config.train.seq_len).longest_answer()

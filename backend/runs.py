@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.paths import usable_home
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"

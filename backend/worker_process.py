@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.launch import job_argv, start_line, worker_env
 from backend.protocol import StopJob, encode
 from backend.protocol_session import ProtocolSession

@@ -25,8 +25,8 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault(name, value)
     import torch
 
-    from backend.config import RunConfig
-    from backend.training.capabilities import default_threads
+    from backend.config.run_config import RunConfig
+    from backend.training.model.capabilities import default_threads
 
     torch.set_num_threads(default_threads())  # the worker's starting count
     from backend.jobs import finetune

@@ -10,7 +10,7 @@ not counted, for either side. Prints each run, the medians and the ratio (studio
     # on a GPU: a 0.6B model built from a config, bf16 (both sides), LoRA and QLoRA, peak memory too
     python bench/throughput.py --model-size 0.6b --data tests/fixtures/peer-data/alpaca_en_demo.json \
         --seq-len 1024 --method qlora --rounds 2
-    # the speed shortcuts (backend/training/shortcuts.py): studio with them (auto) against without
+    # the speed shortcuts (backend/training/shortcuts/registry.py): studio with them (auto) against without
     # (off), and each shortcut's own worth: auto against auto with that one shortcut left out
     python bench/throughput.py --shortcuts --model-size 1024 --vocab 32000 --rounds 3 --steps 4 \
         --data tests/fixtures/peer-data/alpaca_en_demo.json --batch 2
@@ -117,7 +117,7 @@ def run_baseline(params: dict, threads: int | None = None) -> dict:
 
 
 def run_studio(preset: Path, overrides: list[str]) -> dict:
-    from backend.config import RunConfig
+    from backend.config.run_config import RunConfig
     from backend.runs import RunFolder
     from backend.worker_process import WorkerProcess
 
@@ -210,8 +210,8 @@ def main() -> int:
 
     import torch
 
-    from backend.config import RunConfig
-    from backend.training.capabilities import default_threads
+    from backend.config.run_config import RunConfig
+    from backend.training.model.capabilities import default_threads
 
     os.environ["FINETUNE_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
     common = [f"train.max_steps={args.steps}", f"train.save_steps={args.steps}"]
@@ -302,7 +302,7 @@ def plan_line(run: dict) -> str:
 def compare_shortcuts(preset: Path, common: list[str], rounds: int) -> int:
     """auto vs off, and auto vs auto-without-X for each shortcut X that auto uses, alternated in rounds
     (the order rotates each round); prints each round's ratios, whose pairs are close in time."""
-    from backend.training.shortcuts import DISABLE_ENV, SHORTCUTS
+    from backend.training.shortcuts.registry import DISABLE_ENV, SHORTCUTS
 
     def run(variant: str) -> dict:
         os.environ.pop(DISABLE_ENV, None)

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return worker_main()
     if _wants_cli(argv):
-        from backend.cli import main as cli_main
+        from backend.cli.app import main as cli_main
 
         return cli_main(argv)
     if not _has_display():

@@ -73,7 +73,7 @@ class Studio:
 
 def base_config() -> tuple[dict[str, Any], Path | None, str]:
     """(raw config, the file it came from, a problem sentence) for the form's starting point."""
-    from backend.config import ConfigError, RunConfig
+    from backend.config.run_config import ConfigError, RunConfig
     from backend.paths import resources_dir
 
     preset = resources_dir() / PRESET

@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication, QInputDialog, QLineEdit, QMessageBox
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.memory_record import MemoryRecord
 from backend.paths import runs_dir
 from backend.protocol import WorkerReady

@@ -1,6 +1,6 @@
 """Memory estimator: a model's config.json + a RunConfig -> bytes per part of one training step.
 
-Pure Python (standard library, pydantic and backend.config only): the studio imports it, so it must
+Pure Python (standard library, pydantic and backend.config.run_config only): the studio imports it, so it must
 never import torch or transformers. Every term is derived from the architecture in config.json,
 read per family in the family's own key names with its config class's defaults (families.py:
 Llama with Mistral, SmolLM and TinyLlama; Qwen2/2.5; Qwen3; Gemma 2; Gemma 3 text, also nested in
@@ -68,7 +68,7 @@ logits
     + transient fp32 upcast. Gemma 2's final soft-capping (tanh(logits/30)*30) saves tanh's output,
     one more logits-sized tensor. This follows the Trainer, which keeps only the loss, not the logits,
     for the backward pass. The worker projects only the positions whose next token is a target
-    (backend/training/loss_positions.py), so the real buffer is (targets x vocab). Given the data's
+    (backend/training/shortcuts/loss_positions.py), so the real buffer is (targets x vocab). Given the data's
     longest answer (`target_tokens`, which the studio's Data page measures), the estimate counts
     micro_batch x min(seq_len, target_tokens) positions, the most one micro-batch can hold; without
     it, every position, the worst case (raw text), which over-states instruction data by the
@@ -132,7 +132,7 @@ Assumptions (where a real run can differ):
 - SDPA runs without a padding mask (packed or unpadded batches: the flash / memory-efficient
   kernels); a padding mask can make torch fall back to a kernel that expands K/V to all heads.
   Packed rows really do run without one: the worker's `sdpa_packed` attends per example and builds
-  no block-diagonal mask (backend/training/packed_attention.py), except for windowed models
+  no block-diagonal mask (backend/training/shortcuts/packed_attention.py), except for windowed models
   (sliding_window set), which it hands to transformers' masks: counted, per layer.
 - Every sequence is `train.seq_len` long (the worst case). With packing (the default) a micro-batch is
   one row of up to micro_batch_size x seq_len tokens. FlashAttention-2 and the worker's sdpa_packed
@@ -182,11 +182,11 @@ from backend.estimate.architectures import (
 from backend.estimate.breakdown import CUDA_PARTS, GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
 from backend.estimate.cuda import ALLOCATOR_RESERVE, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
 from backend.estimate.estimator import dora_transient, estimate
-from backend.estimate.families import FAMILIES, load_model_config, read_dims
+from backend.estimate.families import ESTIMATE_FAMILIES, load_model_config, read_dims
 from backend.estimate.quantization import ADAM8_BLOCK, ADAM8_MIN_SIZE, NF4_BLOCK, NF4_DQ_BLOCK, nf4_bytes
 from backend.estimate.setup import Setup, resolve_setup
 
-ARCHITECTURES: dict[str, Arch] = {model_type: arch for model_type, (arch, _) in FAMILIES.items()}
+ARCHITECTURES: dict[str, Arch] = {model_type: arch for model_type, (arch, _) in ESTIMATE_FAMILIES.items()}
 """config.json's model_type -> Arch (the measured families); others are estimated as Llama-style."""
 
 __all__ = [
@@ -197,7 +197,7 @@ __all__ = [
     "CUBLAS_WORKSPACE_BYTES",
     "CUDA_CONTEXT_BYTES",
     "CUDA_PARTS",
-    "FAMILIES",
+    "ESTIMATE_FAMILIES",
     "GIB",
     "GPT_NEOX",
     "LLAMA",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate.breakdown import GIB
 
 CARD_SIZES_GB = (8, 12, 16, 24, 32, 40, 48, 80, 96, 141)

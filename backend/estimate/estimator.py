@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.cpu_features import bf16_base
 from backend.estimate.activations import activation_bytes
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params

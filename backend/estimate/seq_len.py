@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate import human_bytes
 from backend.estimate.families import max_positions
 
@@ -98,7 +98,7 @@ def cli_longest_seq_len(args: Any, config: RunConfig, found: Any, answer: int | 
     import os
 
     from backend.calibration import Calibration
-    from backend.config import ConfigError
+    from backend.config.run_config import ConfigError
     from backend.device_caps import device_caps
     from backend.estimate import load_model_config
     from backend.estimate.cards import usable_bytes

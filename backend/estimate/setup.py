@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate.architectures import Arch, Dims, all_linears
 
 
@@ -68,7 +68,7 @@ def lora_roles(arch: Arch, d: Dims, lora_targets: str) -> tuple[set[str], list[s
     """The roles `technique.lora_targets` adapts, as the worker asks peft 0.21, and warnings. For
     mixtral and qwen3_moe peft maps the experts' and router's v4 module names onto target_parameters
     of the fused experts (gate and up together: naming one alone is refused); the worker's all-linear
-    there is the attention only (backend/training/moe.py peft_targets)."""
+    there is the attention only (backend/training/model/moe.py peft_targets)."""
     names: dict[str, set[str]] = {}
     for lin, _ in all_linears(arch, d):
         names.setdefault(lin.name, set()).add(lin.role)
@@ -167,9 +167,9 @@ def resolve_setup(
 def per_example_attention(arch: Arch, d: Dims, run: RunConfig, attention: str) -> bool:
     """Whether a packed row's attention runs per example, as the worker decides it: FlashAttention-2
     reads the varlen boundaries; SDPA does through the sdpa_packed shortcut where that applies
-    (backend/training/shortcuts.py: shortcuts auto, no torch.compile, no sliding window, a family
+    (backend/training/shortcuts/registry.py: shortcuts auto, no torch.compile, no sliding window, a family
     its tests prove). Eager attention gets a block-diagonal mask over the whole row."""
-    from backend.training.shortcuts import ALL
+    from backend.training.shortcuts.registry import ALL
 
     t = run.technique
     if not t.packing or t.objective != "sft":

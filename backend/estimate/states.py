@@ -23,7 +23,7 @@ def weight_storage(arch: Arch, d: Dims, s: Setup, counts: ParamCounts, bf16_base
     """Bytes of the weights by storage type. bitsandbytes quantizes nn.Linear modules only: the
     fused experts (3-D parameters) and the routers stay unquantized (bitsandbytes issue #1849); peft's
     prepare_model_for_kbit_training casts the routers to fp32 and would the experts too, but the
-    worker keeps those in the load dtype (backend/training/moe.py)."""
+    worker keeps those in the load dtype (backend/training/model/moe.py)."""
     w_dtype = "fp32" if s.w_e == 4 else s.dtype
     storage: dict[str, Any] = {"fp32": 0, "bf16": 0, "fp16": 0, "int8": 0, "nf4": 0, "nf4_constants": 0, "int8_scales": 0}
     warnings: list[str] = []

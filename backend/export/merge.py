@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import bad_input
 from backend.hub_kernels import LOAD_KWARGS
 from backend.run_continuation import how_to_finish

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import bad_input
 from backend.evaluation.run_models import RunModels
 from backend.jobs.chat_session import ChatSession
 from backend.protocol import Capabilities, JobFinished, JobStarted
-from backend.training.capabilities import probe_capabilities
+from backend.training.model.capabilities import probe_capabilities
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import JobError, bad_input
 from backend.export.checkpoint_files import CheckpointFiles
 from backend.export.formats import FORMATS, failure_hint, is_gguf, overwrite_refusal, tolerance

@@ -16,7 +16,7 @@ import resource
 import sys
 from pathlib import Path
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.memory_record import MemoryRecord
 from backend.protocol import Capabilities
 from backend.run_estimate import RunEstimate, estimate_here

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from backend.config import ConfigError, RunConfig
+from backend.config.run_config import ConfigError, RunConfig
 from backend.errors import JobError
 from backend.memory_record import MemoryRecord
 from backend.protocol import JobFailed

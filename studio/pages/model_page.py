@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.config import ConfigError, RunConfig
+from backend.config.run_config import ConfigError, RunConfig
 from backend.paths import HUB_PREFIX, resolve_resource
 from studio.services.model_info import ModelInfo
 from studio.state.config_state import ConfigState

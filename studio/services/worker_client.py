@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.launch import job_argv, start_line, worker_env
 from backend.protocol import JobFailed, JobFinished, StopJob, encode
 from backend.protocol_session import TAIL_LINES, ProtocolSession, describe_exit

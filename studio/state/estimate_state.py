@@ -14,7 +14,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from backend.config import ConfigError
+from backend.config.run_config import ConfigError
 from backend.protocol import Capabilities
 from studio.state.config_state import ConfigState
 

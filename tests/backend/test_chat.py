@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import JobError
 from backend.launch import start_line, worker_command, worker_env
 from backend.protocol import ChatMessage, StopJob, encode

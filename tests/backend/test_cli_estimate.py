@@ -11,7 +11,7 @@ PARTS = {"weights", "adapters", "gradients", "optimizer", "master_weights", "act
 
 def run(*args: str) -> subprocess.CompletedProcess:
     code = ("import sys, runpy; sys.argv = ['finetune-studio', *sys.argv[1:]];"
-            "from backend.cli import main; rc = main(sys.argv[1:]);"
+            "from backend.cli.app import main; rc = main(sys.argv[1:]);"
             "assert 'torch' not in sys.modules, 'estimate imported torch'; sys.exit(rc)")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
@@ -44,9 +44,9 @@ def test_table_for_a_config_only_folder(tmp_path):
 
 def test_logits_follow_the_data_as_in_the_studio():
     """The CLI reads the data like the Data page: the same longest answer, the same estimate."""
-    from backend.config import RunConfig
+    from backend.config.run_config import RunConfig
     from backend.estimate import estimate
-    from backend.training.dataset_profile import DatasetProfile
+    from backend.training.data.dataset_profile import DatasetProfile
 
     measured = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu").stdout)
     worst = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu", "--worst-case").stdout)

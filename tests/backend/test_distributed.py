@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from backend.config import ConfigError, RunConfig
+from backend.config.run_config import ConfigError, RunConfig
 from backend.distributed import accelerate_config, multinode_commands, slurm_script
 from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess

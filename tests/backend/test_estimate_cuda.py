@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate import CUDA_CONTEXT_BYTES, GIB, estimate
 from backend.estimate.cards import CARD_SIZES_GB, cards_sentence, fitting_cards, usable_bytes
 from tests.conftest import ROOT

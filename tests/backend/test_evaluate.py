@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import JobError
 from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import JobError
 from backend.runs import RunFolder
 from backend.worker.reporter import Reporter
@@ -57,7 +57,7 @@ def lora_run(runs_root) -> RunFolder:
 
 @pytest.fixture(scope="module")
 def qlora_run(runs_root) -> RunFolder:
-    from backend.training.techniques import bnb_can
+    from backend.training.model.techniques import bnb_can
 
     if bnb_can("nf4", "cpu"):
         pytest.skip("bitsandbytes 4-bit does not work on this CPU (the QLoRA path is then covered by `gpu` runs)")

@@ -121,7 +121,7 @@ def test_streaming_merge_equals_peft_merge_and_unload(family, options, tmp_path)
 
 @pytest.mark.parametrize("quantization", ["nf4", "int8"])
 def test_qlora_and_lora8_merge_into_the_dequantized_base_exactly(quantization, tmp_path):
-    from backend.training.techniques import bnb_can
+    from backend.training.model.techniques import bnb_can
 
     if bnb_can(quantization, "cpu"):
         pytest.skip(f"bitsandbytes {quantization} does not work on this CPU")

@@ -48,7 +48,7 @@ def test_figure_never_formats_a_sentence_as_a_number():
     ([PASSED_PPL, FAILED_TOP1], "FAILED", ["FAIL top1"]),
 ])
 def test_cli_verdict_and_marks_follow_the_outcome(checks, verdict, marks):
-    from backend.cli_export import print_report
+    from backend.cli.export import print_report
 
     out = io.StringIO()
     report = {"format": "gguf-f16", "path": "/x", "outcome": outcome_of(checks), "checks": checks}

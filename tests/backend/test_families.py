@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import JobError
 from backend.protocol import Capabilities, decode_event
 from backend.worker.reporter import Reporter
@@ -136,7 +136,7 @@ def test_qlora_keeps_moe_experts_in_their_dtype(models):
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from backend.training.moe import keep_experts_dtype
+    from backend.training.model.moe import keep_experts_dtype
 
     def load():
         return AutoModelForCausalLM.from_pretrained(

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from backend.calibration import Calibration
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.errors import JobError
 from backend.feasibility import blocker, context_length, runnable, verdicts
 from backend.protocol import Capabilities
 from backend.run_estimate import estimate_run
-from backend.training.techniques import plan_techniques
+from backend.training.model.techniques import plan_techniques
 from tests.conftest import PRESET
 
 CPU = Capabilities(cuda=False, bitsandbytes="0.50.2")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import RunFolder
 from backend.worker.reporter import Reporter
 from backend.worker.stop_listener import StopListener

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess
 from tests.conftest import PRESET
@@ -99,7 +99,7 @@ def test_shortcuts_on_and_off_agree_in_bf16_on_cuda(family):
     import torch
 
     from backend.protocol import Capabilities
-    from backend.training.data import PackingCollator, PadCollator
+    from backend.training.data.tokenized import PackingCollator, PadCollator
     from tests.backend.test_shortcut_exactness import build, features, loss_and_grads, plans
 
     on, off = plans(family, Capabilities(cuda=True, bf16=True), ["technique.precision=bf16"])

@@ -12,7 +12,7 @@ import io
 import pytest
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.hub_kernels import LOAD_KWARGS, OFF_ENV
 from backend.launch import worker_env
 from backend.worker.reporter import Reporter

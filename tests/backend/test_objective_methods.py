@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
-from backend.config_errors import ConfigError
+from backend.config.run_config import RunConfig
+from backend.config.errors import ConfigError
 from backend.protocol import Capabilities
 from tests.backend.objective_runs import run_preset
 from tests.conftest import ROOT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate import GIB, estimate
 from backend.paths import HUB_PREFIX
 from backend.presets import list_presets, load_preset, parse_card
@@ -57,7 +57,7 @@ def test_a_preset_before_its_download_is_one_line_and_after_it_estimates(studio_
 
     from backend.errors import JobError
     from backend.paths import hub_folder
-    from backend.training.loading import check_model_folder
+    from backend.training.model.loading import check_model_folder
 
     preset = next(p for p in PRESETS if p.hub_id == "Qwen/Qwen2.5-0.5B-Instruct")
     config = RunConfig.load(preset.path)

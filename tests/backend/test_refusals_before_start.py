@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-import backend.cli
+import backend.cli.app
 import backend.device_caps
-from backend.cli import main
-from backend.config import RunConfig
+from backend.cli.app import main
+from backend.config.run_config import RunConfig
 from backend.device_caps import DetectedDevice
 from backend.feasibility import before_start, blocking_lines, input_verdicts, lenient_config, verdicts
 from backend.protocol import Capabilities, DeviceInfo
@@ -28,7 +28,7 @@ def nothing_starts(monkeypatch):
         raise AssertionError("the run was about to start")
 
     monkeypatch.setattr(RunFolder, "create", classmethod(lambda cls, *a, **k: refuse()))
-    monkeypatch.setattr(backend.cli, "WorkerProcess", refuse)
+    monkeypatch.setattr(backend.cli.app, "WorkerProcess", refuse)
 
 
 def train(argv: list[str], capsys) -> tuple[int, list[str]]:
@@ -135,7 +135,7 @@ def test_a_refusal_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from backend.cli import main; "
+    code = ("import sys; from backend.cli.app import main; "
             "code = main(['train', sys.argv[1], '--set', 'technique.liger_kernel=true']); "
             "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code, str(PRESET)], capture_output=True, text=True, timeout=120)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.run_continuation import ORIGIN, continue_run
 from backend.runs import CHECKPOINT_MARKER, RunFolder
 
@@ -84,7 +84,7 @@ def test_a_run_folder_stores_relative_model_and_data_paths_absolute(tmp_path, mo
 
 
 def test_a_checkpoint_resumes_only_at_its_own_rank_and_method(tmp_path, capsys):
-    from backend.cli import main
+    from backend.cli.app import main
     from backend.run_continuation import resume_mismatch
 
     source = _finished(tmp_path)

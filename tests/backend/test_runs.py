@@ -3,7 +3,7 @@
 import json
 import shutil
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
 
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
 from backend.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.distributed import launch_argv
 from backend.launch import WORKER_SCRIPT, module_command, worker_command, worker_env
 from backend.runs import RunFolder

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-import backend.cli
-from backend.cli import main
-from backend.config import RunConfig
+import backend.cli.app
+from backend.cli.app import main
+from backend.config.run_config import RunConfig
 from backend.protocol import PROTOCOL_VERSION, JobStarted, WorkerReady, encode
 from backend.protocol_session import ProtocolSession
 from backend.runs import RunFolder
@@ -53,7 +53,7 @@ def test_the_cli_client_refuses_another_release_at_once(how):
 
 
 def test_the_cli_says_another_release_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(backend.cli, "WorkerProcess", lambda **kw: WorkerProcess(command=OTHER, **kw))
+    monkeypatch.setattr(backend.cli.app, "WorkerProcess", lambda **kw: WorkerProcess(command=OTHER, **kw))
     assert main(["train", str(PRESET)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("error:", "hint:"))]
     assert lines == [f"error: {MISMATCH}this finetune-studio speaks v{PROTOCOL_VERSION}",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess
 

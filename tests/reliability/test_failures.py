@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.protocol import Capabilities
 from backend.runs import RunFolder
 from backend.worker.failures import classify_failure

@@ -3,7 +3,7 @@ never interrupted (model, optimizer, scheduler, RNG and data order all restored)
 
 from __future__ import annotations
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import RunFolder
 from backend.worker_process import WorkerProcess
 from tests.conftest import PRESET

@@ -70,7 +70,7 @@ def test_sigterm_to_the_cli_stops_and_saves_before_it_exits(tmp_path):
     folder_root = tmp_path / "runs"
     script = textwrap.dedent(f"""
         import sys
-        from backend.config import RunConfig
+        from backend.config.run_config import RunConfig
         from backend.runs import RunFolder
         from backend.worker_process import WorkerProcess
         folder = RunFolder.create(RunConfig(name="term"), root=__import__("pathlib").Path({str(folder_root)!r}))
@@ -101,7 +101,7 @@ def test_sigterm_asks_for_a_stop_with_a_checkpoint_and_a_gone_client_does_too():
 
 
 def test_a_multi_node_run_says_whom_it_waits_for_and_gives_up(tmp_path, capsys):
-    from backend.config import RunConfig
+    from backend.config.run_config import RunConfig
     from backend.worker_process import WorkerProcess
 
     config = RunConfig.from_dict({"name": "two", "hardware": {

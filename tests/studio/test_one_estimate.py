@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from backend.calibration import Calibration
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate import MIB, human_bytes
 from backend.memory_record import MemoryRecord
 from backend.runs import RunFolder
@@ -39,7 +39,7 @@ def test_the_preset_shows_one_total_on_the_techniques_page_the_train_page_and_th
     qtbot.waitUntil(lambda: estimate.longest_answer is not None and estimate.breakdown is not None
                     and estimate.breakdown.details["logits"]["target_tokens"] == estimate.longest_answer, timeout=5000)
 
-    from backend.cli import main
+    from backend.cli.app import main
 
     assert main(["estimate", str(PRESET), "--json", "--device", "cpu"]) == 0
     cli = json.loads(capsys.readouterr().out)

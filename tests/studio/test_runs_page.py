@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.runs import CHECKPOINT_MARKER, RunFolder
 
 

@@ -73,7 +73,7 @@ def test_bundled_paths_read_as_words_and_round_trip():
 
 
 def test_config_state_applies_the_form_over_the_preset(qtbot):
-    from backend.config import RunConfig
+    from backend.config.run_config import RunConfig
     from studio.state.config_state import ConfigState
 
     base = RunConfig()
@@ -92,7 +92,7 @@ def test_config_state_applies_the_form_over_the_preset(qtbot):
 
 
 def test_window_defaults_and_tooltips(qtbot):
-    from backend.config import TechniqueSection
+    from backend.config.run_config import TechniqueSection
     from studio.app import build_studio
 
     studio = build_studio(synchronous_data=True)

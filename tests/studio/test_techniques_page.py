@@ -6,7 +6,7 @@ import shlex
 
 from PySide6.QtWidgets import QApplication, QComboBox
 
-from backend.config import RunConfig, TechniqueSection
+from backend.config.run_config import RunConfig, TechniqueSection
 from studio.widgets.field_editors import description
 from tests.fakes.fake_nvml import FakeSampler
 
@@ -44,7 +44,7 @@ def test_the_breakdown_follows_every_change(qtbot, make_studio):
 
 def test_logits_follow_the_longest_answer_the_data_page_measured(qtbot, make_studio, tmp_path):
     """The bundled demo answers are a few tokens: the logits part counts those, not all 8 x 256 positions."""
-    from backend.training.dataset_profile import DatasetProfile
+    from backend.training.data.dataset_profile import DatasetProfile
 
     studio = make_studio(sampler=FakeSampler())
     page, estimate = studio.pages["techniques"], studio.estimate
