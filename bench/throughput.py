@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 if "--toggle" in sys.argv:  # in this process, as in the worker: set before torch loads OpenMP
-    from backend.cpu_features import RUNTIME_ENV
+    from backend.api.cpu_features import RUNTIME_ENV
 
     for _name, _value in RUNTIME_ENV.items():
         os.environ.setdefault(_name, _value)
@@ -118,8 +118,8 @@ def run_baseline(params: dict, threads: int | None = None) -> dict:
 
 def run_studio(preset: Path, overrides: list[str]) -> dict:
     from backend.config.run_config import RunConfig
-    from backend.runs import RunFolder
-    from backend.worker_process import WorkerProcess
+    from backend.api.runs import RunFolder
+    from backend.api.worker_process import WorkerProcess
 
     config = RunConfig.load(preset, overrides)
     folder = RunFolder.create(config)

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.paths import resources_dir
+from backend.api.paths import resources_dir
 
 PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("train", "Train"), ("runs", "Runs"),
          ("export", "Export"), ("chat", "Chat"))

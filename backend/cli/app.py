@@ -1,7 +1,7 @@
 """`finetune-studio train|runs|estimate ...`: the headless client of the same worker the studio uses.
 
-Torch-free: the CLI starts the worker exactly as the studio does (backend/launch.py) and reads its
-events through the same protocol session (backend/protocol_session.py), so a run from a terminal
+Torch-free: the CLI starts the worker exactly as the studio does (backend/api/launch.py) and reads its
+events through the same protocol session (backend/api/protocol_session.py), so a run from a terminal
 and one from the window are the same run.
 """
 
@@ -16,10 +16,10 @@ from backend.cli.checks import load_for_train, non_negative_int, open_run_folder
 from backend.cli.errors import OneLineParser, run_guarded
 from backend.config.run_config import ConfigError, RunConfig
 from backend.config.help import fields_epilog
-from backend.errors import JobError
-from backend.paths import not_downloaded, usable_home
-from backend.runs import RunFolder, RunIndex
-from backend.worker_process import WorkerProcess
+from backend.api.errors import JobError
+from backend.api.paths import not_downloaded, usable_home
+from backend.api.runs import RunFolder, RunIndex
+from backend.api.worker_process import WorkerProcess
 
 
 class ProgressPrinter:
@@ -111,7 +111,7 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
     if checkpoint is None:
         raise ConfigError(f"{source.path}: no complete checkpoint to resume from; start a new run with "
                           f"`finetune-studio train {source.config_path}`")
-    from backend.run_continuation import resume_mismatch
+    from backend.api.run_continuation import resume_mismatch
 
     mismatch = resume_mismatch(checkpoint, config)
     if mismatch:
@@ -129,7 +129,7 @@ def _check_rank(rank: int, config: RunConfig) -> None:
 
 def _more_steps(source: RunFolder, steps: int, overrides: list[str]) -> tuple[RunFolder, RunConfig]:
     """A new run that trains `steps` past `source`'s newest checkpoint (run_continuation); source is kept."""
-    from backend.run_continuation import continue_run
+    from backend.api.run_continuation import continue_run
 
     refuse_what_cannot_run(RunConfig.load(source.config_path, overrides))  # before the new run's folder is made
     try:
@@ -206,11 +206,11 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from backend.calibration import Calibration
-    from backend.device_caps import detected_device, device_caps
+    from backend.api.calibration import Calibration
+    from backend.api.device_caps import detected_device, device_caps
     from backend.estimate.cards import cuda_cards
     from backend.estimate.seq_len import cli_longest_seq_len
-    from backend.run_estimate import estimate_run, longest_answer
+    from backend.api.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
     _check_estimate_paths(config, args.worst_case)

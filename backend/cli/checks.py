@@ -13,9 +13,9 @@ from typing import Callable
 
 from backend.cli.errors import Refusals
 from backend.config.run_config import ConfigError, RunConfig, apply_overrides
-from backend.errors import JobError
-from backend.paths import runs_dir
-from backend.runs import RunFolder
+from backend.api.errors import JobError
+from backend.api.paths import runs_dir
+from backend.api.runs import RunFolder
 
 
 def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
@@ -93,8 +93,8 @@ def refuse_what_cannot_run(config: RunConfig, problem: str = "") -> None:
     when they all pass are the model folder's files checked in depth (that check reads transformers'
     model-type table, which imports torch: seconds a refusal should not wait for). `problem` is a
     config error already found, said first when there are more."""
-    from backend.device_caps import detected_device, device_caps
-    from backend.feasibility import before_start, blocking_lines
+    from backend.api.device_caps import detected_device, device_caps
+    from backend.api.feasibility import before_start, blocking_lines
 
     machine = detected_device()  # torch-free: NVML, as the studio and `estimate` see the machine
     caps = device_caps(machine.kind, machine.bf16, machine.devices)
@@ -130,7 +130,7 @@ def load_for_train(path: str, overrides: list[str]) -> RunConfig:
 def _sections_only(path: str, overrides: list[str]) -> RunConfig | None:
     """The file's sections each valid on their own (feasibility.lenient_config), or None."""
     from backend.config.file import parse_config_yaml, read_config_text
-    from backend.feasibility import lenient_config
+    from backend.api.feasibility import lenient_config
 
     try:
         raw = parse_config_yaml(read_config_text(Path(path)), str(path))

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from backend.config.run_config import ConfigError
-from backend.errors import JobError
-from backend.paths import usable_home
+from backend.api.errors import JobError
+from backend.api.paths import usable_home
 
 BAD_INPUT = 2
 INTERNAL = 1

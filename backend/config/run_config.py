@@ -18,7 +18,7 @@ from backend.config.base import Section as _Section
 from backend.config.errors import ConfigError, describe_error, is_cross_field, override_for, short_item, yaml_line
 from backend.config.file import parse_config_yaml, read_config_text
 from backend.config.objectives import GrpoSection, KtoSection, Objective
-from backend.paths import resolve_resource
+from backend.api.paths import resolve_resource
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = range(1, SCHEMA_VERSION + 1)

@@ -77,8 +77,8 @@ runtime
     On CUDA: cuBLAS workspaces (the context and the allocator's reserve are parts of their own,
     below). On the CPU, given a calibration: the worker process's own
     resident memory before the model loads (Python, torch, transformers, the tokenized data),
-    which a CPU worker's RSS holds besides the tensors; backend.calibration measures it from this
-    machine's runs (backend.run_estimate passes it in). On either device the larger of the transients: the dequantized
+    which a CPU worker's RSS holds besides the tensors; backend.api.calibration measures it from this
+    machine's runs (backend.api.run_estimate passes it in). On either device the larger of the transients: the dequantized
     copy of the largest quantized linear (QLoRA / 8-bit), DoRA's weight-norm buffers (see
     `dora_transient`), and FSDP's foreach AdamW buffer (the worker's fused AdamW has none).
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.config.run_config import RunConfig
-from backend.errors import JobError, bad_input
+from backend.api.errors import JobError, bad_input
 from backend.training.data.conversation import InvalidExample, part_text
 from backend.training.data.examples import DatasetReader
 from backend.training.data.record_files import read_parts

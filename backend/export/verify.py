@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from backend.config.run_config import RunConfig
-from backend.export.formats import DECIDED_MARGIN
-from backend.export.report import FAILED, PASSED
-from backend.paths import resolve_resource
+from backend.api.export_formats import DECIDED_MARGIN
+from backend.api.export_report import FAILED, PASSED
+from backend.api.paths import resolve_resource
 from backend.training.data.tokenized import IGNORE, build_datasets, encode_conversation
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from backend.config.run_config import RunConfig
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.evaluation.mean_reward import RewardResult, mean_reward
-from backend.protocol import JobFinished, PhaseChanged
+from backend.api.protocol import JobFinished, PhaseChanged
 from backend.training.objectives.rewards import reward_functions
 
 EXAMPLES = 5

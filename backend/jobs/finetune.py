@@ -17,11 +17,11 @@ import torch
 from transformers import PrinterCallback, TrainerState, TrainingArguments
 
 from backend.config.run_config import RunConfig
-from backend.errors import JobError
+from backend.api.errors import JobError
 from backend.evaluation.samples import SampleGenerator
-from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
-from backend.run_continuation import resume_mismatch
-from backend.runs import RunFolder
+from backend.api.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
+from backend.api.run_continuation import resume_mismatch
+from backend.api.runs import RunFolder
 from backend.training.callbacks import ReportingCallback
 from backend.training.model.capabilities import probe_capabilities
 from backend.training.counting_trainer import PhaseCallback
@@ -30,14 +30,14 @@ from backend.training.model.loading import add_adapters, adapter_config, check_m
 from backend.training.memory_ledger import MemoryLedger
 from backend.training.mfu import forget_peak, peak_flops, token_flops
 from backend.training.model.model_facts import ModelFacts
-from backend.training.phase import set_phase
+from backend.training.phase import is_out_of_memory, set_phase
 from backend.training.shortcuts.registry import SHORTCUTS
 from backend.training.shortcuts.installer import choose_thread_count, install_for_job
 from backend.training.model.techniques import TechniquePlan, plan_techniques
-from backend.training.model.start_adapter import start_adapter_folder
+from backend.api.start_adapter import start_adapter_folder
 from backend.training.objectives.registry import objective_method
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,6 @@ def run_finetune(
     try:
         _finetune(config, run_dir, reporter, stop, ledger, resume=resume, capabilities=capabilities)
     except BaseException as exc:
-        from backend.worker.failures import is_out_of_memory
-
         if is_out_of_memory(exc):  # the peak that did not fit, beside what was predicted
             ledger.write("out_of_memory")
         raise

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.estimate.families import ESTIMATE_FAMILIES, load_model_config, text_part
-from backend.export.formats import EXPORT_REPORT, is_gguf
+from backend.api.export_formats import EXPORT_REPORT, is_gguf
 from backend.serving.weights import SERVED_FORMATS
 
 ORDER = ("merged", "bnb-8bit", "bnb-4bit", "gguf-f16", "gguf-q8_0", "gguf-q5_0", "gguf-q4_0")

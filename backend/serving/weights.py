@@ -4,7 +4,7 @@
 quantizes the decoder's nn.Linear weights only (backend.estimate.states says why the fused experts
 and routers stay 16-bit): LLM.int8 1 B plus one fp32 scale per output row; NF4 with double
 quantization as backend.estimate.quantization counts it. GGUF: the block sizes of the GGML types
-(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.export.formats states the same per
+(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.api.export_formats states the same per
 parameter) for every matrix, F32 for 1-D tensors. Torch-free.
 """
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import IO
 
 from backend.config.run_config import RunConfig
-from backend.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
-from backend.worker.reporter import Reporter
+from backend.api.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
+from backend.api.reporter import Reporter
 from backend.worker.failures import classify_failure
 from backend.worker.parent_watch import ParentWatch
-from backend.worker.stop_listener import StopListener
+from backend.api.stop_listener import StopListener
 
 log = logging.getLogger("backend.worker")
 

@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.memory_record import MemoryRecord
-from backend.runs import RunFolder, RunIndex, RunSummary
+from backend.api.memory_record import MemoryRecord
+from backend.api.runs import RunFolder, RunIndex, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics

@@ -98,7 +98,7 @@ class TechniquesPage(QWidget):
         more = tuple((f"technique.{name}", name.replace("_", " ").capitalize())
                      for name in TechniqueSection.model_fields if f"technique.{name}" not in listed)
         groups = GROUPS + ((("More techniques", more),) if more else ())  # a new technique field shows up by itself
-        for index, (title, fields) in enumerate(groups):
+        for title, fields in groups:
             box = QGroupBox(title)
             form = QFormLayout(box)
             form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.runs import RunFolder
+from backend.api.runs import RunFolder
 
 LOSS = "loss"
 Series = tuple[list[float], list[float]]

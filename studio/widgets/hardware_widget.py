@@ -134,7 +134,7 @@ class HardwareWidget(QGroupBox):
         self.multinode.setVisible(several)
         if not several:
             return
-        from backend.distributed import accelerate_config, multinode_commands, slurm_script
+        from backend.api.distributed import accelerate_config, multinode_commands, slurm_script
 
         try:
             config = self._state.config()

@@ -13,8 +13,8 @@ from typing import Callable
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
-from backend.paths import runs_dir
-from backend.runs import RunFolder
+from backend.api.paths import runs_dir
+from backend.api.runs import RunFolder
 
 
 def finished_runs(root: Path | None = None) -> list[RunFolder]:

@@ -11,7 +11,7 @@ import torch
 
 from backend.config.run_config import RunConfig, apply_overrides
 from backend.estimate import estimate
-from backend.protocol import Capabilities
+from backend.api.protocol import Capabilities
 from backend.training.shortcuts import activation_offload
 from backend.training.shortcuts.activation_offload import ActivationOffload
 from backend.training.data.tokenized import PackingCollator

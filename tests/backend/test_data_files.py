@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.errors import JobError
+from backend.api.errors import JobError
 from backend.training.data.dataset_profile import DatasetProfile
 from backend.training.data.examples import DatasetReader
 from tests.conftest import ROOT

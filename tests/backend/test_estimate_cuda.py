@@ -53,7 +53,7 @@ def test_cards_of_a_cpu_estimate_use_the_config_json_given():
     """The studio estimates a preset before its download from config.json alone: so do its cards."""
     from backend.estimate import load_model_config
     from backend.estimate.cards import cuda_cards
-    from backend.run_estimate import estimate_run
+    from backend.api.run_estimate import estimate_run
 
     config = _preset("llama-3.2-1b_lora_12gb")  # model.path hub:..., not downloaded here
     raw = load_model_config(ROOT / "tests" / "fixtures" / "model_configs" / "meta-llama--Llama-3.2-1B-Instruct")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.errors import JobError
-from backend.protocol import Capabilities
+from backend.api.errors import JobError
+from backend.api.protocol import Capabilities
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
 

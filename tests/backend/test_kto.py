@@ -13,8 +13,8 @@ import torch
 
 from backend.config.run_config import RunConfig
 from backend.config.errors import ConfigError
-from backend.errors import JobError
-from backend.protocol import Capabilities
+from backend.api.errors import JobError
+from backend.api.protocol import Capabilities
 from tests.backend.test_preference import answer_logp, base_and_tuned_accuracy, held_out_pairs
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT

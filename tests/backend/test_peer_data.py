@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from backend.errors import JobError
+from backend.api.errors import JobError
 from backend.training.data.examples import DatasetReader
 from backend.training.data.records import detect_format, read_records, to_conversation
 from tests.conftest import ROOT

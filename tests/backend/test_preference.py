@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from backend.config.run_config import RunConfig
-from backend.errors import JobError
-from backend.protocol import Capabilities, decode_event
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.api.errors import JobError
+from backend.api.protocol import Capabilities, decode_event
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 from backend.cli.eval import format_report
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
@@ -151,7 +151,7 @@ def test_cli_trains_the_dpo_preset_through_the_worker(bundled_model, studio_home
 
 def test_stop_and_save_keeps_a_complete_checkpoint_and_the_adapter(bundled_model, tmp_path):
     from backend.jobs.finetune import run_finetune
-    from backend.runs import CHECKPOINT_MARKER, RunFolder
+    from backend.api.runs import CHECKPOINT_MARKER, RunFolder
 
     stop = StopListener(io.StringIO())
 

@@ -82,7 +82,7 @@ def test_the_readers_follow_the_entry_renamed_columns_included(tmp_path):
 def test_a_kto_record_that_ends_on_the_user_is_refused_with_its_line(tmp_path):
     import pytest
 
-    from backend.errors import JobError
+    from backend.api.errors import JobError
     from backend.training.data.preference_shapes import read_unpaired
 
     write_info(tmp_path, {"feedback": KTO_ENTRY | {"file_name": "feedback.jsonl"}})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.errors import JobError
+from backend.api.errors import JobError
 from backend.training.data.preference_shapes import as_trl_row, read_pairs, read_unpaired
 
 USER = [{"role": "user", "content": "Is it?"}]

@@ -10,7 +10,7 @@ import pytest
 
 from backend.config.run_config import RunConfig
 from backend.config.errors import ConfigError
-from backend.errors import JobError
+from backend.api.errors import JobError
 from backend.config.objectives import RewardSpec
 from backend.training.objectives.rewards import final_answer, reward_functions
 

@@ -4,7 +4,7 @@ import json
 import shutil
 
 from backend.config.run_config import RunConfig
-from backend.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
+from backend.api.runs import CHECKPOINT_MARKER, RunFolder, RunIndex
 
 
 def finish(folder: RunFolder, loss: float, job: str = "finetune") -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backend.config.run_config import RunConfig
-from backend.protocol import Capabilities
+from backend.api.protocol import Capabilities
 from backend.training.data.tokenized import PackingCollator, PadCollator
 from backend.training.model.loading import attention_implementation
 from backend.training.shortcuts.loss_positions import keep_loss_positions

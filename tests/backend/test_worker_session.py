@@ -1,4 +1,4 @@
-"""One protocol session for both clients (backend/protocol_session.py): a worker of another release is
+"""One protocol session for both clients (backend/api/protocol_session.py): a worker of another release is
 one line, at once, in the CLI and the studio; a worker that dies before writing its log leaves the
 reason in worker.log, which the crash message points at."""
 
@@ -12,10 +12,10 @@ import pytest
 import backend.cli.app
 from backend.cli.app import main
 from backend.config.run_config import RunConfig
-from backend.protocol import PROTOCOL_VERSION, JobStarted, WorkerReady, encode
-from backend.protocol_session import ProtocolSession
-from backend.runs import RunFolder
-from backend.worker_process import WorkerProcess
+from backend.api.protocol import PROTOCOL_VERSION, JobStarted, WorkerReady, encode
+from backend.api.protocol_session import ProtocolSession
+from backend.api.runs import RunFolder
+from backend.api.worker_process import WorkerProcess
 from tests.conftest import PRESET
 from tests.fakes import FAKE_WORKER
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from backend.config.run_config import ConfigError, RunConfig
-from backend.errors import JobError
+from backend.api.errors import JobError
 from tests.conftest import PRESET, ROOT
 
 BAD = Path(__file__).resolve().parents[1] / "fixtures" / "bad_inputs"

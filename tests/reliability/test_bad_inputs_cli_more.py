@@ -17,7 +17,7 @@ import backend.cli.app
 import backend.cli.eval
 from backend.cli.app import main
 from backend.config.run_config import RunConfig
-from backend.runs import RunFolder
+from backend.api.runs import RunFolder
 from tests.conftest import PRESET
 from tests.reliability.test_bad_inputs_cli import one_line, run_folder
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 
 from backend.config.run_config import RunConfig
-from backend.errors import JobError
+from backend.api.errors import JobError
 from tests.conftest import BUNDLED_MODEL, PRESET
 
 Body = str | bytes | dict | list

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import backend.cli.app
-import backend.worker_process
+import backend.api.worker_process
 from backend.cli.app import main
 from backend.config.run_config import RunConfig
-from backend.errors import JobError
-from backend.runs import RunFolder
+from backend.api.errors import JobError
+from backend.api.runs import RunFolder
 from tests.conftest import BUNDLED_MODEL, PRESET
 from tests.reliability.test_bad_inputs_cli import RefusedWorker, one_line
 
@@ -25,7 +25,7 @@ from tests.reliability.test_bad_inputs_cli import RefusedWorker, one_line
 @pytest.fixture
 def no_worker(monkeypatch):
     """A bad input must be refused before a worker starts or a run folder is made."""
-    for module in (backend.cli.app, backend.worker_process):
+    for module in (backend.cli.app, backend.api.worker_process):
         monkeypatch.setattr(module, "WorkerProcess", RefusedWorker)
     monkeypatch.setattr(RunFolder, "create", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(
         AssertionError("a bad input was accepted and a run folder was about to be made"))))
@@ -157,7 +157,7 @@ def test_a_full_disk_inside_safetensors_names_the_checkpoints_and_the_resume(bun
 def test_a_full_disk_before_any_checkpoint_says_none_is_left(tmp_path):
     from safetensors import SafetensorError
 
-    from backend.runs import CHECKPOINT_MARKER
+    from backend.api.runs import CHECKPOINT_MARKER
     from backend.worker.failures import classify_failure
 
     torn = tmp_path / "run" / "checkpoints" / "checkpoint-2"
@@ -260,7 +260,7 @@ def test_the_cli_trains_on_a_50_mb_answer_and_says_it_was_cut(bundled_model, tmp
 def test_the_data_profile_and_the_estimate_measure_a_huge_answer_as_training_cuts_it(tmp_path):
     """The Data page and the worker's memory estimate read the data through DatasetProfile: it measures
     the cut text too (tokenizing 50 MB there took minutes and gigabytes after the data was loaded)."""
-    from backend.run_estimate import longest_answer
+    from backend.api.run_estimate import longest_answer
     from backend.training.data.dataset_profile import MAX_TEXT_CHARS, DatasetProfile
 
     path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 500_000)
@@ -299,7 +299,7 @@ def test_torch_saves_errno_less_failure_is_a_full_disk_only_when_the_disk_is_ful
     from collections import namedtuple
 
     import backend.worker.failures as failures
-    from backend.runs import CHECKPOINT_MARKER
+    from backend.api.runs import CHECKPOINT_MARKER
 
     run_dir = tmp_path / "run"
     for step, complete in ((4, True), (6, False)):

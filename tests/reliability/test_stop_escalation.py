@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from backend.config.run_config import RunConfig
-from backend.runs import RunFolder
+from backend.api.runs import RunFolder
 from studio.services.worker_client import WorkerClient
 from tests.conftest import PRESET, ROOT
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from backend.config.run_config import RunConfig
-from backend.runs import RunFolder
+from backend.api.runs import RunFolder
 from backend.training.data.objective_records import read_objective_records
 from studio.state.run_metrics import RunMetrics
 

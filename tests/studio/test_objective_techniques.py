@@ -94,7 +94,7 @@ def test_reward_editor_add_edit_remove_round_trip_into_the_config(qtbot, make_st
 
 
 def test_a_loaded_grpo_preset_fills_the_editor(qtbot, make_studio):
-    from backend.paths import resources_dir
+    from backend.api.paths import resources_dir
 
     studio = make_studio()
     studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_grpo.yaml")

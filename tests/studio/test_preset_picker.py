@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.paths import hub_folder, resolve_resource
-from backend.presets import list_presets
+from backend.api.paths import hub_folder, resolve_resource
+from backend.api.presets import list_presets
 from studio.widgets.preset_picker_widget import GIB, PresetPickerWidget
 
 

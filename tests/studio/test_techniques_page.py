@@ -112,11 +112,11 @@ def test_an_impossible_combination_is_named_and_refused(qtbot, make_studio):
 def test_cpu_weights_follow_native_bf16(qtbot, make_studio, monkeypatch):
     """On a CPU run the estimate asks the CPU's flags: native bf16 halves the adapted linears'
     weights (as the worker holds them) and the weights row says so; without it, all fp32."""
-    import backend.cpu_features
+    import backend.api.cpu_features
 
     sizes = {}
     for native in (False, True):
-        monkeypatch.setattr(backend.cpu_features, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(backend.api.cpu_features, "native_bf16", lambda native=native: native)
         studio = make_studio()
         page, estimate = studio.pages["techniques"], studio.estimate
         assert estimate.device == "cpu"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from backend.errors import JobError
-from backend.paths import resolve_resource
+from backend.api.errors import JobError
+from backend.api.paths import resolve_resource
 from backend.training.data.examples import DatasetReader
 from backend.training.data.lengths import MAX_CHARS_PER_TOKEN
 

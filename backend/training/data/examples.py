@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.conversation import InvalidExample, Message, convert
 from backend.training.data.layouts import BUILTIN, Layout, detect_format, entry_layout
 from backend.training.data.record_files import Part, read_parts

@@ -14,7 +14,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 
 INFO_NAME = "dataset_info.json"
 SHAREGPT_ROLES = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from backend.errors import JobError, bad_input
+from backend.api.errors import JobError, bad_input
 
 HUGE = 100
 """An example this many times train.seq_len loses nearly all of itself to truncation: said in a note."""

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.errors import JobError
-from backend.paths import resolve_resource
+from backend.api.errors import JobError
+from backend.api.paths import resolve_resource
 from backend.training.data import preference_shapes
 from backend.training.data.chat_template_text import Render, template_renderer
 from backend.training.data.prompt_records import check_prompt

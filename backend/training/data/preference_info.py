@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.layouts import INFO_NAME, _entries, _same, _sharegpt
 
 Mapper = Callable[[dict[str, Any]], dict[str, Any]]

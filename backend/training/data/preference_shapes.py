@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.layouts import SHAREGPT_ROLES
 from backend.training.data.preference_info import entry_mapper
 from backend.training.data.record_files import read_parts

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.record_files import read_parts
 
 

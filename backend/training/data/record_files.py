@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from backend.errors import bad_input
-from backend.paths import studio_home
+from backend.api.errors import bad_input
+from backend.api.paths import studio_home
 from backend.training.data.text_files import Part, decode, read_text_file
 
 __all__ = ["NOT_RECORDS", "READABLE", "ArrowRows", "Part", "read_file", "read_parts"]

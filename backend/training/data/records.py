@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.conversation import InvalidExample, Message, convert
 from backend.training.data.layouts import BUILTIN, SHAREGPT_ROLES, detect_format
 from backend.training.data.record_files import READABLE, read_parts

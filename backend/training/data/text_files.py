@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.layouts import entry_layout
 
 _SPACE = re.compile(r"[ \t\n\r]*")

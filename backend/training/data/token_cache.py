@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.config.run_config import RunConfig
-from backend.paths import studio_home
+from backend.api.paths import studio_home
 
 log = logging.getLogger(__name__)
 VERSION = 2

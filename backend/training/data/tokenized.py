@@ -19,7 +19,7 @@ from datasets import Dataset
 from jinja2 import TemplateError
 
 from backend.config.run_config import RunConfig
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.examples import DatasetReader, Example
 from backend.training.data.lengths import LengthFacts
 from backend.training.data.records import Message

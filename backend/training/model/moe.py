@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.config.run_config import RunConfig
-from backend.errors import JobError
+from backend.api.errors import JobError
 from backend.training.model.model_facts import ModelFacts
 
 ATTENTION_TARGETS = "q_proj,k_proj,v_proj,o_proj"
@@ -69,7 +69,7 @@ def moe_notes(config: RunConfig, facts: ModelFacts) -> list[str]:
         if t.lora_dropout:
             raise JobError("bad_input", f"technique.lora_dropout: peft adapts {facts.name}'s fused experts, which "
                            "technique.lora_targets names, without dropout",
-                           f"set lora_dropout 0, or lora_targets all-linear")
+                           "set lora_dropout 0, or lora_targets all-linear")
         notes.append(f"lora_targets adapts {facts.name}'s {facts.num_experts} fused experts (peft target_parameters: "
                      "a fresh copy of each layer's experts per step; such an adapter exports as adapter only)")
     elif t.method != "full" and t.lora_targets == "all-linear" and all_linear_takes_experts(facts.model_type):

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.config.run_config import RunConfig
-from backend.errors import bad_input
-from backend.protocol import CompletionScored
+from backend.api.errors import bad_input
+from backend.api.protocol import CompletionScored
 from backend.training.data.tokenized import split_rows
 from backend.training.data.prompt_records import read_prompts
 from backend.training.objectives.rewards import RewardFn, completion_text, reward_functions

@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from backend.config.run_config import RunConfig
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.training.data.tokenized import split_rows
 from backend.training.objectives.dpo import PreferenceStats
 from backend.training.data.preference_shapes import as_trl_row, read_unpaired

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 from backend.config.objectives import RewardSpec
 
 RewardFn = Callable[..., list[float]]

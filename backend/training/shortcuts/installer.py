@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from backend.protocol import PhaseChanged
+from backend.api.protocol import PhaseChanged
 from backend.training.shortcuts.registry import ShortcutChoice
 from backend.training.shortcuts.thread_choice import choose_threads, training_pass
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from backend.config.run_config import RunConfig
-from backend.paths import usable_home
+from backend.api.paths import usable_home
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"
 """Written last, after an fsync of everything else: a checkpoint without it does not count."""

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from backend.protocol import MetricsLogged, TelemetrySampled, _Message, encode
+from backend.api.protocol import MetricsLogged, TelemetrySampled, _Message, encode
 
 MIN_INTERVAL_S = 0.1
 

@@ -19,10 +19,10 @@ import threading
 from typing import Any, Callable
 
 from backend.config.run_config import RunConfig
-from backend.launch import job_argv, start_line, worker_env
-from backend.protocol import StopJob, encode
-from backend.protocol_session import ProtocolSession
-from backend.runs import RunFolder
+from backend.api.launch import job_argv, start_line, worker_env
+from backend.api.protocol import StopJob, encode
+from backend.api.protocol_session import ProtocolSession
+from backend.api.runs import RunFolder
 
 
 class WorkerProcess:
@@ -130,7 +130,7 @@ class WorkerProcess:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         if terminal is None and self._gave_up:
-            from backend.distributed import RENDEZVOUS_HINT
+            from backend.api.distributed import RENDEZVOUS_HINT
 
             failure = session.fail("bad_input", self._gave_up, RENDEZVOUS_HINT)
             terminal = json.loads(failure.model_dump_json())
@@ -152,7 +152,7 @@ class WorkerProcess:
         hw = config.hardware
         if hw.num_machines <= 1 or self.machine_rank != 0:
             return None
-        from backend.distributed import rendezvous_wait
+        from backend.api.distributed import rendezvous_wait
 
         notice, failure = rendezvous_wait(config)
         print(notice, file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from backend.protocol import Capabilities, DeviceInfo
+from backend.api.protocol import Capabilities, DeviceInfo
 
 
 @dataclass(frozen=True)

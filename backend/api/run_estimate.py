@@ -2,7 +2,7 @@
 
 The figure a person sees must not depend on where they look. Every caller goes through here, so
 the same config on the same machine gives the same total with the same parts: the feasibility
-verdicts first (backend.feasibility: a choice that cannot run here is estimated as what will run
+verdicts first (backend.api.feasibility: a choice that cannot run here is estimated as what will run
 instead), then backend.estimate.estimate with the machine's CPU calibration, the data's longest
 answer, and the GPU count and ZeRO stage the config's hardware section gives. The total is the
 Breakdown's `total_bytes`: the step's peak phase plus the fixed runtime (on the CPU, the process
@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.calibration import Calibration
+from backend.api.calibration import Calibration
 from backend.config.run_config import RunConfig
-import backend.cpu_features as cpu_features  # looked up at call time, as the worker's plan does
-from backend.device_caps import device_caps
+import backend.api.cpu_features as cpu_features  # looked up at call time, as the worker's plan does
+from backend.api.device_caps import device_caps
 import backend.estimate as estimator  # looked up at call time: tests spy on backend.estimate.estimate
 from backend.estimate import Breakdown, load_model_config
-from backend.feasibility import AttentionFacts, Probe, Verdict, blocker, runnable, verdicts
-from backend.protocol import Capabilities
+from backend.api.feasibility import AttentionFacts, Probe, Verdict, blocker, runnable, verdicts
+from backend.api.protocol import Capabilities
 
 ZERO_STAGES = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}
 

@@ -97,7 +97,7 @@ def is_gguf(fmt: str) -> bool:
     return fmt in GGUF_TYPES
 
 EXPORT_REPORT = "export_report.json"
-"""Every export folder holds it (backend/export/report.py); it is how an earlier export is recognised."""
+"""Every export folder holds it (backend/api/export_report.py); it is how an earlier export is recognised."""
 
 
 def overwrite_refusal(out: Path) -> str:

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from backend.config.run_config import RunConfig
-from backend.runs import RunFolder
+from backend.api.runs import RunFolder
 
 ORIGIN = "origin.json"
 """In the new run folder: which run and checkpoint it continues."""

@@ -3,7 +3,7 @@
 A CPU worker's peak RSS holds the Python, torch and transformers process itself (hundreds of MiB)
 besides the tensors the estimate counts, so the CPU estimate's runtime part is that baseline. It
 differs with the machine, the Python and the library versions, so it is not a constant: each run
-records its worker's RSS at start, before the model loads (memory.json, backend/memory_record.py),
+records its worker's RSS at start, before the model loads (memory.json, backend/api/memory_record.py),
 and the estimate takes the median of the newest NEWEST of them. Before any run here it uses
 DEFAULT_BASELINE_BYTES and says it is not calibrated yet. Torch-free: the studio and the CLI read it.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from backend.estimate.breakdown import human_bytes
-from backend.memory_record import MemoryRecord
-from backend.paths import runs_dir
+from backend.api.memory_record import MemoryRecord
+from backend.api.paths import runs_dir
 
 DEFAULT_BASELINE_BYTES = 540_815_360
 """515.8 MiB: the worker's RSS before it loaded the model in the first preset run on the project's

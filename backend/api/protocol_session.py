@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from backend.protocol import (
+from backend.api.protocol import (
     PROTOCOL_VERSION,
     TERMINAL_EVENTS,
     JobFailed,
@@ -23,7 +23,7 @@ from backend.protocol import (
     WorkerReady,
     decode_event,
 )
-from backend.runs import RunFolder
+from backend.api.runs import RunFolder
 
 MISMATCH_HINT = "install the studio and the worker from the same release"
 TAIL_LINES = 12

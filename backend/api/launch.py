@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from backend.config.run_config import RunConfig
-from backend.cpu_features import RUNTIME_ENV
-from backend.hub_kernels import switch_off
-from backend.protocol import StartJob, encode
-from backend.runs import RunFolder
+from backend.api.cpu_features import RUNTIME_ENV
+from backend.api.hub_kernels import switch_off
+from backend.api.protocol import StartJob, encode
+from backend.api.runs import RunFolder
 
 
 ISOLATED = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; "
@@ -23,7 +23,7 @@ ISOLATED = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy;
 sys.path: `-m` puts the folder a command was started in first, so a `backend/` package there would
 run instead of ours (`-P` does this from Python 3.11 only). The package root comes from PYTHONPATH."""
 
-WORKER_SCRIPT = Path(__file__).resolve().parent / "worker" / "__main__.py"
+WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "__main__.py"
 """The worker as a script, for launchers that start their ranks with `python SCRIPT` (accelerate)."""
 
 
@@ -58,7 +58,7 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
     switch_off(env)
     env["PYTHONUNBUFFERED"] = "1"
     env["FINETUNE_STUDIO_CLIENT_PID"] = str(os.getpid())  # the worker ends with us (worker/parent_watch.py)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -76,7 +76,7 @@ def job_argv(folder: RunFolder, config: RunConfig, resume: bool = False, job: st
     hardware section asks for several processes (then every rank reads the StartJob from a file)."""
     if job != "finetune" or not config.hardware.distributed:
         return worker_command(python)
-    from backend.distributed import launch_argv, write_launch_files
+    from backend.api.distributed import launch_argv, write_launch_files
 
     config_file, job_file = write_launch_files(folder.path, config, start_line(folder, config, resume, job, params),
                                                machine_rank)

@@ -17,8 +17,8 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from backend.config.run_config import RunConfig
-from backend.paths import HUB_PREFIX, resolve_resource
-from backend.protocol import Capabilities
+from backend.api.paths import HUB_PREFIX, resolve_resource
+from backend.api.protocol import Capabilities
 
 Probe = Callable[[str, str], "str | None"]
 """(feature: nf4 | int8 | adam8, device) -> None when bitsandbytes does it there, else the reason."""

@@ -13,7 +13,7 @@ HUB_PREFIX = "hub:"
 """`hub:ORG/NAME` names a hub model by id: the folder the Model page downloads it into."""
 
 
-BESIDE = Path(__file__).resolve().parent.parent / "resources"
+BESIDE = Path(__file__).resolve().parent.parent.parent / "resources"
 """Where a checkout (`pip install -e .`) and the PyInstaller bundle keep `resources/`."""
 SHARED = Path("share") / "finetune-studio" / "resources"
 """Where a wheel (`pip install .`) puts it, under the environment's (or the user's) data prefix."""
@@ -62,7 +62,7 @@ def studio_home() -> Path:
 def usable_home() -> Path:
     """The studio home, created if missing; one that cannot be (a file, inside a file, not writable)
     is a bad-input JobError naming it and the fix, not an OSError deep inside a command."""
-    from backend.errors import bad_input
+    from backend.api.errors import bad_input
 
     root = studio_home()
     override = os.environ.get("FINETUNE_STUDIO_HOME")

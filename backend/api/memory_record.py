@@ -4,7 +4,7 @@ An estimate is only worth its last check: every fine-tune that finishes, stops w
 runs out of memory writes what was predicted for it (the total and the parts, on which device,
 calibrated how) next to what it measured (the worker's peak RSS, VmHWM; on CUDA also torch's peak
 allocated and reserved) and the worker's resident memory at start, before any weight is loaded
-(the process baseline the CPU estimate is calibrated from, backend/calibration.py). Torch-free:
+(the process baseline the CPU estimate is calibrated from, backend/api/calibration.py). Torch-free:
 the studio's Runs and Train pages and the estimate read it.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.protocol import FailureKind
+from backend.api.protocol import FailureKind
 
 
 class JobError(Exception):

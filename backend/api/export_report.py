@@ -11,7 +11,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from backend.export.formats import EXPORT_REPORT, GGUF_TYPES
+from backend.api.export_formats import EXPORT_REPORT, GGUF_TYPES
 
 REPORT = EXPORT_REPORT
 PASSED, FAILED, NOT_VERIFIED = "passed", "failed", "not verified"

@@ -13,7 +13,7 @@ import queue
 import threading
 from typing import IO, Union
 
-from backend.protocol import ChatMessage, ProtocolError, StopAnswer, StopJob, decode_command
+from backend.api.protocol import ChatMessage, ProtocolError, StopAnswer, StopJob, decode_command
 
 log = logging.getLogger(__name__)
 Inbox = Union[ChatMessage, str, None]
