@@ -8,6 +8,7 @@ than writing the files.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,38 @@ def figure(check: dict[str, Any]) -> str:
     return f"{measured}"
 
 
-def build_report(*, fmt: str, dtype: str, out: Path, tmp: Path, run: Any, checks: list[dict], figures: dict,
-                 reference: Any, probe: Any, device: str, notes: list[str], loaded_as: str, seconds: float,
-                 timings: dict[str, float], peaks: dict[str, int | None], anonymous: dict[str, int | None],
-                 model_bytes: int, rounding: dict[str, Any] | None, check_dtype: str | None = None) -> dict[str, Any]:
-    """The report's fields; `check_dtype` is what the export was measured in when it differs from `dtype`
-    (a GGUF is read in the precision it holds), "none" when no reader could load it."""
+@dataclass(frozen=True)
+class ExportFacts:
+    """What one export did, gathered by the export job: the report is built from these alone."""
+
+    fmt: str
+    dtype: str
+    out: Path  # where the export will be once in place
+    tmp: Path  # where it is written first
+    run: Any  # the run exported (its folder, method, base_path)
+    checks: list[dict]
+    figures: dict
+    reference: Any  # the trained model's perplexity on the probe
+    probe: Any  # the probe data and its budget
+    device: str
+    notes: list[str]
+    loaded_as: str
+    seconds: float
+    timings: dict[str, float]
+    peaks: dict[str, int | None]  # peak RSS per stage
+    anonymous: dict[str, int | None]  # peak anonymous memory per stage
+    model_bytes: int
+    rounding: dict[str, Any] | None
+    check_dtype: str | None = None  # what it was measured in where that differs from dtype; "none": unreadable
+
+
+def build_report(facts: ExportFacts) -> dict[str, Any]:
+    """The report's fields, from what the export job gathered."""
+    fmt, dtype, out, tmp, run = facts.fmt, facts.dtype, facts.out, facts.tmp, facts.run
+    checks, figures, reference, probe, device = facts.checks, facts.figures, facts.reference, facts.probe, facts.device
+    notes, loaded_as, seconds, timings = facts.notes, facts.loaded_as, facts.seconds, facts.timings
+    peaks, anonymous, model_bytes, rounding = facts.peaks, facts.anonymous, facts.model_bytes, facts.rounding
+    check_dtype = facts.check_dtype
     files = sorted((p for p in tmp.rglob("*") if p.is_file()), key=lambda p: str(p))
     listing = [{"name": str(p.relative_to(tmp)), "bytes": p.stat().st_size} for p in files]
     known = [v for v in peaks.values() if v]

@@ -92,5 +92,3 @@ class GrpoSection(Section):
 
 
 Objective = Literal["sft", "dpo", "kto", "grpo"]
-PREFERENCE_OBJECTIVES = ("dpo", "kto", "grpo")
-"""The objectives trained through TRL on an adapter, with the base (adapters off) as reference."""

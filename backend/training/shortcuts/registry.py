@@ -34,7 +34,6 @@ DISABLE_ENV = "FINETUNE_STUDIO_SHORTCUTS_DISABLE"
 DENSE = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt_neox"})
 MOE = frozenset({"qwen2_moe", "qwen3_moe", "mixtral"})
 ALL = DENSE | MOE | {"gpt2"}
-PROOF = "tests/backend/test_shortcut_exactness.py"
 
 # Rank-first LoRA products help where MKL's sgemm is slow for outputs only `rank` wide; on wider
 # models the base products dominate and the custom autograd function costs more than it saves
