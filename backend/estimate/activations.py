@@ -27,7 +27,7 @@ def _layer_saved(arch: Arch, d: Dims, s: Setup, kind: LayerKind, input_grad: boo
     """
     saved = Saved()
     lins = {lin.role: lin for lin in kind.linears}
-    x_e = s.r_e
+    x_e = s.residual_bytes
     n1_e = norm(saved, arch.norm, s, "norm1", "x_in", x_e, input_grad, d.hidden)
     o_e, attn_grad = attention_saved(saved, arch, d, s, lins, n1_e, input_grad, layer_type)
     if arch.sandwich_norms:
@@ -62,18 +62,18 @@ def _model_level(arch: Arch, d: Dims, s: Setup) -> Saved:
     dtype, shared by the batch and by every layer; one pair per rotary set, Gemma 3 has a local and
     a global one), token ids (trained embeddings), labels, GPT-2's embedding dropout mask, the final
     norm and lm_head's input."""
-    T, r_e = s.tokens, s.r_e
+    T, residual_bytes = s.tokens, s.residual_bytes
     model = Saved()
     if d.rotary_dim:
         sets = len(set(d.layer_types)) if arch.family == "gemma3_text" and d.layer_types else 1
-        model.put("rotary_cos_sin", sets * 2 * s.seq * d.rotary_dim * r_e)
+        model.put("rotary_cos_sin", sets * 2 * s.seq * d.rotary_dim * residual_bytes)
     if s.full:
         model.put("input_ids", T * 8)
         if d.positions:
             model.put("position_ids", s.seq * 8)
     model.put("labels", T * 8)
-    dropout(model, s, "embd_dropout", d.embd_dropout, T * d.hidden, r_e, s.full or s.checkpointing)
-    final_e = norm(model, arch.norm, s, "final_norm", "x_final", r_e, True, d.hidden)
+    dropout(model, s, "embd_dropout", d.embd_dropout, T * d.hidden, residual_bytes, s.full or s.checkpointing)
+    final_e = norm(model, arch.norm, s, "final_norm", "x_final", residual_bytes, True, d.hidden)
     lm_head = Linear("lm_head", "lm_head", d.hidden, d.vocab, False)
     linear(model, s, lm_head, "final_out", final_e, True)
     return model
@@ -86,7 +86,7 @@ def _checkpoint_kwargs(arch: Arch, d: Dims, s: Setup, plan: list[tuple[LayerKind
     extra = s.tokens * 8
     types = sorted({t for _, t in plan})
     if s.attention == "eager" or not arch.sdpa:
-        extra += len(types) * s.batch * s.seq * s.seq * s.r_e
+        extra += len(types) * s.batch * s.seq * s.seq * s.residual_bytes
     else:
         extra += sum(s.batch * s.seq * s.seq for t in types if sdpa_mask(d, s, t))
     return extra
@@ -110,7 +110,7 @@ def _activations(arch: Arch, d: Dims, s: Setup) -> dict[str, Any]:
     per_layer_all = [layer(k, t, True if i else first_grad).total() for i, (k, t) in enumerate(plan)]
     full_layers = [layer(k, t, True) for k, t in plan]
     biggest = max(full_layers, key=lambda sv: sv.total())
-    layer_input = T * d.hidden * s.r_e
+    layer_input = T * d.hidden * s.residual_bytes
     model = _model_level(arch, d, s)
     model_level = model.total()
 
@@ -126,7 +126,7 @@ def _activations(arch: Arch, d: Dims, s: Setup) -> dict[str, Any]:
         kept += sum(sum(v for k, v in sv.items.items() if k in sv.ctx_held and k != "x_in") for sv in full_layers)
         total = kept + extra_inputs + recompute + model_level
     kernel = attention_kernel(d, s)
-    e = s.e
+    e = s.compute_bytes
     with_scores = kernel in ("eager", "math")
     rows, length = s.attn_rows
     eager_scores = rows * d.heads * length * length * (4 + (e if e != 4 else 0)) if with_scores else 0

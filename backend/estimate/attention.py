@@ -20,7 +20,7 @@ def attention_kernel(d: Dims, s: Setup) -> str:
         return "flash"
     if s.device == "cpu":
         return "math" if d.attn_dropout > 0 else "flash"
-    if s.e != 4:
+    if s.compute_bytes != 4:
         return "flash"
     return "math" if d.heads > d.kv_heads else "efficient"
 
@@ -59,8 +59,8 @@ def attention_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str,
       autocast, every matmul/linear/SDPA input that is not in the compute dtype is saved as a cast
       copy instead.
     """
-    T, c, B, S = s.tokens, s.e, s.batch, s.seq
-    x_e = s.r_e
+    T, c, B, S = s.tokens, s.compute_bytes, s.batch, s.seq
+    x_e = s.residual_bytes
 
     def fed(key: str, src_e: int, numel: int, own: int | None = None, cast_key: str | None = None) -> None:
         """A tensor saved by an op that autocast runs in the compute dtype: a cast copy if needed

@@ -91,8 +91,8 @@ def estimate(
     counts = count_params(arch, d)
 
     # -- weights, by storage type
-    e = s.e
-    w_dtype = "fp32" if s.w_e == 4 else s.dtype
+    e = s.compute_bytes
+    w_dtype = "fp32" if s.weight_bytes == 4 else s.dtype
     buffers = rotary_buffers(arch, d)
     storage, more = weight_storage(arch, d, s, counts, bf16_base(run, device, cpu_bf16))
     warnings += more
@@ -102,16 +102,16 @@ def estimate(
     sizes = trained_tensor_sizes(arch, d, s, counts)
     adapter_params = sum(sizes) if s.adapted else 0
     idle = idle_adapter_params(d, s)
-    adapters = (adapter_params + idle) * s.adapter_e
+    adapters = (adapter_params + idle) * s.adapter_bytes
 
     # -- model states: gradients, optimizer, master weights
     if s.full:
         # Gradients take the weights' dtype; an fp32 master copy exists only when the weights
         # themselves are bf16/fp16 (without autocast).
-        trained, grad_e = counts.text, s.w_e
-        master = counts.text * 4 if s.w_e != 4 else 0
+        trained, grad_e = counts.text, s.weight_bytes
+        master = counts.text * 4 if s.weight_bytes != 4 else 0
     else:
-        trained, grad_e = adapter_params, s.adapter_e
+        trained, grad_e = adapter_params, s.adapter_bytes
         master = 0
     gradients = trained * grad_e
     optimizer, opt_detail = optimizer_state(t.optimizer, sizes)
@@ -123,7 +123,7 @@ def estimate(
     if target_tokens is not None:
         positions = min(s.tokens, run.train.micro_batch_size * min(run.train.seq_len, max(1, int(target_tokens))))
     tv = held_logit_elements(run, d.model_type, d.vocab, positions * d.vocab, device)  # chunked_loss: one chunk's
-    logit_e = e if s.autocast else s.w_e
+    logit_e = e if s.autocast else s.weight_bytes
     logits_fwd = tv * (logit_e + 4 + (4 if logit_e != 4 else 0))
     logits_bwd = tv * (4 + 4 + 4)
     if d.final_softcap:
@@ -345,7 +345,7 @@ def dora_transient(arch: Arch, d: Dims, s: Setup) -> int:
     worst = 0
     for lin, _ in all_linears(arch, d):
         if lin.role in s.targets:
-            ae, e = s.adapter_e, s.e
+            ae, e = s.adapter_bytes, s.compute_bytes
             size = lin.inp * lin.inp * ae + lin.out * lin.inp * (ae + (e if e != ae else 0) + 2 * e)
             worst = max(worst, size)
     return worst

@@ -50,9 +50,9 @@ def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linea
     mixtral) folds W + s*B@A into a fresh expert stack per forward pass, which the grouped matmul
     saves: every layer then holds a full copy of its experts' weights for the backward pass.
     Returns the output's bytes per element (the input's)."""
-    T, c, E, k, H, I = s.tokens, s.e, d.experts, d.top_k, d.hidden, d.expert_intermediate
+    T, c, E, k, H, I = s.tokens, s.compute_bytes, d.experts, d.top_k, d.hidden, d.expert_intermediate
     S = T * k
-    we = s.w_e  # the router stays in the load dtype (never quantized; fp32 once k-bit prepared)
+    we = s.weight_bytes  # the router stays in the load dtype (never quantized; fp32 once k-bit prepared)
     xe = c if s.quant else we  # the fused experts too, but the worker keeps them off peft's fp32 upcast
     experts_lora = "experts_gate_up" in s.targets or "experts_down" in s.targets
     router_lora = "router" in s.targets
@@ -95,7 +95,7 @@ def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linea
     if experts_lora:
         if x_grad:
             saved.put("experts.merged_gate_up", gu * xe)
-        if s.adapter_e != xe:
+        if s.adapter_bytes != xe:
             saved.put("experts.lora_factors_c", s.rank * E * (3 * H + 3 * I) * xe)
     h_grad = x_grad or experts_trained
     if h_grad:

@@ -72,12 +72,12 @@ def fused_head(d: Dims, s: Setup, positions: int) -> dict[str, int]:
     the hidden states' fp32 gradient; n = min(positions, 4096)."""
     n = max(1, min(positions, TOKEN_CHUNK))
     c = min(d.vocab, VOCAB_CHUNK)
-    ce = s.e if s.autocast else s.w_e
+    ce = s.compute_bytes if s.autocast else s.weight_bytes
     upcast = 4 if ce != 4 else 0
     # On CUDA Triton kernels fold each tile in registers and write the gradient over it (derived from
     # the kernel, not measured here); the torch fallback elsewhere makes the temporaries above.
     fwd_temps, bwd_temps = (0, 0) if s.device == "cuda" else (HEAD_FWD_TEMPS + upcast, HEAD_BWD_TEMPS + upcast)
-    saved = positions * d.hidden * s.r_e + positions * (8 + 4 * 8)  # hidden copy; targets, per-token outputs
+    saved = positions * d.hidden * s.residual_bytes + positions * (8 + 4 * 8)  # hidden copy; targets, per-token outputs
     forward = n * VOCAB_CHUNK * ce + n * c * fwd_temps
     backward = positions * d.hidden * 4 + n * VOCAB_CHUNK * ce + n * c * bwd_temps
     return {"positions": positions, "saved": saved, "forward": forward, "backward": backward,
@@ -91,18 +91,18 @@ def no_grad_pass(arch: Arch, d: Dims, s: Setup, rows: int, seq: int, positions: 
     an adapted MLP input linear adds its LoRA output and the scaled copy when the adapters are on;
     eager attention's scores and softmax), or the fused head's tile with its hidden copy."""
     T = rows * seq
-    e = s.e
+    e = s.compute_bytes
     width = d.expert_intermediate * max(1, d.top_k) if d.experts else d.intermediate
     lora = 2 if adapters_on and s.targets & {"gate", "up", "gate_up", "fc1"} else 0
     mlp = T * width * e * ((3 if arch.gated_mlp else 2) + lora)
     attn = T * (d.heads + 2 * d.kv_heads) * d.head_dim * e * 2
     if s.attention == "eager" or not arch.sdpa:
         attn += rows * d.heads * seq * seq * (4 + (e if e != 4 else 0))
-    layer = 2 * T * d.hidden * s.r_e + max(mlp, attn)
+    layer = 2 * T * d.hidden * s.residual_bytes + max(mlp, attn)
     if not head:
         return layer
     fused = fused_head(d, s, positions)
-    return max(layer, T * d.hidden * s.r_e + fused["saved"] + fused["forward"])
+    return max(layer, T * d.hidden * s.residual_bytes + fused["saved"] + fused["forward"])
 
 
 def _scored(s: Setup, device: str, rows: int, seq: int, target: int | None) -> int:
@@ -156,7 +156,7 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
         g = run.grpo
         gen_rows = run.train.micro_batch_size * run.train.gradient_accumulation_steps
         prompt = run.train.seq_len
-        kv_e = s.w_e if not s.quant else s.e
+        kv_e = s.weight_bytes if not s.quant else s.compute_bytes
         kv = d.layers * 2 * gen_rows * d.kv_heads * d.head_dim * (prompt + g.max_completion_length) * kv_e
         one_layer = kv // max(1, d.layers)  # the cache's cat makes each layer's K and V anew, one at a time
         prompt_kv = kv * prompt // (prompt + g.max_completion_length)

@@ -40,16 +40,16 @@ def linear(saved: Saved, s: Setup, lin: Linear, inp_key: str, inp_e: int, inp_gr
     output; under autocast also the compute-dtype copies of A and B. LoRA dropout adds its mask
     (bool on CUDA, the input's dtype on CPU). DoRA also saves the base output and the LoRA output
     (out wide each) and three out-sized vectors."""
-    T, c = (s.tokens if rows is None else rows), s.e
+    T, c = (s.tokens if rows is None else rows), s.compute_bytes
     quantized = s.quant is not None and lin.role != "lm_head"
     if s.full:
         if s.autocast and inp_e != c:
             saved.put(f"{lin.role}.in_c", T * lin.inp * c)
         else:
             saved.put(inp_key, T * lin.inp * inp_e)
-        if s.autocast and s.w_e != c and inp_grad:
+        if s.autocast and s.weight_bytes != c and inp_grad:
             saved.put(f"{lin.role}.weight_c", lin.inp * lin.out * c)
-        out_e = c if s.autocast else s.w_e
+        out_e = c if s.autocast else s.weight_bytes
     elif quantized:
         out_e = inp_e
         if s.quant == "int8" and s.device == "cpu":
@@ -57,11 +57,11 @@ def linear(saved: Saved, s: Setup, lin: Linear, inp_key: str, inp_e: int, inp_gr
             saved.ctx_held.add(inp_key)
             out_e = c if s.autocast else inp_e  # MatMul8bitFp dequantizes and calls F.linear
     else:
-        if s.autocast and s.w_e != c and inp_grad:
+        if s.autocast and s.weight_bytes != c and inp_grad:
             saved.put(f"{lin.role}.weight_c", lin.inp * lin.out * c)
-        out_e = c if s.autocast else s.w_e
+        out_e = c if s.autocast else s.weight_bytes
     if lin.role in s.targets:
-        ae = s.adapter_e
+        ae = s.adapter_bytes
         mask_e = 1 if s.device == "cuda" else ae
         if s.autocast:
             if s.dropout and inp_grad:
@@ -116,16 +116,16 @@ def norm(saved: Saved, kind: str, s: Setup, name: str, x_key: str, x_e: int, x_g
             return x_e
         if s.full:
             saved.put(f"{name}.normed", T * width * x_e)
-        return max(s.w_e, x_e)
+        return max(s.weight_bytes, x_e)
     if not (x_grad or s.full):
-        return max(s.w_e, x_e) if not (s.autocast and s.device == "cuda") else 4
+        return max(s.weight_bytes, x_e) if not (s.autocast and s.device == "cuda") else 4
     if s.autocast and s.device == "cuda":
         saved.put(x_key if x_e == 4 else f"{name}.x32", T * width * 4)
         saved.put(f"{name}.stats", 2 * T * 4)
         return 4
     saved.put(x_key, T * width * x_e)
     saved.put(f"{name}.stats", 2 * T * (4 if s.device == "cuda" else x_e))
-    return max(s.w_e, x_e)
+    return max(s.weight_bytes, x_e)
 
 
 def activation(saved: Saved, act: str, s: Setup, name: str, x_key: str, x_e: int, numel: int) -> int:

@@ -13,10 +13,10 @@ class Setup:
     """The run's choices, resolved for one device."""
 
     method: str
-    e: int
+    compute_bytes: int
     """Compute dtype bytes (weights and activations)."""
     dtype: str
-    adapter_e: int
+    adapter_bytes: int
     full: bool
     quant: str | None  # "nf4" | "int8" | None
     rank: int
@@ -31,10 +31,10 @@ class Setup:
     device: str
     autocast: bool = False
     """The forward pass runs under torch.autocast (what the Trainer does with bf16/fp16 on)."""
-    w_e: int = 0
+    weight_bytes: int = 0
     """Bytes per element of the unquantized weights as loaded (fp32 for full tuning under autocast
     and for the non-quantized parts of a k-bit model prepared by peft, else the compute dtype)."""
-    r_e: int = 0
+    residual_bytes: int = 0
     """Bytes per element of the hidden states between layers (the embedding's dtype)."""
     packing: bool = False
     """Rows are packed examples (restarting position ids), which gives windowed models a mask."""
@@ -126,23 +126,23 @@ def resolve_setup(
         elif t.lora_dropout > 0:
             warnings.append(f"{d.model_type}: peft 0.21 refuses lora_dropout > 0 on the fused experts (ParamWrapper)")
     quant = {"qlora": "nf4", "lora8": "int8"}.get(t.method)
-    e = _DTYPE_BYTES[dtype]
+    compute_bytes = _DTYPE_BYTES[dtype]
     if autocast is None:
         # The Trainer's recipe (what backend/jobs/finetune.py runs): bf16/fp16 through autocast,
         # unless DeepSpeed holds the model in that dtype itself.
         autocast = not deepspeed
-    autocast = autocast and e != 4
+    autocast = autocast and compute_bytes != 4
     if autocast and (t.method == "full" or quant):
         # full: fp32 weights, autocast computes in bf16/fp16 (no separate master copy);
         # k-bit: peft's prepare_model_for_kbit_training casts the unquantized weights to fp32.
-        w_e = r_e = 4
+        weight_bytes = residual_bytes = 4
     else:
-        w_e = r_e = e
+        weight_bytes = residual_bytes = compute_bytes
     setup = Setup(
         method=t.method,
-        e=e,
+        compute_bytes=compute_bytes,
         dtype=dtype,
-        adapter_e=4,
+        adapter_bytes=4,
         full=t.method == "full",
         quant=quant,
         rank=t.lora_rank,
@@ -156,8 +156,8 @@ def resolve_setup(
         seq=run.train.seq_len * (run.train.micro_batch_size if t.packing else 1),
         device=device,
         autocast=autocast,
-        w_e=w_e,
-        r_e=r_e,
+        weight_bytes=weight_bytes,
+        residual_bytes=residual_bytes,
         packing=t.packing,
         example_len=run.train.seq_len if per_example_attention(arch, d, run, attention) else 0,
     )

@@ -24,7 +24,7 @@ def weight_storage(arch: Arch, d: Dims, s: Setup, counts: ParamCounts, bf16_base
     fused experts (3-D parameters) and the routers stay unquantized (bitsandbytes issue #1849); peft's
     prepare_model_for_kbit_training casts the routers to fp32 and would the experts too, but the
     worker keeps those in the load dtype (backend/training/model/moe.py)."""
-    w_dtype = "fp32" if s.w_e == 4 else s.dtype
+    w_dtype = "fp32" if s.weight_bytes == 4 else s.dtype
     storage: dict[str, Any] = {"fp32": 0, "bf16": 0, "fp16": 0, "int8": 0, "nf4": 0, "nf4_constants": 0, "int8_scales": 0}
     warnings: list[str] = []
     linears = [(lin.inp, lin.out, count) for lin, count in all_linears(arch, d)] + list(d.extra_linears)
@@ -39,14 +39,14 @@ def weight_storage(arch: Arch, d: Dims, s: Setup, counts: ParamCounts, bf16_base
         else:
             storage["int8"] = counts.linear_weights + d.extra_linear_params
             storage["int8_scales"] = sum(out * count for _, out, count in linears) * 4
-        storage[w_dtype] += (unquantized - counts.experts) * s.w_e
-        storage[s.dtype] += counts.experts * s.e
+        storage[w_dtype] += (unquantized - counts.experts) * s.weight_bytes
+        storage[s.dtype] += counts.experts * s.compute_bytes
         if counts.experts:
-            held = counts.experts * s.e + counts.router * s.w_e
+            held = counts.experts * s.compute_bytes + counts.router * s.weight_bytes
             warnings.append(f"{s.method}: the fused experts ({counts.experts / 1e9:.2f} B parameters) are not nn.Linear, so "
                             f"bitsandbytes leaves them unquantized: held in {s.dtype} ({held / GIB:.1f} GiB)")
     else:
-        storage[w_dtype] += counts.total * s.w_e
+        storage[w_dtype] += counts.total * s.weight_bytes
         if bf16_base:
             held = sum((lin.inp * lin.out + (lin.out if lin.bias else 0)) * count
                        for lin, count in all_linears(arch, d) if lin.role in s.targets)
