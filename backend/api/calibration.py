@@ -20,10 +20,8 @@ from backend.api.memory_record import MemoryRecord
 from backend.api.paths import runs_dir
 
 DEFAULT_BASELINE_BYTES = 540_815_360
-"""515.8 MiB: the worker's RSS before it loaded the model in the first preset run on the project's
-development machine (x86-64 Linux, 2 cores, Python 3.11, torch 2.13.0+cpu, transformers 5.24.0;
-later runs there, with the matmul peak cached, measured 503.8-503.9 MiB). A machine's own runs
-replace it."""
+"""The worker's RSS before it loads the model, as first recorded on the development machine (docs/
+benchmarks.md, "CUDA context and baseline figures"); a machine's own runs replace it."""
 NEWEST = 20
 """Records taken into the median, newest first (a library upgrade moves the baseline)."""
 

@@ -1,36 +1,23 @@
 """LoRA's small matrix products with the rank as the rows, where the CPU BLAS is slow the other way.
 
-A LoRA adapter multiplies the activations by two thin matrices: `x @ A.T` (tokens x rank) and then
-`@ B.T`. peft computes them as two `nn.Linear`s, so the forward pass and the backward pass ask for
-products whose *output* has only `rank` columns (`x @ A.T`, `grad @ B`, `grad.T @ h`). On the CPU,
-MKL's sgemm handles that shape badly: measured on this project's 1-core bench (AVX-512, MKL 2024.2),
-a (295 x 768) @ (768 x 8) product takes 106-268 us, while the same product with the rank as the
-rows, (8 x 768) @ (768 x 295), takes 62 us. In the preset's training step, the adapters' products
-took 12 ms of 46 ms of matrix work, for under 3% of the FLOPs.
+peft computes `x @ A.T` and `@ B.T` as two `nn.Linear`s, whose forward and backward ask for products
+with only `rank` output columns, a shape MKL's sgemm handles badly. `LoraMatmul` computes the same
+values in the fast orientation (h.T = A @ x.T, then `result + scaling * h @ B.T` as one `addmm`, and
+a backward that keeps the rank as the rows), with the same parameters and saved tensors, so
+adapters save, merge and export as before and the memory estimate is unchanged; the loss and
+gradients match peft's to float rounding (tests hold 1e-5).
 
-`LoraMatmul` computes the same values in the fast orientation: h.T = A @ x.T (rank x tokens), then
-`result + scaling * h @ B.T` as one `addmm`, and a backward that keeps the rank as the rows
-(grad_h.T = B.T @ grad.T, grad_B = (h.T @ grad).T, grad_A = grad_h.T @ x). That also drops peft's
-separate `* scaling` and `+` over the full (tokens x out) output. Same parameters, same saved
-tensors (x and the small h), so adapters save, merge and export exactly as before, and the memory
-estimate is unchanged; the loss and gradients match peft's to float rounding (tests hold 1e-5).
-
-Installed where the registry chose it (shortcuts.py: CPU, fp32, LoRA, hidden up to
-`RANK_FIRST_MAX_HIDDEN`, beyond which it was measured not to pay), and used per call only where it
-is the plain case: peft's dense `lora.Linear` over an `nn.Linear`, one active adapter, not merged,
-no DoRA or LoRA bias, on the CPU in fp32 with autocast off. Everything else (GPUs, whose BLAS has
-no such weakness; bf16; quantized bases; DoRA) runs peft's forward unchanged.
+Installed where the registry chose it (shortcuts/registry.py: CPU, fp32, LoRA, hidden up to
+`RANK_FIRST_MAX_HIDDEN`), and used per call only in the plain case: peft's dense `lora.Linear` over
+an `nn.Linear`, one active adapter, not merged, no DoRA or LoRA bias, on the CPU in fp32 with
+autocast off. Everything else runs peft's forward unchanged.
 
 `bf16_base=True` (the plan's choice on a CPU with native bf16, precision auto) also holds the frozen
-base weights of these layers in bf16 and runs their products in bf16: x is cast to bf16, multiplied
-by oneDNN's bf16 kernel (fp32 accumulation), and the result cast back, in forward and for the input
-gradient in backward. That is what bf16 mixed precision does on a GPU, confined to the frozen
-products: adapters, their products and gradients, activations, norms, attention, the loss and
-Adam stay fp32. Why not torch.autocast: it casts every frozen weight again on every call (they do
-not require grad, so its cast cache skips them), and the CPU's bf16 flash-attention backward is
-6x slower than fp32; measured, autocast made the preset's step no faster (80 vs 78 ms). This way a
-step is ~1.24x faster (1 thread, same batches alternated, three runs: 1.23-1.26x) and the base's
-linear weights take half the memory; the loss curve stays within bf16 rounding of fp32's.
+base weights of these layers in bf16 and runs their products in bf16 (fp32 accumulation), in forward
+and for the input gradient: bf16 mixed precision confined to the frozen products, while adapters,
+activations, norms, attention, the loss and Adam stay fp32. Not torch.autocast, which casts every
+frozen weight again on every call. The measurements behind both: docs/benchmarks.md, "Rank-first
+LoRA and the bf16 base".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The speed shortcuts of a training step: where each one is proven, when it applies, and installing it.
+"""The speed shortcuts of a training step: where each one is proven and when it applies.
 
 A shortcut computes what the plain transformers + peft step computes, with less work. Each entry
 names the families where a test proved it exact (loss and gradients within 1e-5 of the plain
@@ -7,13 +7,13 @@ own tolerance) and the conditions where it applies. A model of another family, o
 `technique.shortcuts: off`, trains the plain way. The job asks `choose()` once, before loading; the
 plan line names what runs and why the rest does not.
 
-Only shortcuts that pay on a model of realistic width are here: docs/benchmarks.md, "Session 7",
-measured each one alone at hidden 1024 and 2048 (bench/throughput.py --shortcuts and --toggle), and
-rank-first LoRA is limited to the widths where it paid. Dropout draws differ between a
-shortcut and the plain path where it cuts the rows a dropout sees (the same distribution, other
+Only shortcuts that pay on a model of realistic width are here, each measured alone
+(docs/benchmarks.md, "shortcuts at hidden >= 1024"), and rank-first LoRA is limited to the widths
+where it paid. Dropout draws differ between a shortcut and the plain path where it cuts the rows a dropout sees (the same distribution, other
 random numbers), so exactness is tested with dropout off.
 
-Torch-free at import: the estimate (studio process) may ask the same questions.
+Torch-free at every depth: the estimate (studio process) asks the same questions. Installing is
+shortcuts/installer.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ ALL = DENSE | MOE | {"gpt2"}
 
 # Rank-first LoRA products help where MKL's sgemm is slow for outputs only `rank` wide; on wider
 # models the base products dominate and the custom autograd function costs more than it saves
-# (docs/benchmarks.md, Session 7). Hidden sizes above this run peft's own forward.
+# (docs/benchmarks.md, "shortcuts at hidden >= 1024"). Hidden sizes above this run peft's own forward.
 RANK_FIRST_MAX_HIDDEN = 1024
 
 LOSS_CHUNK_ELEMENTS = 2**24
