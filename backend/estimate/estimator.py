@@ -198,7 +198,7 @@ def _details(arch: Arch, dims: Dims, setup: Setup, counts: ParamCounts, states: 
     }
 
 
-def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, gradients: int, accumulate: bool,
+def peak_phases(setup: Setup, act: dict[str, Any], *, static: int, logits: int, gradients: int, accumulate: bool,
                 layers: int, head_gradients: int, fwd_transient: int, bwd_transient: int, step_transient: int,
                 tied_gradient: int = 0, late_gradients: int = 0) -> dict[str, int]:
     """Bytes held at each moment of a steady-state step that can be its peak (the static states
@@ -221,7 +221,7 @@ def peak_phases(s: Setup, act: dict[str, Any], *, static: int, logits: int, grad
     """
     accumulated = gradients if accumulate else 0
     end = {"backward_end": static + gradients + 2 * tied_gradient} if tied_gradient else {}
-    if not s.checkpointing:
+    if not setup.checkpointing:
         return {
             "forward_end": static + act["total"] + accumulated + fwd_transient,
             "backward_start": static + act["total"] + logits + accumulated + bwd_transient,

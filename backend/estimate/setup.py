@@ -64,15 +64,15 @@ _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 EXPERT_ROLES = frozenset({"router", "experts_gate_up", "experts_down"})
 
 
-def lora_roles(arch: Arch, d: Dims, lora_targets: str) -> tuple[set[str], list[str]]:
+def lora_roles(arch: Arch, dims: Dims, lora_targets: str) -> tuple[set[str], list[str]]:
     """The roles `technique.lora_targets` adapts, as the worker asks peft 0.21, and warnings. For
     mixtral and qwen3_moe peft maps the experts' and router's v4 module names onto target_parameters
     of the fused experts (gate and up together: naming one alone is refused); the worker's all-linear
     there is the attention only (backend/training/model/moe.py peft_targets)."""
     names: dict[str, set[str]] = {}
-    for lin, _ in all_linears(arch, d):
+    for lin, _ in all_linears(arch, dims):
         names.setdefault(lin.name, set()).add(lin.role)
-    experts = arch.lora_expert_params and d.moe_layers > 0
+    experts = arch.lora_expert_params and dims.moe_layers > 0
     if lora_targets.strip() == "all-linear":
         return {role for group in names.values() for role in group}, []
     roles: set[str] = set()
@@ -91,17 +91,17 @@ def lora_roles(arch: Arch, d: Dims, lora_targets: str) -> tuple[set[str], list[s
                         roles.add(role)
                     else:
                         warnings.append(f"technique.lora_targets: {item} is fused with {', '.join(aliases)} in "
-                                        f"{d.model_type}'s experts; peft refuses one without the other")
+                                        f"{dims.model_type}'s experts; peft refuses one without the other")
         if item == "lm_head":
             roles.add("lm_head")
             hit = True
         if not hit:
-            warnings.append(f"technique.lora_targets: {item!r} is not a linear of {d.model_type}; ignored")
+            warnings.append(f"technique.lora_targets: {item!r} is not a linear of {dims.model_type}; ignored")
     return roles, warnings
 
 
 def resolve_setup(
-    arch: Arch, d: Dims, run: RunConfig, device: str, bf16_supported: bool, autocast: bool | None = None, deepspeed: bool = False
+    arch: Arch, dims: Dims, run: RunConfig, device: str, bf16_supported: bool, autocast: bool | None = None, deepspeed: bool = False
 ) -> tuple[Setup, list[str]]:
     t = run.technique
     warnings: list[str] = []
@@ -115,16 +115,16 @@ def resolve_setup(
         warnings.append("flash_attention_2 needs CUDA; estimated as sdpa")
         attention = "sdpa"
     if attention == "sdpa" and not arch.sdpa:
-        warnings.append(f"{d.model_type}: transformers refuses SDPA for it (no soft-capping there); estimated as eager")
+        warnings.append(f"{dims.model_type}: transformers refuses SDPA for it (no soft-capping there); estimated as eager")
         attention = "eager"
-    targets, more = lora_roles(arch, d, t.lora_targets)
+    targets, more = lora_roles(arch, dims, t.lora_targets)
     warnings += more
     if t.method != "full" and targets & EXPERT_ROLES:
         if t.method == "dora":
-            warnings.append(f"{d.model_type}: peft 0.21 refuses DoRA on the fused experts (ParamWrapper); "
+            warnings.append(f"{dims.model_type}: peft 0.21 refuses DoRA on the fused experts (ParamWrapper); "
                             "target the attention projections only")
         elif t.lora_dropout > 0:
-            warnings.append(f"{d.model_type}: peft 0.21 refuses lora_dropout > 0 on the fused experts (ParamWrapper)")
+            warnings.append(f"{dims.model_type}: peft 0.21 refuses lora_dropout > 0 on the fused experts (ParamWrapper)")
     quant = {"qlora": "nf4", "lora8": "int8"}.get(t.method)
     compute_bytes = _DTYPE_BYTES[dtype]
     if autocast is None:
@@ -159,12 +159,12 @@ def resolve_setup(
         weight_bytes=weight_bytes,
         residual_bytes=residual_bytes,
         packing=t.packing,
-        example_len=run.train.seq_len if per_example_attention(arch, d, run, attention) else 0,
+        example_len=run.train.seq_len if per_example_attention(arch, dims, run, attention) else 0,
     )
     return setup, warnings
 
 
-def per_example_attention(arch: Arch, d: Dims, run: RunConfig, attention: str) -> bool:
+def per_example_attention(arch: Arch, dims: Dims, run: RunConfig, attention: str) -> bool:
     """Whether a packed row's attention runs per example, as the worker decides it: FlashAttention-2
     reads the varlen boundaries; SDPA does through the sdpa_packed shortcut where that applies
     (backend/training/shortcuts/registry.py: shortcuts auto, no torch.compile, no sliding window, a family
@@ -177,4 +177,4 @@ def per_example_attention(arch: Arch, d: Dims, run: RunConfig, attention: str) -
     if attention == "flash_attention_2":
         return True
     return (attention == "sdpa" and arch.sdpa and t.shortcuts == "auto" and not t.torch_compile
-            and not d.sliding_window and d.model_type in ALL and arch.family != "gemma2")
+            and not dims.sliding_window and dims.model_type in ALL and arch.family != "gemma2")

@@ -48,12 +48,12 @@ def held_logit_elements(run: RunConfig, model_type: str, vocab: int, elements: i
     return min(elements, loss_chunk_rows(vocab) * vocab)
 
 
-def offload_activations(act: dict[str, Any], run: RunConfig, model_type: str, s: "Setup", layers: int) -> dict[str, Any]:
+def offload_activations(act: dict[str, Any], run: RunConfig, model_type: str, setup: "Setup", layers: int) -> dict[str, Any]:
     """The activations with activation_offload's layer inputs in host memory (unchanged where it does not run).
 
     All but one: the layer being recomputed has its input back on the GPU. What int8 matmuls keep
     as ctx attributes stays (it is not saved through the hooks)."""
-    if not s.checkpointing or not _applies("activation_offload", run, model_type, s.device):
+    if not setup.checkpointing or not _applies("activation_offload", run, model_type, setup.device):
         return act
     moved = max(0, layers - 1) * act["layer_input"]
     return {**act, "total": act["total"] - moved, "checkpointed_inputs": act["checkpointed_inputs"] - moved,
