@@ -3,9 +3,7 @@
 The default (all cores but one) is right for models whose products are large, and wrong for small
 ones: each parallel region wakes the sleeping threads (OMP_WAIT_POLICY=PASSIVE, so that an idle
 worker does not spin a core away from the desktop), and a small model's step is hundreds of small
-regions. Measured on a 2-core host, one training step of the preset's LoRA run: hidden size 256,
-57 ms on 1 thread against 88 ms on 2; hidden 512, 127 against 138; hidden 1024, 346 against 263.
-Where the crossover lies depends on the model, the batch and the machine, so the worker measures:
+regions (docs/benchmarks.md, "Figures moved from docstrings"). Where the crossover lies depends on the model, the batch and the machine, so the worker measures:
 before training, one forward and backward pass of the first micro-batch at the default thread
 count, then at half of it, and so on down while that gets faster, keeping the fastest.
 
