@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from backend.config.run_config import RunConfig
 from backend.api.cpu_features import bf16_base
 from backend.estimate.activations import activation_bytes
-from backend.estimate.architectures import Arch, Dims, ParamCounts, count_params
+from backend.estimate.architectures import count_params
 from backend.estimate.attention import attention_kernel
 from backend.estimate.breakdown import Breakdown
 # serving.sizing reads the CUDA constants here
 from backend.estimate.cuda import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES  # noqa: F401
 from backend.estimate.families import load_model_config, read_dims
 from backend.estimate.parts import (  # noqa: F401 (dora_transient: backend.estimate's public name)
-    Logits, ModelStates, Runtime, distribute, dora_transient, logits_part, model_states, runtime_part,
+    Logits, ModelStates, Runtime, StepInputs, distribute, dora_transient, logits_part, model_states, runtime_part,
 )
 from backend.estimate.setup import Setup, resolve_setup
 from backend.estimate.shortcut_memory import offload_activations
@@ -88,18 +89,17 @@ def estimate(
     deepspeed = device == "cuda" and (zero_stage > 0 or run.technique.offload != "none")
     setup, more = resolve_setup(arch, dims, run, device, bf16_supported, autocast, deepspeed)
     warnings += more
-    counts = count_params(arch, dims)
+    step = StepInputs(arch, dims, setup, count_params(arch, dims), run, device)
 
-    states = model_states(arch, dims, setup, counts, run, bf16_base(run, device, cpu_bf16), warnings)
+    states = model_states(step, bf16_base(run, device, cpu_bf16), warnings)
     act = offload_activations(activation_bytes(arch, dims, setup), run, dims.model_type, setup,
                               dims.layers)  # activation_offload
-    logits = logits_part(run, dims, setup, device, target_tokens)
-    dist = distribute(states, dims, run, device, num_gpus, zero_stage, warnings)
-    runtime = runtime_part(arch, dims, setup, run, device, num_gpus, counts, states, act["total"], logits.held,
-                           calibration)
-    phases = step_phases(setup, dims, counts, states, act, logits, runtime, run)
-    details = _details(arch, dims, setup, counts, states, act, logits, dist, runtime, phases, warnings, device,
-                       target_tokens, calibration)
+    logits = logits_part(step, target_tokens)
+    dist = distribute(step, states, num_gpus, zero_stage, warnings)
+    runtime = runtime_part(step, states, act["total"], logits.held, num_gpus, calibration)
+    phases = step_phases(step, states, act, logits, runtime)
+    parts = StepParts(states, act, logits, dist, runtime, phases)
+    details = _details(step, parts, warnings, target_tokens, calibration)
     return Breakdown(
         weights=states.weights,
         adapters=states.adapters,
@@ -115,9 +115,22 @@ def estimate(
     )
 
 
-def step_phases(setup: Setup, dims: Dims, counts: ParamCounts, states: ModelStates, act: dict[str, Any],
-                logits: Logits, runtime: Runtime, run: RunConfig) -> dict[str, int]:
+@dataclass(frozen=True)
+class StepParts:
+    """Every part's own record, for Breakdown.details."""
+
+    states: ModelStates
+    activations: dict[str, Any]
+    logits: Logits
+    distributed: dict[str, Any]
+    runtime: Runtime
+    phases: dict[str, int]
+
+
+def step_phases(step: StepInputs, states: ModelStates, act: dict[str, Any], logits: Logits,
+                runtime: Runtime) -> dict[str, int]:
     """The bytes at each moment that can be the step's peak, the peak itself and the fixed runtime."""
+    setup, dims, counts, run = step.setup, step.dims, step.counts, step.run
     grad_bytes = states.grad_bytes
     static = states.weights + states.adapters + states.optimizer + states.master
     # Gradients that do not exist yet while the first layer is recomputed: its own and the input
@@ -140,10 +153,12 @@ def step_phases(setup: Setup, dims: Dims, counts: ParamCounts, states: ModelStat
     return phases
 
 
-def _details(arch: Arch, dims: Dims, setup: Setup, counts: ParamCounts, states: ModelStates, act: dict[str, Any],
-             logits: Logits, dist: dict[str, Any], runtime: Runtime, phases: dict[str, int], warnings: list[str],
-             device: str, target_tokens: int | None, calibration: Calibration | None) -> dict[str, Any]:
+def _details(step: StepInputs, parts: StepParts, warnings: list[str], target_tokens: int | None,
+             calibration: Calibration | None) -> dict[str, Any]:
     """Breakdown.details: the model, the resolved setup and every part's own figures."""
+    arch, dims, setup, counts, device = step.arch, step.dims, step.setup, step.counts, step.device
+    states, act, logits, dist, runtime, phases = (parts.states, parts.activations, parts.logits, parts.distributed,
+                                                  parts.runtime, parts.phases)
     return {
         "model": {
             "model_type": dims.model_type,

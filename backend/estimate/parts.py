@@ -23,6 +23,18 @@ if TYPE_CHECKING:
     from backend.api.calibration import Calibration
 
 
+@dataclass(frozen=True)
+class StepInputs:
+    """What every part reads: the model's structure and counts, the resolved run, the device."""
+
+    arch: Arch
+    dims: Dims
+    setup: Setup
+    counts: ParamCounts
+    run: RunConfig
+    device: str
+
+
 @dataclass
 class ModelStates:
     """Weights, adapters, gradients, optimizer state and master weights, per device once distributed."""
@@ -64,9 +76,9 @@ class Runtime:
     part: int = 0  # the runtime part shown (context and allocator reserve are parts of their own)
 
 
-def model_states(arch: Arch, dims: Dims, setup: Setup, counts: ParamCounts, run: RunConfig,
-                 cpu_bf16_base: bool, warnings: list[str]) -> ModelStates:
+def model_states(step: StepInputs, cpu_bf16_base: bool, warnings: list[str]) -> ModelStates:
     """Weights by storage type, adapters (fp32), then gradients, optimizer and master weights."""
+    arch, dims, setup, counts, run = step.arch, step.dims, step.setup, step.counts, step.run
     buffers = rotary_buffers(arch, dims)
     storage, more = weight_storage(arch, dims, setup, counts, cpu_bf16_base)
     warnings += more
@@ -90,8 +102,9 @@ def model_states(arch: Arch, dims: Dims, setup: Setup, counts: ParamCounts, run:
                        trained * grad_bytes, optimizer, optimizer_detail, master)
 
 
-def logits_part(run: RunConfig, dims: Dims, setup: Setup, device: str, target_tokens: int | None) -> Logits:
+def logits_part(step: StepInputs, target_tokens: int | None) -> Logits:
     """The logits the loss holds: only at loss positions when the data's longest answer is known."""
+    run, dims, setup, device = step.run, step.dims, step.setup, step.device
     positions = setup.tokens
     if target_tokens is not None:
         positions = min(setup.tokens, run.train.micro_batch_size * min(run.train.seq_len, max(1, int(target_tokens))))
@@ -114,9 +127,10 @@ def logits_part(run: RunConfig, dims: Dims, setup: Setup, device: str, target_to
     return Logits(forward, backward, held, elements, positions)
 
 
-def distribute(states: ModelStates, dims: Dims, run: RunConfig, device: str, num_gpus: int, zero_stage: int,
+def distribute(step: StepInputs, states: ModelStates, num_gpus: int, zero_stage: int,
                warnings: list[str]) -> dict[str, Any]:
     """ZeRO stages, DDP buckets and offload, applied to `states` in place; returns what was done."""
+    dims, run, device = step.dims, step.run, step.device
     technique = run.technique
     dist: dict[str, Any] = {"num_gpus": num_gpus, "zero_stage": zero_stage, "offload": technique.offload}
     offloaded = 0
@@ -156,10 +170,10 @@ def distribute(states: ModelStates, dims: Dims, run: RunConfig, device: str, num
     return dist
 
 
-def runtime_part(arch: Arch, dims: Dims, setup: Setup, run: RunConfig, device: str, num_gpus: int,
-                 counts: ParamCounts, states: ModelStates, activations: int, logits: int,
+def runtime_part(step: StepInputs, states: ModelStates, activations: int, logits: int, num_gpus: int,
                  calibration: Calibration | None) -> Runtime:
     """Fixed costs plus the larger of the transients of the two phases of a step."""
+    arch, dims, setup, counts, run, device = step.arch, step.dims, step.setup, step.counts, step.run, step.device
     detail = {
         "cuda_context": 0,
         "cublas_workspace": 0,
