@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from backend.config import RunConfig  # noqa: E402
+from backend.config.run_config import RunConfig  # noqa: E402
 from tests.families import FAMILIES as TINY_FAMILIES  # noqa: E402
 
 TINY_DIR = ROOT / "resources" / "tiny"
@@ -191,7 +191,7 @@ MATRIX: list[Case] = [
     Case("llama", "lora", False, "eager", 256, 1, precision="bf16"),
     Case("gpt_neox", "dora", True, "eager", 128, 1, precision="bf16"),
     Case("llama", "lora", False, "sdpa", 128, 1, lora_dropout=0.1),
-    # Instruction data: logits only at the answers' positions (backend/training/loss_positions.py).
+    # Instruction data: logits only at the answers' positions (backend/training/shortcuts/loss_positions.py).
     Case("llama", "lora", False, "sdpa", 256, 2, answer=40),
     Case("qwen2", "lora", True, "eager", 128, 2, answer=100),
     Case("gpt_neox_seq", "lora", False, "eager", 128, 2),

@@ -86,7 +86,7 @@ def build_model(case: Case, device: str = "cpu"):
     if case.method != "full":
         from peft import LoraConfig, get_peft_model
 
-        from backend.training.moe import peft_targets
+        from backend.training.model.moe import peft_targets
 
         targets: Any = peft_targets(case.lora_targets, config.model_type)  # as the worker asks peft
         lcfg = LoraConfig(
@@ -99,10 +99,10 @@ def build_model(case: Case, device: str = "cpu"):
         )
         if case.method in ("qlora", "lora8") and case.autocast:
             # As the worker does: freezes the base and casts the non-quantized weights to fp32, except
-            # a MoE's fused experts, which keep their load dtype (backend/training/moe.py).
+            # a MoE's fused experts, which keep their load dtype (backend/training/model/moe.py).
             from peft import prepare_model_for_kbit_training
 
-            from backend.training.moe import keep_experts_dtype
+            from backend.training.model.moe import keep_experts_dtype
 
             model = keep_experts_dtype(model, lambda m: prepare_model_for_kbit_training(m, use_gradient_checkpointing=False))
         model = get_peft_model(model, lcfg)
@@ -227,7 +227,7 @@ def measure(case: Case, device: str = "cpu") -> dict[str, Any]:
 
     inputs = {"input_ids": input_ids, "labels": labels}
     if case.answer:
-        from backend.training.loss_positions import keep_loss_positions
+        from backend.training.shortcuts.loss_positions import keep_loss_positions
 
         labels[:, : case.seq_len - case.answer] = -100
         inputs = keep_loss_positions(inputs)
@@ -292,7 +292,7 @@ def measure(case: Case, device: str = "cpu") -> dict[str, Any]:
     logits_forward = logits_bytes + logit_saved
     logits_backward = logit_saved + grads_seen.get("grad_logprobs", 0) + grads_seen.get("grad_logits", 0)
 
-    # The worker's optimizer (backend/training/techniques.py): the fused AdamW, which updates in place.
+    # The worker's optimizer (backend/training/model/techniques.py): the fused AdamW, which updates in place.
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
     optimizer.step()
     opt_bytes = 0

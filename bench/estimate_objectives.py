@@ -41,7 +41,7 @@ for _p in (ROOT, ROOT / "bench"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from backend.config import RunConfig  # noqa: E402
+from backend.config.run_config import RunConfig  # noqa: E402
 from backend.estimate import Breakdown, estimate  # noqa: E402
 from estimate_cases import TINY_NEOX, TINY_QWEN2, llama_config_dict  # noqa: E402
 from estimate_tensors import PeakTracker, _SavedTensorMeter, _unique_bytes  # noqa: E402
@@ -214,7 +214,7 @@ def measure(case: Case) -> tuple[dict[str, int], int]:
     targets = torch.randint(0, weight.shape[0], (n,))
 
     def head():
-        out = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0,
+        out = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0,  # noqa: F821 (runs before the del)
                                            ("log_probs", "entropy", "mean_logits", "is_top1"))
         out[0].sum().backward()
 

@@ -67,12 +67,12 @@ def one(fmt: str, run_dir: Path, out: Path) -> None:
     """Child process: one export through run_export; prints a JSON line with what the parent needs."""
     import torch
 
-    from backend.errors import JobError
+    from backend.api.errors import JobError
     from backend.export.memory import peak_rss_bytes
     from backend.jobs.export import run_export
-    from backend.runs import RunFolder
-    from backend.worker.reporter import Reporter
-    from backend.worker.stop_listener import StopListener
+    from backend.api.runs import RunFolder
+    from backend.api.reporter import Reporter
+    from backend.api.stop_listener import StopListener
 
     import peft  # noqa: F401  (imported before the baseline is read: their code is not the export's memory)
     import transformers  # noqa: F401
@@ -156,8 +156,8 @@ def main() -> int:
 
 
 def table(rows: list) -> str:
-    from backend.export.report import report_outcome
-    from backend.export.report import verdict as report_verdict
+    from backend.api.export_report import report_outcome
+    from backend.api.export_report import verdict as report_verdict
 
     lines = ["| format | wall s | write s | check s (trained + export) | peak RSS GB | peak / 16-bit size | "
              "peak stage | peak anonymous / 16-bit size | check |",

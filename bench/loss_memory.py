@@ -26,7 +26,7 @@ def build(vocab: int, hidden: int, chunked: bool):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from backend.training.chunked_loss import ChunkedLoss
+    from backend.training.shortcuts.chunked_loss import ChunkedLoss
 
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
@@ -62,7 +62,7 @@ def step_peak(vocab: int, hidden: int, tokens: int, chunked: bool) -> tuple[int,
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from backend.training.shortcuts import loss_chunk_rows
+    from backend.training.shortcuts.registry import loss_chunk_rows
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=65536)

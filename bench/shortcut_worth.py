@@ -21,15 +21,15 @@ def toggle_worth(preset: Path, overrides: list[str], steps: int, only: list[str]
     """`only`: the shortcuts to leave out one at a time (default: every one the plan uses)."""
     import torch
 
-    from backend.config import RunConfig
-    from backend.training.capabilities import default_threads, probe_capabilities
-    from backend.training.data import PackingCollator, PadCollator, build_datasets
-    from backend.training.last_layer_rows import LastLayerRows
-    from backend.training.loading import add_adapters, check_model_folder, load_model, load_tokenizer
-    from backend.training.lora_matmul import LoraMatmul
-    from backend.training.loss_positions import keep_loss_positions
-    from backend.training.model_facts import ModelFacts
-    from backend.training.techniques import plan_techniques
+    from backend.config.run_config import RunConfig
+    from backend.training.model.capabilities import default_threads, probe_capabilities
+    from backend.training.data.tokenized import PackingCollator, PadCollator, build_datasets
+    from backend.training.shortcuts.last_layer_rows import LastLayerRows
+    from backend.training.model.loading import add_adapters, check_model_folder, load_model, load_tokenizer
+    from backend.training.shortcuts.lora_matmul import LoraMatmul
+    from backend.training.shortcuts.loss_positions import keep_loss_positions
+    from backend.training.model.model_facts import ModelFacts
+    from backend.training.model.techniques import plan_techniques
 
     config = RunConfig.load(preset, overrides)
     torch.set_num_threads(config.train.cpu_threads or default_threads())

@@ -14,9 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backend.config import RunConfig  # noqa: E402
+from backend.config.run_config import RunConfig  # noqa: E402
 from backend.estimate import estimate  # noqa: E402
-from backend.presets import Preset, cost_line, list_presets  # noqa: E402
+from backend.api.presets import Preset, cost_line, list_presets  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"
 
@@ -41,7 +41,7 @@ def main() -> int:
         print(f"{preset.name}: {line}")
         if args.write:
             text = preset.path.read_text(encoding="utf-8")
-            text = re.sub(r"^# Cost: .*$", lambda _: f"# Cost: {line}", text, count=1, flags=re.M)
+            text = re.sub(r"^# Cost: .*$", lambda _, line=line: f"# Cost: {line}", text, count=1, flags=re.M)
             preset.path.write_text(text, encoding="utf-8")
     return 0
 

@@ -14,4 +14,7 @@ python3 -m venv .venv
 pip install -q --disable-pip-version-check torch==2.13.0
 pip install -q --disable-pip-version-check -e ".[dev]"
 export QT_QPA_PLATFORM=offscreen
+# The boundaries first (pyproject.toml [tool.importlinter], [tool.ruff]): a broken one fails in seconds.
+lint-imports
+ruff check .
 python -m pytest -q "$@"

@@ -28,14 +28,12 @@ def _has_display() -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
-        # `finetune-studio --worker`: the worker, for a frozen bundle that has no `python -m` (see
-        # backend/launch.py worker_command). Imports neither Qt nor the studio.
-        sys.argv = [sys.argv[0], *argv[1:]]
-        from backend.worker.__main__ import main as worker_main
-
-        return worker_main()
+        # `finetune-studio --worker`: the worker (backend/api/launch.py worker_command). This process
+        # becomes `python -m backend.worker`, so the studio package never imports the worker or torch;
+        # a frozen bundle's entry (packaging/pyinstaller) runs its worker before reaching this module.
+        return _become_worker(argv[1:])
     if _wants_cli(argv):
-        from backend.cli import main as cli_main
+        from backend.cli.app import main as cli_main
 
         return cli_main(argv)
     if not _has_display():
@@ -49,10 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     return run_app(argv)
 
 
+def _become_worker(rest: list[str]) -> int:
+    """Replace this process with the worker (a child where exec is not POSIX), with the same stdin and stdout."""
+    command = [sys.executable, "-m", "backend.worker", *rest]
+    sys.stdout.flush()
+    if os.name == "posix":
+        os.execv(sys.executable, command)
+    import subprocess
+
+    return subprocess.call(command)
+
+
 def _home_problem() -> str:
     """Why the studio's data directory cannot be used ("" when it can): said before the window is built."""
-    from backend.errors import JobError
-    from backend.paths import usable_home
+    from backend.api.errors import JobError
+    from backend.api.paths import usable_home
 
     try:
         usable_home()

@@ -18,7 +18,7 @@ PERSISTENT = ("rotary_cos_sin", "input_ids", "position_ids", "labels", "embd_dro
 lm_head's are freed before the first checkpointed layer is recomputed)."""
 
 
-def _layer_saved(arch: Arch, d: Dims, s: Setup, kind: LayerKind, input_grad: bool, layer_type: str) -> Saved:
+def _layer_saved(arch: Arch, dims: Dims, setup: Setup, kind: LayerKind, input_grad: bool, layer_type: str) -> Saved:
     """Every storage one decoder layer saves for backward, by name (bytes), following the Hugging Face
     implementations op by op (measured in bench/estimate_accuracy.py): the input norm, attention
     (attention.py), Gemma's norm of the attention output, the second norm (on the layer input for
@@ -27,109 +27,109 @@ def _layer_saved(arch: Arch, d: Dims, s: Setup, kind: LayerKind, input_grad: boo
     """
     saved = Saved()
     lins = {lin.role: lin for lin in kind.linears}
-    x_e = s.r_e
-    n1_e = norm(saved, arch.norm, s, "norm1", "x_in", x_e, input_grad, d.hidden)
-    o_e, attn_grad = attention_saved(saved, arch, d, s, lins, n1_e, input_grad, layer_type)
+    x_e = setup.residual_bytes
+    n1_e = norm(saved, arch.norm, setup, "norm1", "x_in", x_e, input_grad, dims.hidden)
+    o_e, attn_grad = attention_saved(saved, arch, dims, setup, lins, n1_e, input_grad, layer_type)
     if arch.sandwich_norms:
-        o_e = norm(saved, arch.norm, s, "post_attn_norm", "attn_o", o_e, attn_grad, d.hidden)
-    if d.parallel_residual:
-        n2_e = norm(saved, arch.norm, s, "norm2", "x_in", x_e, input_grad, d.hidden)
+        o_e = norm(saved, arch.norm, setup, "post_attn_norm", "attn_o", o_e, attn_grad, dims.hidden)
+    if dims.parallel_residual:
+        n2_e = norm(saved, arch.norm, setup, "norm2", "x_in", x_e, input_grad, dims.hidden)
         mlp_in_grad = True
     else:
-        n2_e = norm(saved, arch.norm, s, "norm2", "resid1", max(x_e, o_e), attn_grad, d.hidden)
+        n2_e = norm(saved, arch.norm, setup, "norm2", "resid1", max(x_e, o_e), attn_grad, dims.hidden)
         mlp_in_grad = attn_grad
     if kind.moe:
-        out_e = moe_saved(saved, arch, d, s, lins, "n2", n2_e, mlp_in_grad)
+        out_e = moe_saved(saved, arch, dims, setup, lins, "n2", n2_e, mlp_in_grad)
     else:
-        out_e = dense_mlp_saved(saved, arch, d, s, lins, "n2", n2_e, mlp_in_grad, d.intermediate)
+        out_e = dense_mlp_saved(saved, arch, dims, setup, lins, "n2", n2_e, mlp_in_grad, dims.intermediate)
     if arch.sandwich_norms:
-        norm(saved, arch.norm, s, "post_ff_norm", "mlp_out", out_e, True, d.hidden)
+        norm(saved, arch.norm, setup, "post_ff_norm", "mlp_out", out_e, True, dims.hidden)
     return saved
 
 
-def _layer_plan(arch: Arch, d: Dims) -> list[tuple[LayerKind, str]]:
+def _layer_plan(arch: Arch, dims: Dims) -> list[tuple[LayerKind, str]]:
     """(kind, attention type) of every decoder layer, in order."""
-    kinds = {k.moe: k for k in layer_kinds(arch, d)}
+    kinds = {k.moe: k for k in layer_kinds(arch, dims)}
     plan = []
-    for i in range(d.layers):
-        moe = bool(d.sparse_layers[i]) if d.sparse_layers else False
-        plan.append((kinds[moe], d.layer_types[i] if d.layer_types else "full_attention"))
+    for i in range(dims.layers):
+        moe = bool(dims.sparse_layers[i]) if dims.sparse_layers else False
+        plan.append((kinds[moe], dims.layer_types[i] if dims.layer_types else "full_attention"))
     return plan
 
 
-def _model_level(arch: Arch, d: Dims, s: Setup) -> Saved:
+def _model_level(arch: Arch, dims: Dims, setup: Setup) -> Saved:
     """Saved outside the decoder layers: rotary cos/sin ((1, S, rotary_dim) each in the hidden states'
     dtype, shared by the batch and by every layer; one pair per rotary set, Gemma 3 has a local and
     a global one), token ids (trained embeddings), labels, GPT-2's embedding dropout mask, the final
     norm and lm_head's input."""
-    T, r_e = s.tokens, s.r_e
+    T, residual_bytes = setup.tokens, setup.residual_bytes
     model = Saved()
-    if d.rotary_dim:
-        sets = len(set(d.layer_types)) if arch.family == "gemma3_text" and d.layer_types else 1
-        model.put("rotary_cos_sin", sets * 2 * s.seq * d.rotary_dim * r_e)
-    if s.full:
+    if dims.rotary_dim:
+        sets = len(set(dims.layer_types)) if arch.family == "gemma3_text" and dims.layer_types else 1
+        model.put("rotary_cos_sin", sets * 2 * setup.seq * dims.rotary_dim * residual_bytes)
+    if setup.full:
         model.put("input_ids", T * 8)
-        if d.positions:
-            model.put("position_ids", s.seq * 8)
+        if dims.positions:
+            model.put("position_ids", setup.seq * 8)
     model.put("labels", T * 8)
-    dropout(model, s, "embd_dropout", d.embd_dropout, T * d.hidden, r_e, s.full or s.checkpointing)
-    final_e = norm(model, arch.norm, s, "final_norm", "x_final", r_e, True, d.hidden)
-    lm_head = Linear("lm_head", "lm_head", d.hidden, d.vocab, False)
-    linear(model, s, lm_head, "final_out", final_e, True)
+    dropout(model, setup, "embd_dropout", dims.embd_dropout, T * dims.hidden, residual_bytes, setup.full or setup.checkpointing)
+    final_e = norm(model, arch.norm, setup, "final_norm", "x_final", residual_bytes, True, dims.hidden)
+    lm_head = Linear("lm_head", "lm_head", dims.hidden, dims.vocab, False)
+    linear(model, setup, lm_head, "final_out", final_e, True)
     return model
 
 
-def _checkpoint_kwargs(arch: Arch, d: Dims, s: Setup, plan: list[tuple[LayerKind, str]]) -> int:
+def _checkpoint_kwargs(arch: Arch, dims: Dims, setup: Setup, plan: list[tuple[LayerKind, str]]) -> int:
     """Keyword inputs the non-reentrant checkpoint keeps in its closure for the recompute: the
     position ids, and the 4-D masks (eager: one float mask per attention type, in the hidden
     states' dtype; SDPA: the bool masks of windowed layers)."""
-    extra = s.tokens * 8
+    extra = setup.tokens * 8
     types = sorted({t for _, t in plan})
-    if s.attention == "eager" or not arch.sdpa:
-        extra += len(types) * s.batch * s.seq * s.seq * s.r_e
+    if setup.attention == "eager" or not arch.sdpa:
+        extra += len(types) * setup.batch * setup.seq * setup.seq * setup.residual_bytes
     else:
-        extra += sum(s.batch * s.seq * s.seq for t in types if sdpa_mask(d, s, t))
+        extra += sum(setup.batch * setup.seq * setup.seq for t in types if sdpa_mask(dims, setup, t))
     return extra
 
 
-def _activations(arch: Arch, d: Dims, s: Setup) -> dict[str, Any]:
-    T = s.tokens
-    plan = _layer_plan(arch, d)
+def _activations(arch: Arch, dims: Dims, setup: Setup) -> dict[str, Any]:
+    T = setup.tokens
+    plan = _layer_plan(arch, dims)
     cache: dict[tuple[bool, str, bool], Saved] = {}
 
     def layer(kind: LayerKind, layer_type: str, grad: bool) -> Saved:
         key = (kind.moe, layer_type, grad)
         if key not in cache:
-            cache[key] = _layer_saved(arch, d, s, kind, grad, layer_type)
+            cache[key] = _layer_saved(arch, dims, setup, kind, grad, layer_type)
         return cache[key]
 
     # Without checkpointing, a frozen embedding gives layer 0 an input that needs no gradient, so
     # its first norm saves nothing (LoRA); checkpointing makes the input require grad (HF's
     # enable_input_require_grads).
-    first_grad = s.full or s.checkpointing
+    first_grad = setup.full or setup.checkpointing
     per_layer_all = [layer(k, t, True if i else first_grad).total() for i, (k, t) in enumerate(plan)]
     full_layers = [layer(k, t, True) for k, t in plan]
     biggest = max(full_layers, key=lambda sv: sv.total())
-    layer_input = T * d.hidden * s.r_e
-    model = _model_level(arch, d, s)
+    layer_input = T * dims.hidden * setup.residual_bytes
+    model = _model_level(arch, dims, setup)
     model_level = model.total()
 
     kept = extra_inputs = recompute = 0
-    if not s.checkpointing:
+    if not setup.checkpointing:
         total = sum(per_layer_all) + model_level
     else:
-        kept = d.layers * layer_input
-        extra_inputs = _checkpoint_kwargs(arch, d, s, plan)
+        kept = dims.layers * layer_input
+        extra_inputs = _checkpoint_kwargs(arch, dims, setup, plan)
         recompute = max(sv.total(without={"x_in"}) for sv in full_layers)
         # bitsandbytes' int8 matmul keeps its input as a ctx attribute, out of reach of the
         # checkpoint's saved-tensor hooks: every layer keeps those inputs anyway.
         kept += sum(sum(v for k, v in sv.items.items() if k in sv.ctx_held and k != "x_in") for sv in full_layers)
         total = kept + extra_inputs + recompute + model_level
-    kernel = attention_kernel(d, s)
-    e = s.e
+    kernel = attention_kernel(dims, setup)
+    e = setup.compute_bytes
     with_scores = kernel in ("eager", "math")
-    rows, length = s.attn_rows
-    eager_scores = rows * d.heads * length * length * (4 + (e if e != 4 else 0)) if with_scores else 0
+    rows, length = setup.attn_rows
+    eager_scores = rows * dims.heads * length * length * (4 + (e if e != 4 else 0)) if with_scores else 0
     return {
         "total": total,
         "per_layer": biggest.total(),
@@ -146,7 +146,7 @@ def _activations(arch: Arch, d: Dims, s: Setup) -> dict[str, Any]:
     }
 
 
-def activation_bytes(arch: Arch, d: Dims, s: Setup) -> dict[str, Any]:
+def activation_bytes(arch: Arch, dims: Dims, setup: Setup) -> dict[str, Any]:
     """Saved activations of the whole model and their pieces (see `_layer_saved`), with the totals
     with and without checkpointing side by side.
 
@@ -156,8 +156,8 @@ def activation_bytes(arch: Arch, d: Dims, s: Setup) -> dict[str, Any]:
     plus one layer's saved tensors while it is recomputed in the backward pass, plus the same
     model-level tensors.
     """
-    own = _activations(arch, d, s)
-    other = _activations(arch, d, dataclasses.replace(s, checkpointing=not s.checkpointing))
-    own["with_checkpointing"] = own["total"] if s.checkpointing else other["total"]
-    own["without_checkpointing"] = other["total"] if s.checkpointing else own["total"]
+    own = _activations(arch, dims, setup)
+    other = _activations(arch, dims, dataclasses.replace(setup, checkpointing=not setup.checkpointing))
+    own["with_checkpointing"] = own["total"] if setup.checkpointing else other["total"]
+    own["without_checkpointing"] = other["total"] if setup.checkpointing else own["total"]
     return own

@@ -204,53 +204,53 @@ class LayerKind:
     linears: tuple[Linear, ...]
 
 
-def _attention_linears(arch: Arch, d: Dims) -> list[Linear]:
+def _attention_linears(arch: Arch, dims: Dims) -> list[Linear]:
     n = arch.names
     if arch.fused_qkv:
-        out = [Linear("qkv", n["qkv"], d.hidden, d.q_dim + 2 * d.kv_dim, d.qkv_bias)]
+        out = [Linear("qkv", n["qkv"], dims.hidden, dims.q_dim + 2 * dims.kv_dim, dims.qkv_bias)]
     else:
-        out = [Linear("q", n["q"], d.hidden, d.q_dim, d.qkv_bias), Linear("k", n["k"], d.hidden, d.kv_dim, d.qkv_bias),
-               Linear("v", n["v"], d.hidden, d.kv_dim, d.qkv_bias)]
-    return out + [Linear("o", n["o"], d.q_dim, d.hidden, d.o_bias)]
+        out = [Linear("q", n["q"], dims.hidden, dims.q_dim, dims.qkv_bias), Linear("k", n["k"], dims.hidden, dims.kv_dim, dims.qkv_bias),
+               Linear("v", n["v"], dims.hidden, dims.kv_dim, dims.qkv_bias)]
+    return out + [Linear("o", n["o"], dims.q_dim, dims.hidden, dims.o_bias)]
 
 
-def _mlp_linears(arch: Arch, d: Dims, inter: int, prefix: str = "") -> list[Linear]:
+def _mlp_linears(arch: Arch, dims: Dims, inter: int, prefix: str = "") -> list[Linear]:
     n = arch.names
     if not arch.gated_mlp:
-        return [Linear("fc1", n["fc1"], d.hidden, inter, d.mlp_bias), Linear("fc2", n["fc2"], inter, d.hidden, d.mlp_bias)]
+        return [Linear("fc1", n["fc1"], dims.hidden, inter, dims.mlp_bias), Linear("fc2", n["fc2"], inter, dims.hidden, dims.mlp_bias)]
     if arch.fused_gate_up:
-        first = [Linear(prefix + "gate_up", n["gate_up"], d.hidden, 2 * inter, d.mlp_bias)]
+        first = [Linear(prefix + "gate_up", n["gate_up"], dims.hidden, 2 * inter, dims.mlp_bias)]
     else:
-        first = [Linear(prefix + "gate", n["gate"], d.hidden, inter, d.mlp_bias),
-                 Linear(prefix + "up", n["up"], d.hidden, inter, d.mlp_bias)]
-    return first + [Linear(prefix + "down", n["down"], inter, d.hidden, d.mlp_bias)]
+        first = [Linear(prefix + "gate", n["gate"], dims.hidden, inter, dims.mlp_bias),
+                 Linear(prefix + "up", n["up"], dims.hidden, inter, dims.mlp_bias)]
+    return first + [Linear(prefix + "down", n["down"], inter, dims.hidden, dims.mlp_bias)]
 
 
-def layer_kinds(arch: Arch, d: Dims) -> list[LayerKind]:
+def layer_kinds(arch: Arch, dims: Dims) -> list[LayerKind]:
     """The decoder's layer kinds: dense layers, and the mixture-of-experts ones (whose nn.Linear
     modules are attention and, in Qwen2-MoE, the shared expert and its one-output gate)."""
-    attention = _attention_linears(arch, d)
+    attention = _attention_linears(arch, dims)
     kinds = []
-    dense = d.layers - d.moe_layers
+    dense = dims.layers - dims.moe_layers
     if dense:
-        kinds.append(LayerKind(False, dense, tuple(attention + _mlp_linears(arch, d, d.intermediate))))
-    if d.moe_layers:
+        kinds.append(LayerKind(False, dense, tuple(attention + _mlp_linears(arch, dims, dims.intermediate))))
+    if dims.moe_layers:
         lins = list(attention)
         if arch.shared_expert:
-            lins += _mlp_linears(arch, d, d.shared_intermediate, prefix="shared_")
-            lins.append(Linear("shared_expert_gate", "shared_expert_gate", d.hidden, 1, False))
-        kinds.append(LayerKind(True, d.moe_layers, tuple(lins)))
+            lins += _mlp_linears(arch, dims, dims.shared_intermediate, prefix="shared_")
+            lins.append(Linear("shared_expert_gate", "shared_expert_gate", dims.hidden, 1, False))
+        kinds.append(LayerKind(True, dims.moe_layers, tuple(lins)))
     return kinds
 
 
-def layer_linears(arch: Arch, d: Dims) -> list[Linear]:
+def layer_linears(arch: Arch, dims: Dims) -> list[Linear]:
     """The linear layers of one decoder layer (in forward order): the first kind's (dense if any)."""
-    return list(layer_kinds(arch, d)[0].linears)
+    return list(layer_kinds(arch, dims)[0].linears)
 
 
-def all_linears(arch: Arch, d: Dims) -> list[tuple[Linear, int]]:
+def all_linears(arch: Arch, dims: Dims) -> list[tuple[Linear, int]]:
     """Every decoder nn.Linear (bitsandbytes quantizes these), with how many layers hold it."""
-    return [(lin, kind.count) for kind in layer_kinds(arch, d) for lin in kind.linears]
+    return [(lin, kind.count) for kind in layer_kinds(arch, dims) for lin in kind.linears]
 
 
 @dataclass(frozen=True)
@@ -289,50 +289,50 @@ class ParamCounts:
         return self.linear_tensors + self.other_tensors
 
 
-def norm_sizes(arch: Arch, d: Dims) -> list[int]:
+def norm_sizes(arch: Arch, dims: Dims) -> list[int]:
     """Element counts of one decoder layer's norm tensors (weights, and biases for LayerNorm)."""
-    per = [d.hidden] * (2 if arch.norm == "layer" else 1)
+    per = [dims.hidden] * (2 if arch.norm == "layer" else 1)
     sizes = per * (4 if arch.sandwich_norms else 2)
     if arch.qk_norm:
-        sizes += [d.head_dim, d.head_dim]
+        sizes += [dims.head_dim, dims.head_dim]
     return sizes
 
 
-def expert_sizes(arch: Arch, d: Dims) -> list[int]:
+def expert_sizes(arch: Arch, dims: Dims) -> list[int]:
     """Element counts of one MoE layer's non-Linear tensors: fused experts and the router."""
-    gate_up = d.experts * (2 if arch.gated_mlp else 1) * d.expert_intermediate * d.hidden
-    down = d.experts * d.hidden * d.expert_intermediate
-    return [gate_up, down, d.experts * d.hidden]
+    gate_up = dims.experts * (2 if arch.gated_mlp else 1) * dims.expert_intermediate * dims.hidden
+    down = dims.experts * dims.hidden * dims.expert_intermediate
+    return [gate_up, down, dims.experts * dims.hidden]
 
 
-def count_params(arch: Arch, d: Dims) -> ParamCounts:
+def count_params(arch: Arch, dims: Dims) -> ParamCounts:
     """Parameters derived from the architecture (equal to what transformers builds: tested against
     meta-device models of real config.json files)."""
     lw = lb = lin_tensors = 0
-    for lin, count in all_linears(arch, d):
+    for lin, count in all_linears(arch, dims):
         lw += lin.inp * lin.out * count
         lb += (lin.out if lin.bias else 0) * count
         lin_tensors += (2 if lin.bias else 1) * count
-    layer_norms = norm_sizes(arch, d)
-    final = [d.hidden] * (2 if arch.norm == "layer" else 1)
-    norms = sum(layer_norms) * d.layers + sum(final)
+    layer_norms = norm_sizes(arch, dims)
+    final = [dims.hidden] * (2 if arch.norm == "layer" else 1)
+    norms = sum(layer_norms) * dims.layers + sum(final)
     experts = router = 0
-    if d.moe_layers:
-        gate_up, down, rt = expert_sizes(arch, d)
-        experts, router = (gate_up + down) * d.moe_layers, rt * d.moe_layers
-    other = (len(layer_norms) * d.layers + len(final) + 1 + (0 if d.tied else 1) + (1 if d.positions else 0)
-             + 3 * d.moe_layers)
+    if dims.moe_layers:
+        gate_up, down, rt = expert_sizes(arch, dims)
+        experts, router = (gate_up + down) * dims.moe_layers, rt * dims.moe_layers
+    other = (len(layer_norms) * dims.layers + len(final) + 1 + (0 if dims.tied else 1) + (1 if dims.positions else 0)
+             + 3 * dims.moe_layers)
     return ParamCounts(
         linear_weights=lw,
         linear_biases=lb,
         norms=norms,
-        embedding=d.vocab * d.hidden,
-        lm_head=0 if d.tied else d.vocab * d.hidden,
+        embedding=dims.vocab * dims.hidden,
+        lm_head=0 if dims.tied else dims.vocab * dims.hidden,
         linear_tensors=lin_tensors,
         other_tensors=other,
-        largest_linear=max(lin.inp * lin.out for lin, _ in all_linears(arch, d)),
+        largest_linear=max(lin.inp * lin.out for lin, _ in all_linears(arch, dims)),
         experts=experts,
         router=router,
-        positions=d.positions * d.hidden,
-        extra=d.extra_params,
+        positions=dims.positions * dims.hidden,
+        extra=dims.extra_params,
     )

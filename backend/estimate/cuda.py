@@ -12,10 +12,8 @@ from backend.estimate.breakdown import MIB
 
 CUDA_CONTEXT_BYTES = 768 * MIB
 """CUDA context and loaded kernels per GPU (driver, cuBLAS/cuDNN handles, torch's kernels), outside
-PyTorch's allocator: 750-835 MiB measured on an H200 with CUDA 13 and torch 2.11 (bench/
-estimate_accuracy.py's cuda_context row: driver-used minus reserved; the upper end with bitsandbytes
-loaded). A figure for that stack only: older CUDA versions and smaller cards load less (a few hundred
-MiB), lazy module loading changes it, so it is a round figure, not a precise one."""
+PyTorch's allocator: a round figure for a recent CUDA stack, since older stacks load less and lazy
+module loading changes it (the measurement: docs/benchmarks.md, "CUDA context and baseline figures")."""
 
 CUBLAS_WORKSPACE_BYTES = 64 * MIB
 """cuBLAS / cuBLASLt workspaces, allocated once through PyTorch's caching allocator (64 MiB seen

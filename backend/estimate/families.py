@@ -15,7 +15,7 @@ from typing import Any
 from backend.estimate.architectures import (
     GEMMA2, GEMMA3, GPT2, GPT_NEOX, LLAMA, MIXTRAL, PHI3, QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE, Arch, Dims,
 )
-from backend.paths import not_downloaded, resolve_resource
+from backend.api.paths import not_downloaded, resolve_resource
 
 _COMMON = {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
            "attention_dropout": 0.0}
@@ -23,7 +23,7 @@ _GEMMA = {**_COMMON, "tie_word_embeddings": True, "hidden_activation": "gelu_pyt
           "query_pre_attn_scalar": 256}
 _MOE = {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False, "output_router_logits": False}
 
-FAMILIES: dict[str, tuple[Arch, dict[str, Any]]] = {
+ESTIMATE_FAMILIES: dict[str, tuple[Arch, dict[str, Any]]] = {
     "llama": (LLAMA, {**_COMMON, "intermediate_size": 11008}),
     "mistral": (LLAMA, {**_COMMON, "intermediate_size": 14336, "sliding_window": 4096}),
     "qwen2": (QWEN2, {**_COMMON, "intermediate_size": 22016}),
@@ -58,8 +58,8 @@ for _type, _values in {
     # Heads and vocabulary too: a published config.json may leave them to the class (gemma-3-4b-it's
     # names neither). hidden_size and num_hidden_layers have no default here: a file without them is
     # broken, not brief, and a class default would estimate some other model without a word.
-    FAMILIES[_type][1].update({k: v for k, v in zip(_DIMENSIONS, _values) if v is not None})
-FAMILIES["gpt2"][1].update(vocab_size=50257, n_head=12)
+    ESTIMATE_FAMILIES[_type][1].update({k: v for k, v in zip(_DIMENSIONS, _values) if v is not None})
+ESTIMATE_FAMILIES["gpt2"][1].update(vocab_size=50257, n_head=12)
 
 ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
@@ -198,7 +198,7 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
     model_type = raw.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise ValueError(f"{source}: model_type is {model_type!r}, not a string; {_FIX}")
-    family = FAMILIES.get(model_type or "")
+    family = ESTIMATE_FAMILIES.get(model_type or "")
     if family is None:
         arch, defaults = LLAMA, dict(_COMMON)
         experts = next((raw[k] for k in ("num_local_experts", "num_experts", "n_routed_experts") if raw.get(k)), None)
@@ -334,7 +334,7 @@ def max_positions(raw: dict[str, Any]) -> int | None:
     """The longest sequence the model's positions cover (max_position_embeddings, GPT-2's n_positions),
     read through the same aliases and defaults as read_dims; None when neither file nor class says."""
     text, _ = text_part(raw)
-    arch, defaults = FAMILIES.get(str(text.get("model_type") or ""), (LLAMA, dict(_COMMON)))
+    arch, defaults = ESTIMATE_FAMILIES.get(str(text.get("model_type") or ""), (LLAMA, dict(_COMMON)))
     aliases = {**ATTRIBUTE_MAPS.get(str(text.get("model_type")), {}), **_OWN_KEYS.get(arch.family, {})}
     value = _Reader(text, defaults, aliases, str(text.get("_source", "config.json"))).get("max_position_embeddings")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

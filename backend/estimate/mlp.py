@@ -7,37 +7,37 @@ from backend.estimate.saved import Saved, activation, dropout, linear
 from backend.estimate.setup import Setup
 
 
-def dense_mlp_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linear], in_key: str, in_e: int,
+def dense_mlp_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: dict[str, Linear], in_key: str, in_e: int,
                     in_grad: bool, inter: int, prefix: str = "", rows: int | None = None) -> int:
     """Gated MLP: the activation saves the gate output, the product saves the activation and the up
     output, down_proj (if trained) the product: 4 x intermediate per token. GELU MLP: fc1 output
     (four tensors of it for GPT-2's gelu_new), and fc2's input (if trained). GPT-2 and Phi-3 add a
     residual dropout mask. Returns the output's bytes per element."""
-    T = s.tokens if rows is None else rows
+    T = setup.tokens if rows is None else rows
     p = prefix
     if arch.gated_mlp:
         if arch.fused_gate_up:
-            g_e = u_e = linear(saved, s, lins[p + "gate_up"], in_key, in_e, in_grad, rows)
+            g_e = u_e = linear(saved, setup, lins[p + "gate_up"], in_key, in_e, in_grad, rows)
             saved.put(p + "gate_up_out", T * 2 * inter * g_e)
             gate_key = p + "gate_up_out"
         else:
-            g_e = linear(saved, s, lins[p + "gate"], in_key, in_e, in_grad, rows)
-            u_e = linear(saved, s, lins[p + "up"], in_key, in_e, in_grad, rows)
+            g_e = linear(saved, setup, lins[p + "gate"], in_key, in_e, in_grad, rows)
+            u_e = linear(saved, setup, lins[p + "up"], in_key, in_e, in_grad, rows)
             saved.put(p + "up_out", T * inter * u_e)
             gate_key = p + "gate_out"
-        activation(saved, d.act, s, p + "act", gate_key, g_e, T * inter * (2 if arch.fused_gate_up else 1))
+        activation(saved, dims.act, setup, p + "act", gate_key, g_e, T * inter * (2 if arch.fused_gate_up else 1))
         saved.put(p + "act_out", T * inter * g_e)
-        out_e = linear(saved, s, lins[p + "down"], p + "prod", max(g_e, u_e), True, rows)
+        out_e = linear(saved, setup, lins[p + "down"], p + "prod", max(g_e, u_e), True, rows)
     else:
-        g_e = linear(saved, s, lins["fc1"], in_key, in_e, in_grad, rows)
-        activation(saved, d.act, s, "act", "fc1_out", g_e, T * inter)
-        out_e = linear(saved, s, lins["fc2"], "act_out", g_e, True, rows)
+        g_e = linear(saved, setup, lins["fc1"], in_key, in_e, in_grad, rows)
+        activation(saved, dims.act, setup, "act", "fc1_out", g_e, T * inter)
+        out_e = linear(saved, setup, lins["fc2"], "act_out", g_e, True, rows)
     if not prefix:
-        dropout(saved, s, "mlp_resid_dropout", d.resid_dropout, T * d.hidden, out_e, True)
+        dropout(saved, setup, "mlp_resid_dropout", dims.resid_dropout, T * dims.hidden, out_e, True)
     return out_e
 
 
-def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linear], in_key: str, in_e: int,
+def moe_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: dict[str, Linear], in_key: str, in_e: int,
               in_grad: bool) -> int:
     """The sparse MoE block, as transformers 5.24 runs it (`grouped_mm`, its default experts
     implementation): the router's linear, its fp32 softmax, top-k indices (and the normalisation's
@@ -50,35 +50,35 @@ def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linea
     mixtral) folds W + s*B@A into a fresh expert stack per forward pass, which the grouped matmul
     saves: every layer then holds a full copy of its experts' weights for the backward pass.
     Returns the output's bytes per element (the input's)."""
-    T, c, E, k, H, I = s.tokens, s.e, d.experts, d.top_k, d.hidden, d.expert_intermediate
+    T, c, E, k, H, I = setup.tokens, setup.compute_bytes, dims.experts, dims.top_k, dims.hidden, dims.expert_intermediate
     S = T * k
-    we = s.w_e  # the router stays in the load dtype (never quantized; fp32 once k-bit prepared)
-    xe = c if s.quant else we  # the fused experts too, but the worker keeps them off peft's fp32 upcast
-    experts_lora = "experts_gate_up" in s.targets or "experts_down" in s.targets
-    router_lora = "router" in s.targets
-    router_trained = s.full or router_lora
-    experts_trained = s.full or experts_lora
-    if d.router_jitter and in_grad:
+    we = setup.weight_bytes  # the router stays in the load dtype (never quantized; fp32 once k-bit prepared)
+    xe = c if setup.quant else we  # the fused experts too, but the worker keeps them off peft's fp32 upcast
+    experts_lora = "experts_gate_up" in setup.targets or "experts_down" in setup.targets
+    router_lora = "router" in setup.targets
+    router_trained = setup.full or router_lora
+    experts_trained = setup.full or experts_lora
+    if dims.router_jitter and in_grad:
         saved.put("router_jitter_noise", T * H * in_e)
 
     # router: F.linear(x, W) (+ peft's W + delta), softmax in fp32, top-k
     if router_trained:
-        if s.autocast and in_e != c:
+        if setup.autocast and in_e != c:
             saved.put("router.in_c", T * H * c)
         else:
             saved.put(in_key, T * H * in_e)
     if router_lora and in_grad:
-        saved.put("router.merged_weight", E * H * (c if s.autocast else we))
-    elif s.autocast and we != c and in_grad:
+        saved.put("router.merged_weight", E * H * (c if setup.autocast else we))
+    elif setup.autocast and we != c and in_grad:
         saved.put("router.weight_c", E * H * c)
-    logit_e = c if s.autocast else we
+    logit_e = c if setup.autocast else we
     weights_grad = in_grad or router_trained
     if weights_grad:
         saved.put("router.probs32", T * E * 4)
-        if d.norm_topk:
+        if dims.norm_topk:
             saved.put("router.topk_values", T * k * 4)
             saved.put("router.topk_sum", T * 4)
-        if d.router_aux_loss:
+        if dims.router_aux_loss:
             saved.put("router.aux_softmax", T * E * logit_e)
     saved.put("router.topk_indices", T * k * 8)
     sw_e = 4 if arch.router_weights_fp32 else logit_e
@@ -95,8 +95,8 @@ def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linea
     if experts_lora:
         if x_grad:
             saved.put("experts.merged_gate_up", gu * xe)
-        if s.adapter_e != xe:
-            saved.put("experts.lora_factors_c", s.rank * E * (3 * H + 3 * I) * xe)
+        if setup.adapter_bytes != xe:
+            saved.put("experts.lora_factors_c", setup.rank * E * (3 * H + 3 * I) * xe)
     h_grad = x_grad or experts_trained
     if h_grad:
         saved.put("experts.gate_up_out", S * 2 * I * xe)
@@ -112,8 +112,8 @@ def moe_saved(saved: Saved, arch: Arch, d: Dims, s: Setup, lins: dict[str, Linea
     out_e = in_e
 
     if arch.shared_expert:
-        sh_e = dense_mlp_saved(saved, arch, d, s, lins, in_key, in_e, in_grad, d.shared_intermediate, prefix="shared_")
-        g_e = linear(saved, s, lins["shared_expert_gate"], in_key, in_e, in_grad)
+        sh_e = dense_mlp_saved(saved, arch, dims, setup, lins, in_key, in_e, in_grad, dims.shared_intermediate, prefix="shared_")
+        g_e = linear(saved, setup, lins["shared_expert_gate"], in_key, in_e, in_grad)
         saved.put("shared_gate_sigmoid", T * g_e)
         saved.put("shared_out", T * H * sh_e)
     return out_e

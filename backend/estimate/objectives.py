@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate.architectures import Arch, Dims
 from backend.estimate.breakdown import OBJECTIVE_PARTS, Breakdown
 from backend.estimate.families import load_model_config, read_dims
@@ -65,47 +65,47 @@ PART_NOTES = {
 assert set(PART_NOTES) == set(OBJECTIVE_PARTS)
 
 
-def fused_head(d: Dims, s: Setup, positions: int) -> dict[str, int]:
+def fused_head(dims: Dims, setup: Setup, positions: int) -> dict[str, int]:
     """TRL's fused LM head over `positions` scored tokens: what it saves, and its forward and backward
     transients: the matmul buffer (n x 32768 in the compute dtype, whatever the vocabulary), the fold's
     temporaries on one n x min(vocab, 32768) tile (an fp32 copy of a bf16 tile too), and in the backward
     the hidden states' fp32 gradient; n = min(positions, 4096)."""
     n = max(1, min(positions, TOKEN_CHUNK))
-    c = min(d.vocab, VOCAB_CHUNK)
-    ce = s.e if s.autocast else s.w_e
+    c = min(dims.vocab, VOCAB_CHUNK)
+    ce = setup.compute_bytes if setup.autocast else setup.weight_bytes
     upcast = 4 if ce != 4 else 0
     # On CUDA Triton kernels fold each tile in registers and write the gradient over it (derived from
     # the kernel, not measured here); the torch fallback elsewhere makes the temporaries above.
-    fwd_temps, bwd_temps = (0, 0) if s.device == "cuda" else (HEAD_FWD_TEMPS + upcast, HEAD_BWD_TEMPS + upcast)
-    saved = positions * d.hidden * s.r_e + positions * (8 + 4 * 8)  # hidden copy; targets, per-token outputs
+    fwd_temps, bwd_temps = (0, 0) if setup.device == "cuda" else (HEAD_FWD_TEMPS + upcast, HEAD_BWD_TEMPS + upcast)
+    saved = positions * dims.hidden * setup.residual_bytes + positions * (8 + 4 * 8)  # hidden copy; targets, per-token outputs
     forward = n * VOCAB_CHUNK * ce + n * c * fwd_temps
-    backward = positions * d.hidden * 4 + n * VOCAB_CHUNK * ce + n * c * bwd_temps
+    backward = positions * dims.hidden * 4 + n * VOCAB_CHUNK * ce + n * c * bwd_temps
     return {"positions": positions, "saved": saved, "forward": forward, "backward": backward,
             "total": saved + max(forward, backward)}
 
 
-def no_grad_pass(arch: Arch, d: Dims, s: Setup, rows: int, seq: int, positions: int, head: bool = True,
+def no_grad_pass(arch: Arch, dims: Dims, setup: Setup, rows: int, seq: int, positions: int, head: bool = True,
                  adapters_on: bool = False) -> int:
     """The largest moment of a no-grad forward over rows x seq tokens: one layer's temporaries beside
     the residual stream (gated MLP: act, up and their product; else fc1's output and its activation;
     an adapted MLP input linear adds its LoRA output and the scaled copy when the adapters are on;
     eager attention's scores and softmax), or the fused head's tile with its hidden copy."""
     T = rows * seq
-    e = s.e
-    width = d.expert_intermediate * max(1, d.top_k) if d.experts else d.intermediate
-    lora = 2 if adapters_on and s.targets & {"gate", "up", "gate_up", "fc1"} else 0
+    e = setup.compute_bytes
+    width = dims.expert_intermediate * max(1, dims.top_k) if dims.experts else dims.intermediate
+    lora = 2 if adapters_on and setup.targets & {"gate", "up", "gate_up", "fc1"} else 0
     mlp = T * width * e * ((3 if arch.gated_mlp else 2) + lora)
-    attn = T * (d.heads + 2 * d.kv_heads) * d.head_dim * e * 2
-    if s.attention == "eager" or not arch.sdpa:
-        attn += rows * d.heads * seq * seq * (4 + (e if e != 4 else 0))
-    layer = 2 * T * d.hidden * s.r_e + max(mlp, attn)
+    attn = T * (dims.heads + 2 * dims.kv_heads) * dims.head_dim * e * 2
+    if setup.attention == "eager" or not arch.sdpa:
+        attn += rows * dims.heads * seq * seq * (4 + (e if e != 4 else 0))
+    layer = 2 * T * dims.hidden * setup.residual_bytes + max(mlp, attn)
     if not head:
         return layer
-    fused = fused_head(d, s, positions)
-    return max(layer, T * d.hidden * s.r_e + fused["saved"] + fused["forward"])
+    fused = fused_head(dims, setup, positions)
+    return max(layer, T * dims.hidden * setup.residual_bytes + fused["saved"] + fused["forward"])
 
 
-def _scored(s: Setup, device: str, rows: int, seq: int, target: int | None) -> int:
+def _scored(setup: Setup, device: str, rows: int, seq: int, target: int | None) -> int:
     """Positions the fused head scores: on CUDA only the targets, elsewhere every position but the last."""
     if device == "cuda" and target is not None:
         return rows * min(seq - 1, max(1, target))
@@ -156,7 +156,7 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
         g = run.grpo
         gen_rows = run.train.micro_batch_size * run.train.gradient_accumulation_steps
         prompt = run.train.seq_len
-        kv_e = s.w_e if not s.quant else s.e
+        kv_e = s.weight_bytes if not s.quant else s.compute_bytes
         kv = d.layers * 2 * gen_rows * d.kv_heads * d.head_dim * (prompt + g.max_completion_length) * kv_e
         one_layer = kv // max(1, d.layers)  # the cache's cat makes each layer's K and V anew, one at a time
         prompt_kv = kv * prompt // (prompt + g.max_completion_length)
@@ -184,7 +184,7 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
                      accumulate=run.train.gradient_accumulation_steps > 1, ref_model=ref_model)
 
 
-def _assemble(base: Breakdown, s: Setup, head: dict[str, int], logits: int, reference: int,
+def _assemble(base: Breakdown, setup: Setup, head: dict[str, int], logits: int, reference: int,
               generation: dict[str, int], frozen: int, objective: str, notes: list[str], *,
               accumulate: bool, ref_model: int = 0) -> Breakdown:
     """The Breakdown with the new parts and the phases redone around them; `frozen` is every reference
@@ -204,7 +204,7 @@ def _assemble(base: Breakdown, s: Setup, head: dict[str, int], logits: int, refe
     static = base.weights + base.adapters + base.optimizer + base.master_weights + frozen
     # DPO's and KTO's reference runs after the policy's forward, beside its activations; GRPO's while
     # scoring the completions, before any training forward.
-    held = act["total"] if not s.checkpointing else (
+    held = act["total"] if not setup.checkpointing else (
         act["checkpointed_inputs"] + act["checkpoint_extra_inputs"] + act["model_level"])
     beside = 0 if objective == "grpo" else held + head["saved"]
     if reference:

@@ -23,7 +23,7 @@ class Saved:
         return sum(v for k, v in self.items.items() if not without or k not in without)
 
 
-def linear(saved: Saved, s: Setup, lin: Linear, inp_key: str, inp_e: int, inp_grad: bool, rows: int | None = None) -> int:
+def linear(saved: Saved, setup: Setup, lin: Linear, inp_key: str, inp_e: int, inp_grad: bool, rows: int | None = None) -> int:
     """What one linear (nn.Linear, GPT-2's Conv1D: the same addmm) saves; returns its output's bytes
     per element. `rows`: the tokens it sees (all of them unless given).
 
@@ -40,40 +40,40 @@ def linear(saved: Saved, s: Setup, lin: Linear, inp_key: str, inp_e: int, inp_gr
     output; under autocast also the compute-dtype copies of A and B. LoRA dropout adds its mask
     (bool on CUDA, the input's dtype on CPU). DoRA also saves the base output and the LoRA output
     (out wide each) and three out-sized vectors."""
-    T, c = (s.tokens if rows is None else rows), s.e
-    quantized = s.quant is not None and lin.role != "lm_head"
-    if s.full:
-        if s.autocast and inp_e != c:
+    T, c = (setup.tokens if rows is None else rows), setup.compute_bytes
+    quantized = setup.quant is not None and lin.role != "lm_head"
+    if setup.full:
+        if setup.autocast and inp_e != c:
             saved.put(f"{lin.role}.in_c", T * lin.inp * c)
         else:
             saved.put(inp_key, T * lin.inp * inp_e)
-        if s.autocast and s.w_e != c and inp_grad:
+        if setup.autocast and setup.weight_bytes != c and inp_grad:
             saved.put(f"{lin.role}.weight_c", lin.inp * lin.out * c)
-        out_e = c if s.autocast else s.w_e
+        out_e = c if setup.autocast else setup.weight_bytes
     elif quantized:
         out_e = inp_e
-        if s.quant == "int8" and s.device == "cpu":
+        if setup.quant == "int8" and setup.device == "cpu":
             saved.put(inp_key, T * lin.inp * inp_e)
             saved.ctx_held.add(inp_key)
-            out_e = c if s.autocast else inp_e  # MatMul8bitFp dequantizes and calls F.linear
+            out_e = c if setup.autocast else inp_e  # MatMul8bitFp dequantizes and calls F.linear
     else:
-        if s.autocast and s.w_e != c and inp_grad:
+        if setup.autocast and setup.weight_bytes != c and inp_grad:
             saved.put(f"{lin.role}.weight_c", lin.inp * lin.out * c)
-        out_e = c if s.autocast else s.w_e
-    if lin.role in s.targets:
-        ae = s.adapter_e
-        mask_e = 1 if s.device == "cuda" else ae
-        if s.autocast:
-            if s.dropout and inp_grad:
+        out_e = c if setup.autocast else setup.weight_bytes
+    if lin.role in setup.targets:
+        ae = setup.adapter_bytes
+        mask_e = 1 if setup.device == "cuda" else ae
+        if setup.autocast:
+            if setup.dropout and inp_grad:
                 saved.put(f"{lin.role}.dropout_mask", T * lin.inp * mask_e)
             saved.put(f"{lin.role}.in_c", T * lin.inp * c)
-            saved.put(f"{lin.role}.lora_mid", T * s.rank * c)
+            saved.put(f"{lin.role}.lora_mid", T * setup.rank * c)
             if inp_grad:
-                saved.put(f"{lin.role}.lora_A_c", s.rank * lin.inp * c)
-            saved.put(f"{lin.role}.lora_B_c", lin.out * s.rank * c)
+                saved.put(f"{lin.role}.lora_A_c", setup.rank * lin.inp * c)
+            saved.put(f"{lin.role}.lora_B_c", lin.out * setup.rank * c)
             adapter_out_e = c
         else:
-            if s.dropout:
+            if setup.dropout:
                 # the dropped copy feeds lora_A (the mask only when the input needs a gradient)
                 saved.put(f"{lin.role}.dropout_in", T * lin.inp * ae)
                 if inp_grad:
@@ -82,16 +82,16 @@ def linear(saved: Saved, s: Setup, lin: Linear, inp_key: str, inp_e: int, inp_gr
                 saved.put(inp_key, T * lin.inp * inp_e)
             else:
                 saved.put(f"{lin.role}.in_{ae}", T * lin.inp * ae)
-            saved.put(f"{lin.role}.lora_mid", T * s.rank * ae)
+            saved.put(f"{lin.role}.lora_mid", T * setup.rank * ae)
             adapter_out_e = ae
-        if s.method == "dora":
+        if setup.method == "dora":
             saved.put(f"{lin.role}.dora_base", T * lin.out * out_e)
             saved.put(f"{lin.role}.dora_lora", T * lin.out * adapter_out_e)
             saved.put(f"{lin.role}.dora_vectors", 3 * lin.out * 4)
     return out_e
 
 
-def norm(saved: Saved, kind: str, s: Setup, name: str, x_key: str, x_e: int, x_grad: bool, width: int,
+def norm(saved: Saved, kind: str, setup: Setup, name: str, x_key: str, x_e: int, x_grad: bool, width: int,
          rows: int | None = None) -> int:
     """What a norm saves; returns its output's bytes per element. `rows` vectors of `width` each
     (the tokens, or tokens x heads for q/k norms).
@@ -103,7 +103,7 @@ def norm(saved: Saved, kind: str, s: Setup, name: str, x_key: str, x_e: int, x_g
     normalized x (saved when w is trained), cast back to x's dtype. LayerNorm (native_layer_norm):
     saves x and a mean and rstd per row (fp32 on CUDA, x's dtype on CPU); under CUDA autocast it
     runs in fp32 (x is upcast, a saved copy, and the output is fp32)."""
-    T = s.tokens if rows is None else rows
+    T = setup.tokens if rows is None else rows
     if kind in ("rms", "rms_gemma"):
         if x_grad:
             saved.put(x_key if x_e == 4 else f"{name}.x32", T * width * 4)
@@ -111,24 +111,24 @@ def norm(saved: Saved, kind: str, s: Setup, name: str, x_key: str, x_e: int, x_g
         if kind == "rms_gemma":
             if x_grad:
                 saved.put(f"{name}.one_plus_w", width * 4)
-            if s.full:
+            if setup.full:
                 saved.put(f"{name}.normed32", T * width * 4)
             return x_e
-        if s.full:
+        if setup.full:
             saved.put(f"{name}.normed", T * width * x_e)
-        return max(s.w_e, x_e)
-    if not (x_grad or s.full):
-        return max(s.w_e, x_e) if not (s.autocast and s.device == "cuda") else 4
-    if s.autocast and s.device == "cuda":
+        return max(setup.weight_bytes, x_e)
+    if not (x_grad or setup.full):
+        return max(setup.weight_bytes, x_e) if not (setup.autocast and setup.device == "cuda") else 4
+    if setup.autocast and setup.device == "cuda":
         saved.put(x_key if x_e == 4 else f"{name}.x32", T * width * 4)
         saved.put(f"{name}.stats", 2 * T * 4)
         return 4
     saved.put(x_key, T * width * x_e)
-    saved.put(f"{name}.stats", 2 * T * (4 if s.device == "cuda" else x_e))
-    return max(s.w_e, x_e)
+    saved.put(f"{name}.stats", 2 * T * (4 if setup.device == "cuda" else x_e))
+    return max(setup.weight_bytes, x_e)
 
 
-def activation(saved: Saved, act: str, s: Setup, name: str, x_key: str, x_e: int, numel: int) -> int:
+def activation(saved: Saved, act: str, setup: Setup, name: str, x_key: str, x_e: int, numel: int) -> int:
     """What the MLP's activation function saves of its input (`numel` elements); returns the output's
     bytes per element. SiLU, GELU (erf or tanh, native kernels), ReLU: the input. GPT-2's gelu_new
     is Python, 0.5*x*(1 + tanh(c*(x + 0.044715*x^3))): pow saves x, tanh its output, and the last
@@ -141,8 +141,8 @@ def activation(saved: Saved, act: str, s: Setup, name: str, x_key: str, x_e: int
     return x_e
 
 
-def dropout(saved: Saved, s: Setup, name: str, p: float, numel: int, x_e: int, x_grad: bool) -> None:
+def dropout(saved: Saved, setup: Setup, name: str, p: float, numel: int, x_e: int, x_grad: bool) -> None:
     """Dropout in training (p > 0, input needing a gradient) saves its mask: bool on CUDA (the fused
     native_dropout), and on the CPU the scaled noise it multiplies by, in the input's dtype."""
     if p > 0 and x_grad:
-        saved.put(f"{name}.mask", numel * (1 if s.device == "cuda" else x_e))
+        saved.put(f"{name}.mask", numel * (1 if setup.device == "cuda" else x_e))

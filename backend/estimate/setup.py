@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate.architectures import Arch, Dims, all_linears
 
 
@@ -13,10 +13,10 @@ class Setup:
     """The run's choices, resolved for one device."""
 
     method: str
-    e: int
+    compute_bytes: int
     """Compute dtype bytes (weights and activations)."""
     dtype: str
-    adapter_e: int
+    adapter_bytes: int
     full: bool
     quant: str | None  # "nf4" | "int8" | None
     rank: int
@@ -31,10 +31,10 @@ class Setup:
     device: str
     autocast: bool = False
     """The forward pass runs under torch.autocast (what the Trainer does with bf16/fp16 on)."""
-    w_e: int = 0
+    weight_bytes: int = 0
     """Bytes per element of the unquantized weights as loaded (fp32 for full tuning under autocast
     and for the non-quantized parts of a k-bit model prepared by peft, else the compute dtype)."""
-    r_e: int = 0
+    residual_bytes: int = 0
     """Bytes per element of the hidden states between layers (the embedding's dtype)."""
     packing: bool = False
     """Rows are packed examples (restarting position ids), which gives windowed models a mask."""
@@ -64,15 +64,15 @@ _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 EXPERT_ROLES = frozenset({"router", "experts_gate_up", "experts_down"})
 
 
-def lora_roles(arch: Arch, d: Dims, lora_targets: str) -> tuple[set[str], list[str]]:
+def lora_roles(arch: Arch, dims: Dims, lora_targets: str) -> tuple[set[str], list[str]]:
     """The roles `technique.lora_targets` adapts, as the worker asks peft 0.21, and warnings. For
     mixtral and qwen3_moe peft maps the experts' and router's v4 module names onto target_parameters
     of the fused experts (gate and up together: naming one alone is refused); the worker's all-linear
-    there is the attention only (backend/training/moe.py peft_targets)."""
+    there is the attention only (backend/training/model/moe.py peft_targets)."""
     names: dict[str, set[str]] = {}
-    for lin, _ in all_linears(arch, d):
+    for lin, _ in all_linears(arch, dims):
         names.setdefault(lin.name, set()).add(lin.role)
-    experts = arch.lora_expert_params and d.moe_layers > 0
+    experts = arch.lora_expert_params and dims.moe_layers > 0
     if lora_targets.strip() == "all-linear":
         return {role for group in names.values() for role in group}, []
     roles: set[str] = set()
@@ -91,17 +91,17 @@ def lora_roles(arch: Arch, d: Dims, lora_targets: str) -> tuple[set[str], list[s
                         roles.add(role)
                     else:
                         warnings.append(f"technique.lora_targets: {item} is fused with {', '.join(aliases)} in "
-                                        f"{d.model_type}'s experts; peft refuses one without the other")
+                                        f"{dims.model_type}'s experts; peft refuses one without the other")
         if item == "lm_head":
             roles.add("lm_head")
             hit = True
         if not hit:
-            warnings.append(f"technique.lora_targets: {item!r} is not a linear of {d.model_type}; ignored")
+            warnings.append(f"technique.lora_targets: {item!r} is not a linear of {dims.model_type}; ignored")
     return roles, warnings
 
 
 def resolve_setup(
-    arch: Arch, d: Dims, run: RunConfig, device: str, bf16_supported: bool, autocast: bool | None = None, deepspeed: bool = False
+    arch: Arch, dims: Dims, run: RunConfig, device: str, bf16_supported: bool, autocast: bool | None = None, deepspeed: bool = False
 ) -> tuple[Setup, list[str]]:
     t = run.technique
     warnings: list[str] = []
@@ -115,34 +115,34 @@ def resolve_setup(
         warnings.append("flash_attention_2 needs CUDA; estimated as sdpa")
         attention = "sdpa"
     if attention == "sdpa" and not arch.sdpa:
-        warnings.append(f"{d.model_type}: transformers refuses SDPA for it (no soft-capping there); estimated as eager")
+        warnings.append(f"{dims.model_type}: transformers refuses SDPA for it (no soft-capping there); estimated as eager")
         attention = "eager"
-    targets, more = lora_roles(arch, d, t.lora_targets)
+    targets, more = lora_roles(arch, dims, t.lora_targets)
     warnings += more
     if t.method != "full" and targets & EXPERT_ROLES:
         if t.method == "dora":
-            warnings.append(f"{d.model_type}: peft 0.21 refuses DoRA on the fused experts (ParamWrapper); "
+            warnings.append(f"{dims.model_type}: peft 0.21 refuses DoRA on the fused experts (ParamWrapper); "
                             "target the attention projections only")
         elif t.lora_dropout > 0:
-            warnings.append(f"{d.model_type}: peft 0.21 refuses lora_dropout > 0 on the fused experts (ParamWrapper)")
+            warnings.append(f"{dims.model_type}: peft 0.21 refuses lora_dropout > 0 on the fused experts (ParamWrapper)")
     quant = {"qlora": "nf4", "lora8": "int8"}.get(t.method)
-    e = _DTYPE_BYTES[dtype]
+    compute_bytes = _DTYPE_BYTES[dtype]
     if autocast is None:
         # The Trainer's recipe (what backend/jobs/finetune.py runs): bf16/fp16 through autocast,
         # unless DeepSpeed holds the model in that dtype itself.
         autocast = not deepspeed
-    autocast = autocast and e != 4
+    autocast = autocast and compute_bytes != 4
     if autocast and (t.method == "full" or quant):
         # full: fp32 weights, autocast computes in bf16/fp16 (no separate master copy);
         # k-bit: peft's prepare_model_for_kbit_training casts the unquantized weights to fp32.
-        w_e = r_e = 4
+        weight_bytes = residual_bytes = 4
     else:
-        w_e = r_e = e
+        weight_bytes = residual_bytes = compute_bytes
     setup = Setup(
         method=t.method,
-        e=e,
+        compute_bytes=compute_bytes,
         dtype=dtype,
-        adapter_e=4,
+        adapter_bytes=4,
         full=t.method == "full",
         quant=quant,
         rank=t.lora_rank,
@@ -156,20 +156,20 @@ def resolve_setup(
         seq=run.train.seq_len * (run.train.micro_batch_size if t.packing else 1),
         device=device,
         autocast=autocast,
-        w_e=w_e,
-        r_e=r_e,
+        weight_bytes=weight_bytes,
+        residual_bytes=residual_bytes,
         packing=t.packing,
-        example_len=run.train.seq_len if per_example_attention(arch, d, run, attention) else 0,
+        example_len=run.train.seq_len if per_example_attention(arch, dims, run, attention) else 0,
     )
     return setup, warnings
 
 
-def per_example_attention(arch: Arch, d: Dims, run: RunConfig, attention: str) -> bool:
+def per_example_attention(arch: Arch, dims: Dims, run: RunConfig, attention: str) -> bool:
     """Whether a packed row's attention runs per example, as the worker decides it: FlashAttention-2
     reads the varlen boundaries; SDPA does through the sdpa_packed shortcut where that applies
-    (backend/training/shortcuts.py: shortcuts auto, no torch.compile, no sliding window, a family
+    (backend/training/shortcuts/registry.py: shortcuts auto, no torch.compile, no sliding window, a family
     its tests prove). Eager attention gets a block-diagonal mask over the whole row."""
-    from backend.training.shortcuts import ALL
+    from backend.training.shortcuts.registry import ALL
 
     t = run.technique
     if not t.packing or t.objective != "sft":
@@ -177,4 +177,4 @@ def per_example_attention(arch: Arch, d: Dims, run: RunConfig, attention: str) -
     if attention == "flash_attention_2":
         return True
     return (attention == "sdpa" and arch.sdpa and t.shortcuts == "auto" and not t.torch_compile
-            and not d.sliding_window and d.model_type in ALL and arch.family != "gemma2")
+            and not dims.sliding_window and dims.model_type in ALL and arch.family != "gemma2")

@@ -1,6 +1,6 @@
 """What the memory-saving shortcuts change in the estimate: the chunked loss and activation offload.
 
-The worker's registry (backend/training/shortcuts.py, torch-free) decides where each runs; the same
+The worker's registry (backend/training/shortcuts/registry.py, torch-free) decides where each runs; the same
 conditions are read here so that the estimate counts what the worker will hold:
 
 - chunked_loss: lm_head and the cross-entropy run a chunk of rows at a time, so the logits part is
@@ -17,7 +17,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 
 if TYPE_CHECKING:
     from backend.estimate.setup import Setup
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def _applies(name: str, run: RunConfig, model_type: str, device: str) -> bool:
     """The registry's verdict for shortcut `name`, from what the estimate knows (no model class)."""
-    from backend.training.shortcuts import BY_NAME, disabled_by_env
+    from backend.training.shortcuts.registry import BY_NAME, disabled_by_env
 
     shortcut = BY_NAME.get(name)
     t = run.technique
@@ -43,17 +43,17 @@ def held_logit_elements(run: RunConfig, model_type: str, vocab: int, elements: i
     """The logit elements one step holds at once: all of them, or one chunk's (chunked_loss)."""
     if run.technique.liger_kernel or not _applies("chunked_loss", run, model_type, device):
         return elements
-    from backend.training.shortcuts import loss_chunk_rows
+    from backend.training.shortcuts.registry import loss_chunk_rows
 
     return min(elements, loss_chunk_rows(vocab) * vocab)
 
 
-def offload_activations(act: dict[str, Any], run: RunConfig, model_type: str, s: "Setup", layers: int) -> dict[str, Any]:
+def offload_activations(act: dict[str, Any], run: RunConfig, model_type: str, setup: "Setup", layers: int) -> dict[str, Any]:
     """The activations with activation_offload's layer inputs in host memory (unchanged where it does not run).
 
     All but one: the layer being recomputed has its input back on the GPU. What int8 matmuls keep
     as ctx attributes stays (it is not saved through the hooks)."""
-    if not s.checkpointing or not _applies("activation_offload", run, model_type, s.device):
+    if not setup.checkpointing or not _applies("activation_offload", run, model_type, setup.device):
         return act
     moved = max(0, layers - 1) * act["layer_input"]
     return {**act, "total": act["total"] - moved, "checkpointed_inputs": act["checkpointed_inputs"] - moved,

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from backend.evaluation.generation import greedy_answers, prompt_ids
-from backend.training.rewards import RewardFn, completion_text
+from backend.training.objectives.rewards import RewardFn, completion_text
 
 
 @dataclass

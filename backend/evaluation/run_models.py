@@ -18,15 +18,15 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from backend.config import RunConfig
-from backend.errors import bad_input
-from backend.run_continuation import how_to_finish
-from backend.protocol import Capabilities, PhaseChanged
-from backend.runs import RunFolder
-from backend.training.loading import check_model_folder, load_model, load_tokenizer
+from backend.config.run_config import RunConfig
+from backend.api.errors import bad_input
+from backend.api.run_continuation import how_to_finish
+from backend.api.protocol import Capabilities, PhaseChanged
+from backend.api.runs import RunFolder
+from backend.training.model.loading import check_model_folder, load_model, load_tokenizer
 from backend.training.phase import set_phase
-from backend.training.start_adapter import start_adapter_folder
-from backend.training.techniques import TechniquePlan, plan_techniques
+from backend.api.start_adapter import start_adapter_folder
+from backend.training.model.techniques import TechniquePlan, plan_techniques
 
 log = logging.getLogger(__name__)
 Which = Literal["base", "tuned"]

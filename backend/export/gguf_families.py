@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.errors import bad_input
-from backend.export.formats import GGUF_ARCHITECTURES
+from backend.api.errors import bad_input
+from backend.api.export_formats import GGUF_ARCHITECTURES
 
 COMMON_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "tie_word_embeddings",
@@ -296,7 +296,7 @@ class Family:
 _LLAMA = Family("LLAMA", _llama_keys, permute_qk=True, rope_types=("default", "linear", "yarn", "llama3"))
 _MOE_NOTE = ("transformers reads a `llama` GGUF as a dense Llama: it has no Mixtral mapping for the "
              "ffn_*_exps expert tensors")
-FAMILIES: dict[str, Family] = {
+GGUF_FAMILIES: dict[str, Family] = {
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "mixtral": Family("LLAMA", _llama_keys, permute_qk=True, reader=_MOE_NOTE,
@@ -319,8 +319,8 @@ FAMILIES: dict[str, Family] = {
     "gpt_neox": Family("GPTNEOX", _neox_keys, problems=_neox_problems, rope_types=("default",),
                        reader="transformers' GGUF loader has no gptneox architecture", output_required=True),
 }
-FAMILIES["gemma3"] = FAMILIES["gemma3_text"]  # the text part of the multimodal Gemma 3 (its text_config)
-assert set(FAMILIES) == set(GGUF_ARCHITECTURES), "formats.GGUF_ARCHITECTURES and FAMILIES must agree"
+GGUF_FAMILIES["gemma3"] = GGUF_FAMILIES["gemma3_text"]  # the text part of the multimodal Gemma 3 (its text_config)
+assert set(GGUF_FAMILIES) == set(GGUF_ARCHITECTURES), "formats.GGUF_ARCHITECTURES and GGUF_FAMILIES must agree"
 
 
 def text_config(config: Any) -> Any:
@@ -331,11 +331,11 @@ def text_config(config: Any) -> Any:
 def family_of(config: Any) -> tuple[Family, Any]:
     """The family and the decoder config for this model, or a one-line refusal."""
     model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
+    if model_type not in GGUF_FAMILIES:
         written = ", ".join(sorted({f"{k} (as {v})" if k != v else k for k, v in GGUF_ARCHITECTURES.items()}))
         raise bad_input(f"GGUF export writes the families {written}; this model is {model_type}",
                         "export merged, bnb-8bit or bnb-4bit instead")
-    family, cfg = FAMILIES[model_type], text_config(config)
+    family, cfg = GGUF_FAMILIES[model_type], text_config(config)
     kind = rope_of(cfg)["rope_type"]
     problems = list(family.problems(cfg))
     if kind not in family.rope_types:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from backend.errors import bad_input
+from backend.api.errors import bad_input
 
 
 @dataclass
@@ -92,9 +92,6 @@ class ModelLayout:
             raise bad_input(f"bitsandbytes {quantization} finds no Linear layers to quantize in this {config.model_type} model")
 
     # --- queries --------------------------------------------------------------------------------
-    def memory_name(self, disk_name: str) -> str | None:
-        return self.to_memory.get(disk_name)
-
     def module_of(self, disk_name: str) -> tuple[str, str] | None:
         """(in-memory module name, parameter name) of a disk tensor, or None for fused experts."""
         memory = self.to_memory.get(disk_name)

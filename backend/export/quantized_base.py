@@ -17,7 +17,7 @@ import torch
 
 
 def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any:
-    """The BitsAndBytesConfig backend.training.loading.load_model uses (the compute dtype does not change codes)."""
+    """The BitsAndBytesConfig backend.training.model.loading.load_model uses (the compute dtype does not change codes)."""
     from transformers import BitsAndBytesConfig
 
     if quantization == "nf4":

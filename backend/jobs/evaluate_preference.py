@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from backend.config import RunConfig
-from backend.errors import bad_input
+from backend.config.run_config import RunConfig
+from backend.api.errors import bad_input
 from backend.evaluation.preference_accuracy import answer_logps, label_accuracy, pair_accuracy
-from backend.protocol import JobFinished, PhaseChanged
-from backend.training.objectives import door
+from backend.api.protocol import JobFinished, PhaseChanged
+from backend.training.objectives.registry import door
 
 
 def summary(report: dict[str, Any]) -> str:

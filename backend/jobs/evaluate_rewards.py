@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from backend.config import RunConfig
-from backend.errors import bad_input
+from backend.config.run_config import RunConfig
+from backend.api.errors import bad_input
 from backend.evaluation.mean_reward import RewardResult, mean_reward
-from backend.protocol import JobFinished, PhaseChanged
-from backend.training.rewards import reward_functions
+from backend.api.protocol import JobFinished, PhaseChanged
+from backend.training.objectives.rewards import reward_functions
 
 EXAMPLES = 5
 
 
 def held_out_prompts(config: RunConfig, tokenizer: Any, prompts_file: Path | None, limit: int | None) -> tuple[list, str]:
     """-> (rows, where they come from): --prompts FILE, else the run's validation split."""
-    from backend.training.grpo import build_datasets, read_prompts
+    from backend.training.objectives.grpo import build_datasets, read_prompts
 
     if prompts_file is not None:
         columns = tuple(r.column for r in config.grpo.rewards if r.kind == "exact_match")

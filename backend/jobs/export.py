@@ -25,19 +25,20 @@ from typing import Any
 
 import torch
 
-from backend.config import RunConfig
-from backend.errors import JobError, bad_input
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError, bad_input
 from backend.export.checkpoint_files import CheckpointFiles
-from backend.export.formats import FORMATS, failure_hint, is_gguf, overwrite_refusal, tolerance
-from backend.export.formats import DTYPES as DTYPE_NAMES
+from backend.api.export_formats import FORMATS, failure_hint, is_gguf, overwrite_refusal, tolerance
+from backend.api.export_formats import DTYPES as DTYPE_NAMES
 from backend.export.memory import StagePeaks, release
 from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
-from backend.export.report import FAILED, NOT_VERIFIED, PASSED, REPORT, build_report, check_outcome, figure, verdict
-from backend.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
-from backend.runs import fsync_tree
-from backend.worker.parent_watch import alive
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.api.export_report import (FAILED, NOT_VERIFIED, PASSED, REPORT, ExportFacts, build_report, check_outcome,
+                                       figure, verdict)
+from backend.api.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
+from backend.api.runs import fsync_tree
+from backend.api.processes import alive
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 STAGES = ("check", "load_model", "measure", "write", "verify", "report")
@@ -215,11 +216,12 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         timings["check"] = time.monotonic() - clock
         peaks.stop()
         rounding = _rounding(job, source, notes)
-        report = build_report(fmt=job.fmt, dtype=job.dtype, out=job.out, tmp=job.tmp, run=run, checks=checks,
-                              figures=figures, reference=expected, probe=probe, device=device, notes=notes,
-                              loaded_as=loaded_as, seconds=time.monotonic() - began, timings=timings,
-                              peaks=peaks.peaks, anonymous=peaks.anonymous,
-                              model_bytes=_model_bytes(source, run), rounding=rounding, check_dtype=check_dtype)
+        report = build_report(ExportFacts(fmt=job.fmt, dtype=job.dtype, out=job.out, tmp=job.tmp, run=run,
+                                          checks=checks, figures=figures, reference=expected, probe=probe,
+                                          device=device, notes=notes, loaded_as=loaded_as,
+                                          seconds=time.monotonic() - began, timings=timings, peaks=peaks.peaks,
+                                          anonymous=peaks.anonymous, model_bytes=_model_bytes(source, run),
+                                          rounding=rounding, check_dtype=check_dtype))
         stage("report", f"{REPORT}: {verdict(report['outcome'], checks)}")
         (job.tmp / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         job.place()

@@ -16,28 +16,28 @@ from pathlib import Path
 import torch
 from transformers import PrinterCallback, TrainerState, TrainingArguments
 
-from backend.config import RunConfig
-from backend.errors import JobError
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
 from backend.evaluation.samples import SampleGenerator
-from backend.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
-from backend.run_continuation import resume_mismatch
-from backend.runs import RunFolder
+from backend.api.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
+from backend.api.run_continuation import resume_mismatch
+from backend.api.runs import RunFolder
 from backend.training.callbacks import ReportingCallback
-from backend.training.capabilities import probe_capabilities
-from backend.training.counting_trainer import CountingTrainer, PhaseCallback
-from backend.training.data import PackingCollator, PadCollator, build_datasets
-from backend.training.loading import add_adapters, adapter_config, check_model_folder, load_model, load_tokenizer
+from backend.training.model.capabilities import probe_capabilities
+from backend.training.counting_trainer import PhaseCallback
+from backend.training.data.tokenized import PackingCollator, PadCollator
+from backend.training.model.loading import add_adapters, adapter_config, check_model_folder, load_model, load_tokenizer
 from backend.training.memory_ledger import MemoryLedger
 from backend.training.mfu import forget_peak, peak_flops, token_flops
-from backend.training.model_facts import ModelFacts
-from backend.training.phase import set_phase
-from backend.training.shortcuts import SHORTCUTS
-from backend.training.shortcuts import install as install_shortcuts
-from backend.training.techniques import TechniquePlan, plan_techniques
-from backend.training.start_adapter import start_adapter_folder
-from backend.training.thread_choice import choose_threads, training_pass
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.training.model.model_facts import ModelFacts
+from backend.training.phase import is_out_of_memory, set_phase
+from backend.training.shortcuts.registry import SHORTCUTS
+from backend.training.shortcuts.installer import choose_thread_count, install_for_job
+from backend.training.model.techniques import TechniquePlan, plan_techniques
+from backend.api.start_adapter import start_adapter_folder
+from backend.training.objectives.registry import objective_method
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,6 @@ def run_finetune(
     try:
         _finetune(config, run_dir, reporter, stop, ledger, resume=resume, capabilities=capabilities)
     except BaseException as exc:
-        from backend.worker.failures import is_out_of_memory
-
         if is_out_of_memory(exc):  # the peak that did not fit, beside what was predicted
             ledger.write("out_of_memory")
         raise
@@ -151,7 +149,7 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     tokenizer = load_tokenizer(model_path, config)
 
-    if config.technique.objective != "sft":  # DPO, KTO, GRPO through TRL (backend.training.objectives)
+    if objective_method(config.technique.objective).through_trl:  # DPO, KTO, GRPO (backend.training.objectives)
         model, trainer, callback, eval_examples = _objective_trainer(config, folder, plan, model_path, tokenizer,
                                                                reporter, stop, ledger, peak, capabilities)
     else:
@@ -206,10 +204,11 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
 def _sft_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, model_path: Path, tokenizer,
                  reporter: Reporter, stop: StopListener, ledger: MemoryLedger, peak: float, peak_dtype,
                  capabilities: Capabilities):
-    """Supervised fine-tuning: tokenized examples, the CountingTrainer and the speed shortcuts.
+    """Supervised fine-tuning: tokenized examples, the SupervisedCountingTrainer and the speed shortcuts.
     -> (model, trainer, callback, validation examples)."""
+    sft = objective_method("sft").door()
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
-    train_set, eval_set, stats = build_datasets(config, tokenizer)
+    train_set, eval_set, stats = sft.build_datasets(config, tokenizer)
     for note in stats.notes:  # skipped examples (data.skip_invalid): said where the person looks
         reporter.emit(PhaseChanged(phase="data_warning", detail=note))
     detail = (f"{stats.train_examples} train / {stats.eval_examples} validation examples ({stats.format}), "
@@ -229,32 +228,18 @@ def _sft_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, mode
     if eval_set is not None and world_size() == 1:  # sharded ranks cannot generate on one process alone
         callback.sampler = SampleGenerator.for_run(config, tokenizer, eval_set, reporter)
     args = _training_arguments(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)
-    trainer = CountingTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        data_collator=collator,
-        callbacks=[callback, PhaseCallback()],
-    )
+    trainer = sft.make_trainer(model, args, train_set, eval_set, collator, [callback, PhaseCallback()])
     callback.trainer = trainer
-    installed = install_shortcuts(plan.shortcuts, model, trainer)
-    if plan.shortcuts.has("sdpa_packed") and getattr(model.config, "_attn_implementation", None) == "sdpa_packed":
-        installed.append("sdpa_packed")
+    installed = install_for_job(plan.shortcuts, model, trainer)
     rows_only = trainer.rows.patched if trainer.rows is not None else []
     callback.token_flops = token_flops(model, context, rows_only)
     if plan.shortcuts.has("thread_choice"):
         sample = collator([train_set[i] for i in range(min(len(train_set), config.train.micro_batch_size))])
-        fastest_pass_s = callback.token_flops.per_token * int(sample["input_ids"].numel()) / peak  # at 100% MFU
-        if fastest_pass_s < 0.5:  # a bigger model uses every thread anyway
-            reporter.emit(PhaseChanged(phase="threads", detail="measuring one training pass at each thread count"))
-            choice = choose_threads(training_pass(trainer, sample), torch.get_num_threads())
-            reporter.emit(PhaseChanged(phase="threads", detail=choice.summary()))
-            callback.peak_flops = peak_flops(plan.device, peak_dtype)  # the peak is per thread count
+        measured = choose_thread_count(plan.shortcuts, trainer, sample, callback.token_flops.per_token, peak,
+                                       reporter.emit, lambda: peak_flops(plan.device, peak_dtype))
+        if measured is not None:
+            callback.peak_flops = measured
             installed.append("thread_choice")
-        else:
-            reporter.emit(PhaseChanged(phase="threads", detail=f"{torch.get_num_threads()} CPU threads, not measured: "
-                                       "one pass would take 0.5 s or more, enough work for every thread"))
     missing = [n for n in plan.shortcuts.applied if n not in installed and n != "thread_choice"]
     if missing:  # the registry's families say they fit; a model that does not is a registry bug
         log.warning("planned shortcuts not installed: %s", ", ".join(missing))
@@ -267,10 +252,9 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
                        reporter: Reporter, stop: StopListener, ledger: MemoryLedger, peak: float,
                        capabilities: Capabilities):
     """DPO, KTO or GRPO through its door (backend.training.objectives). -> (model, trainer, callback, validation rows)."""
-    from backend.training.objectives import door
-    from backend.training.start_adapter import load_start_adapter
+    from backend.training.model.start_adapter import load_start_adapter
 
-    objective = door(config.technique.objective)
+    objective = objective_method(config.technique.objective).door()
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     train_set, eval_set, stats = objective.build_datasets(config, tokenizer)
     for note in stats.notes:

@@ -15,14 +15,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.export.formats import is_gguf
-from backend.launch import module_command, worker_env
+from backend.api.export_formats import is_gguf
+from backend.api.launch import module_command, worker_env
 from backend.serving import Card, estimate_serving
 from backend.serving.source import ServeSource, max_positions
 from backend.serving.tf_server import TOKEN_ENV
 
-ENGINES = ("auto", "transformers", "vllm", "llama-cpp")
-DEVICES = ("auto", "cpu", "cuda")
 HOST = "127.0.0.1"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 HIDDEN = "<token>"

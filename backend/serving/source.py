@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.estimate.families import FAMILIES, load_model_config, text_part
-from backend.export.formats import EXPORT_REPORT, is_gguf
-from backend.serving.weights import SERVED_FORMATS
+from backend.estimate.families import ESTIMATE_FAMILIES, load_model_config, text_part
+from backend.api.export_formats import EXPORT_REPORT, is_gguf
+from backend.api.serving_options import SERVED_FORMATS
 
 ORDER = ("merged", "bnb-8bit", "bnb-4bit", "gguf-f16", "gguf-q8_0", "gguf-q5_0", "gguf-q4_0")
 """Which of a run's exports is sized when --format is not given: the first one there."""
@@ -83,7 +83,7 @@ def _export(path: Path, fmt: str | None) -> ServeSource:
 
 
 def _run(path: Path, fmt: str | None) -> ServeSource:
-    from backend.config import RunConfig
+    from backend.config.run_config import RunConfig
 
     exports = path / "exports"
     chosen = fmt or next((f for f in ORDER if (exports / f / EXPORT_REPORT).is_file()), "merged")
@@ -140,7 +140,7 @@ def max_positions(raw: dict[str, Any]) -> int:
     text, _ = text_part(raw)
     value = text.get("max_position_embeddings", text.get("n_positions"))
     if value is None:
-        value = FAMILIES.get(str(text.get("model_type")), (None, {}))[1].get(
+        value = ESTIMATE_FAMILIES.get(str(text.get("model_type")), (None, {}))[1].get(
             "n_positions" if text.get("model_type") == "gpt2" else "max_position_embeddings")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         source = raw.get("_source", "config.json")

@@ -4,7 +4,7 @@
 quantizes the decoder's nn.Linear weights only (backend.estimate.states says why the fused experts
 and routers stay 16-bit): LLM.int8 1 B plus one fp32 scale per output row; NF4 with double
 quantization as backend.estimate.quantization counts it. GGUF: the block sizes of the GGML types
-(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.export.formats states the same per
+(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.api.export_formats states the same per
 parameter) for every matrix, F32 for 1-D tensors. Torch-free.
 """
 
@@ -13,13 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
+from backend.api.serving_options import SERVED_FORMATS
 from backend.estimate.quantization import nf4_bytes
 
 GGUF_BLOCK_BYTES: dict[str, float] = {"gguf-f16": 2.0, "gguf-q8_0": 34 / 32, "gguf-q5_0": 22 / 32, "gguf-q4_0": 18 / 32}
 """GGML type bytes per weight: a block of 32 weights is one fp16 scale plus 8-, 5- or 4-bit values."""
 
-SERVED_FORMATS = ("merged", "bnb-8bit", "bnb-4bit", *GGUF_BLOCK_BYTES)
-"""Formats a server loads as they are (an adapter is served on its base: see source.py)."""
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ import psutil
 import torch
 from transformers import TrainerCallback
 
-from backend.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged, PhaseChanged
-from backend.runs import mark_checkpoint_complete
+from backend.api.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged, PhaseChanged
+from backend.api.runs import mark_checkpoint_complete
 from backend.training.mfu import TokenFlops
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""CountingTrainer: the transformers Trainer, counting the tokens the loss sees and naming its phase.
+"""SupervisedCountingTrainer: the transformers Trainer, counting the tokens the loss sees and naming its phase.
 
 Counting in the collator overcounts: the dataloader is read ahead of the step that uses it. Counting
 in `training_step` counts exactly what was trained on, padding and masked prompt tokens excluded, so
@@ -12,9 +12,9 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from backend.training.data import IGNORE  # one definition of the ignored label
-from backend.training.last_layer_rows import LastLayerRows
-from backend.training.loss_positions import keep_loss_positions
+from backend.training.data.tokenized import IGNORE  # one definition of the ignored label
+from backend.training.shortcuts.last_layer_rows import LastLayerRows
+from backend.training.shortcuts.loss_positions import keep_loss_positions
 from backend.training.phase import set_phase
 
 
@@ -23,7 +23,7 @@ class PhaseCallback(TrainerCallback):
         set_phase("optimizer step")
 
 
-class CountingTrainer(Trainer):
+class SupervisedCountingTrainer(Trainer):
     trained_tokens: int = 0
     input_tokens: int = 0  # every non-padding token the model computes on (what MFU counts)
     head_tokens: int = 0  # of those, the positions whose logits are computed (all, without loss_positions)

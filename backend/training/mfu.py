@@ -14,7 +14,7 @@ Only FLOPs that run are counted, so the shortcuts' skipped work is not credited:
 splits a token's FLOPs into what every computed token costs, what only a position whose logits are
 computed costs (the output projection: with loss_positions, only at target positions), and what only
 a row of the last layer's patched MLP and o_proj costs (with last_layer_rows, only at those rows).
-CountingTrainer counts the three kinds of positions per step, padding excluded everywhere. The
+SupervisedCountingTrainer counts the three kinds of positions per step, padding excluded everywhere. The
 recomputation of activation checkpointing is not counted (MFU, not hardware FLOPs utilisation).
 
 The peak is not a datasheet number: it is measured once per machine, device, dtype and thread count
@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import torch
 
-from backend.paths import studio_home
+from backend.api.paths import studio_home
 
 log = logging.getLogger(__name__)
 

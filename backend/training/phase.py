@@ -34,3 +34,12 @@ def _maybe_inject() -> None:
         raise torch.OutOfMemoryError(
             f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by FINETUNE_STUDIO_INJECT_OOM={spec})"
         )
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An allocator's out-of-memory, whatever raised it (torch's OutOfMemoryError, the CPU allocator, Python)."""
+    if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in text
+                                              or "out of memory" in text.lower())

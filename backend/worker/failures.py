@@ -19,11 +19,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from backend.config import ConfigError, RunConfig
-from backend.errors import JobError
-from backend.memory_record import MemoryRecord
-from backend.protocol import JobFailed
-from backend.runs import RunFolder
+from backend.config.run_config import ConfigError, RunConfig
+from backend.api.errors import JobError
+from backend.api.memory_record import MemoryRecord
+from backend.api.protocol import JobFailed
+from backend.api.runs import RunFolder
+from backend.training.phase import is_out_of_memory
 
 log = logging.getLogger(__name__)
 DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM}
@@ -67,14 +68,6 @@ def _phase() -> str | None:
     return current()[0]
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, MemoryError):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in text
-                                              or "out of memory" in text.lower())
-
-
 def peak_bytes() -> int:
     try:
         import torch
@@ -89,7 +82,7 @@ def peak_bytes() -> int:
 def predicted_bytes(config: RunConfig) -> int | None:
     """The estimate's total for this run: the same figure the studio and memory.json show."""
     try:
-        from backend.run_estimate import estimate_here
+        from backend.api.run_estimate import estimate_here
 
         device = "cpu"
         try:

@@ -1,7 +1,7 @@
 """ParentWatch: a worker ends with its client (stop and save first), never runs on detached.
 
 A closed terminal or a killed CLI or studio would otherwise leave the worker training with no one to
-stop it. The client names itself in FINETUNE_STUDIO_CLIENT_PID (backend/launch.py); a thread checks
+stop it. The client names itself in FINETUNE_STUDIO_CLIENT_PID (backend/api/launch.py); a thread checks
 that it is alive every second, and SIGTERM (a terminal closing, `kill`) asks for the same stop. Both
 become a stop-and-save at the next step boundary; a second SIGTERM ends the worker at once.
 """
@@ -14,21 +14,14 @@ import signal
 import threading
 from typing import Any
 
-from backend.worker.stop_listener import StopListener
+from backend.api.processes import alive
+from backend.api.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 CLIENT_PID_ENV = "FINETUNE_STUDIO_CLIENT_PID"
 POLL_S = 1.0
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, owned by someone else
-    return True
 
 
 class ParentWatch:

@@ -15,12 +15,12 @@ import warnings
 from pathlib import Path
 from typing import IO
 
-from backend.config import RunConfig
-from backend.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
-from backend.worker.reporter import Reporter
+from backend.config.run_config import RunConfig
+from backend.api.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
+from backend.api.reporter import Reporter
 from backend.worker.failures import classify_failure
 from backend.worker.parent_watch import ParentWatch
-from backend.worker.stop_listener import StopListener
+from backend.api.stop_listener import StopListener
 
 log = logging.getLogger("backend.worker")
 
@@ -56,7 +56,7 @@ def run_worker(stdin: IO[str], protocol_out: IO[str], job_file: Path | None = No
     _configure_logging()
     main = rank() == 0
     reporter = Reporter(protocol_out if main else io.StringIO())  # one voice: rank 0
-    from backend.training.capabilities import probe_capabilities
+    from backend.training.model.capabilities import probe_capabilities
 
     capabilities = probe_capabilities()
     reporter.emit(WorkerReady(pid=os.getpid(), capabilities=capabilities))
@@ -107,7 +107,7 @@ def set_up_torch(config: RunConfig) -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from backend.training.capabilities import default_threads
+    from backend.training.model.capabilities import default_threads
 
     hf_logging.set_verbosity_warning()
     # Ranks on one machine share its cores; each keeps to its share.

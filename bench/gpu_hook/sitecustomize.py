@@ -46,7 +46,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
             if spec is not None and spec.loader is not None:
                 run, then = spec.loader.exec_module, self.then
 
-                def exec_module(module):
+                def exec_module(module, run=run, then=then):
                     run(module)
                     then(module)
 

@@ -27,10 +27,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.paths import resolve_resource
+from backend.api.paths import resolve_resource
 from studio.services.background_call import BackgroundCall
-from backend.training.dataset_profile import DatasetProfile
-from backend.training.objective_records import ObjectiveRecords, read_objective_records, reward_columns
+from backend.api.previews import DatasetProfile
+from backend.api.previews import ObjectiveRecords, read_objective_records, reward_columns
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
 from studio.widgets.conversation_widget import ConversationWidget

@@ -32,8 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.export.formats import DTYPES, EXPORT_REPORT, FORMATS, overwrite_refusal
-from backend.protocol import MetricsLogged, PhaseChanged
+from backend.api.export_formats import DTYPES, EXPORT_REPORT, FORMATS, overwrite_refusal
+from backend.api.protocol import MetricsLogged, PhaseChanged
 from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.services.open_folder import open_folder
 from studio.widgets.evaluation_widget import EvaluationWidget

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.config import TechniqueSection
+from backend.config.run_config import TechniqueSection
 from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
 from studio.widgets.column_flow_widget import ColumnFlowWidget
@@ -80,7 +80,7 @@ SFT_ONLY = {"technique.packing": "DPO, KTO and GRPO build their own batches (a p
                                  "so nothing is packed",
             "technique.shortcuts": "a DPO, KTO or GRPO run trains the plain transformers + peft way (the "
                                    "shortcuts' exactness tests cover the SFT step only)"}
-"""Settings a TRL objective ignores (backend.training.techniques: no packing, shortcuts off), with why."""
+"""Settings a TRL objective ignores (backend.training.model.techniques: no packing, shortcuts off), with why."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "technique.lora_dropout": 2, "technique.lora_alpha": 1,
             "technique.neftune_alpha": 1, "grpo.temperature": 2, "grpo.beta": 4, "kto.desirable_weight": 2,
@@ -104,7 +104,7 @@ class TechniquesPage(QWidget):
         more = tuple((f"technique.{name}", name.replace("_", " ").capitalize())
                      for name in TechniqueSection.model_fields if f"technique.{name}" not in listed)
         groups = GROUPS + ((("More techniques", more),) if more else ())  # a new technique field shows up by itself
-        for index, (title, fields) in enumerate(groups):
+        for title, fields in groups:
             box = QGroupBox(title)
             form = QFormLayout(box)
             form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)

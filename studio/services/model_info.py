@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.paths import resolve_resource
+from backend.api.paths import resolve_resource
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from typing import Any, Sequence
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
-from backend.config import RunConfig
-from backend.launch import job_argv, start_line, worker_env
-from backend.protocol import JobFailed, JobFinished, StopJob, encode
-from backend.protocol_session import TAIL_LINES, ProtocolSession, describe_exit
-from backend.runs import RunFolder
+from backend.config.run_config import RunConfig
+from backend.api.launch import job_argv, start_line, worker_env
+from backend.api.protocol import JobFailed, JobFinished, StopJob, encode
+from backend.api.protocol_session import TAIL_LINES, ProtocolSession, describe_exit
+from backend.api.runs import RunFolder
 from studio.services.line_buffer import LineBuffer
 from studio.services.log_filter import TracebackFilter
 

@@ -1,5 +1,5 @@
 """EvaluationWidget: the base and the tuned model side by side for one run (perplexity and exact match;
-GRPO's mean reward, DPO's pairs ranked right, KTO's answers moved as labelled: backend.evaluation.report_rows).
+GRPO's mean reward, DPO's pairs ranked right, KTO's answers moved as labelled: backend.api.evaluation_rows).
 
 Evaluate runs the evaluate job (backend/jobs/evaluate.py) in a fresh worker on the run's folder;
 the figures come from the eval_report.json it writes there (an existing report is shown as soon as
@@ -26,9 +26,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.evaluation.report_rows import report_note, report_rows
-from backend.protocol import PhaseChanged
-from backend.runs import RunFolder
+from backend.api.evaluation_rows import report_note, report_rows
+from backend.api.protocol import PhaseChanged
+from backend.api.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 REPORT = "eval_report.json"

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.config import ConfigError
+from backend.config.run_config import ConfigError
 from studio.state.config_state import ConfigState
 from studio.widgets.field_editors import FieldEditors
 
@@ -134,7 +134,7 @@ class HardwareWidget(QGroupBox):
         self.multinode.setVisible(several)
         if not several:
             return
-        from backend.distributed import accelerate_config, multinode_commands, slurm_script
+        from backend.api.distributed import accelerate_config, multinode_commands, slurm_script
 
         try:
             config = self._state.config()

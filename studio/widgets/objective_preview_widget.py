@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTableWidgetItem, QWidget
 
-from backend.training.objective_records import ObjectiveRecords
+from backend.api.previews import ObjectiveRecords
 
 CELL_CHARS = 300
 """Characters shown in a cell (the tooltip holds all of it)."""

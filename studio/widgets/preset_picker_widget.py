@@ -12,7 +12,7 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from backend.presets import Preset, list_presets
+from backend.api.presets import Preset, list_presets
 
 CARD_SIZES = (8, 12, 16, 24, 48, 80, 160)
 """Card filters in GB of GPU memory (160: two 80 GB cards)."""

@@ -29,10 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.cli_serve_run import TOKEN_ENV
-from backend.launch import module_command, worker_env
-from backend.serving.engines import DEVICES, ENGINES
-from backend.serving.weights import SERVED_FORMATS
+from backend.api.launch import module_command, worker_env
+from backend.api.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
 from studio.services.line_buffer import LineBuffer
 
 STOP_GRACE_MS = 20_000

@@ -9,15 +9,15 @@ import weakref
 import pytest
 import torch
 
-from backend.config import RunConfig, apply_overrides
+from backend.config.run_config import RunConfig, apply_overrides
 from backend.estimate import estimate
-from backend.protocol import Capabilities
-from backend.training import activation_offload
-from backend.training.activation_offload import ActivationOffload
-from backend.training.data import PackingCollator
-from backend.training.model_facts import ModelFacts
-from backend.training.shortcuts import install
-from backend.training.techniques import plan_techniques
+from backend.api.protocol import Capabilities
+from backend.training.shortcuts import activation_offload
+from backend.training.shortcuts.activation_offload import ActivationOffload
+from backend.training.data.tokenized import PackingCollator
+from backend.training.model.model_facts import ModelFacts
+from backend.training.shortcuts.installer import install
+from backend.training.model.techniques import plan_techniques
 from tests import model_configs
 from tests.backend.test_shortcut_exactness import NO_DROPOUT, features
 from tests.conftest import PRESET

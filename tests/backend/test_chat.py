@@ -14,12 +14,12 @@ import time
 import pytest
 import torch
 
-from backend.config import RunConfig
-from backend.errors import JobError
-from backend.launch import start_line, worker_command, worker_env
-from backend.protocol import ChatMessage, StopJob, encode
-from backend.runs import RunFolder
-from backend.worker_process import WorkerProcess
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
+from backend.api.launch import start_line, worker_command, worker_env
+from backend.api.protocol import ChatMessage, StopJob, encode
+from backend.api.runs import RunFolder
+from backend.api.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 
 torch.set_num_threads(1)

@@ -8,10 +8,10 @@ import subprocess
 import pytest
 import yaml
 
-from backend.config import ConfigError, RunConfig
-from backend.distributed import accelerate_config, multinode_commands, slurm_script
-from backend.runs import RunFolder
-from backend.worker_process import WorkerProcess
+from backend.config.run_config import ConfigError, RunConfig
+from backend.api.distributed import accelerate_config, multinode_commands, slurm_script
+from backend.api.runs import RunFolder
+from backend.api.worker_process import WorkerProcess
 from tests.conftest import PRESET
 
 

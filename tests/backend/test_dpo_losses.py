@@ -9,8 +9,8 @@ import pytest
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend.config import RunConfig, TechniqueSection
-from backend.training import preference
+from backend.config.run_config import RunConfig, TechniqueSection
+from backend.training.objectives import dpo as preference
 from tests.conftest import ROOT
 
 DPO_PRESET = ROOT / "resources" / "presets" / "tiny_dpo.yaml"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import ConfigError, RunConfig
+from backend.config.run_config import ConfigError, RunConfig
 from backend.estimate import PARTS, Breakdown, estimate, human_bytes, nf4_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -379,7 +379,7 @@ def test_cpu_bf16_base_weights_are_the_bytes_the_worker_holds(bundled_model):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from backend.training.lora_matmul import LoraMatmul
+    from backend.training.shortcuts.lora_matmul import LoraMatmul
 
     run = RunConfig.load(ROOT / "resources/presets/tiny_lora.yaml")
     fp32 = estimate(bundled_model, run, device="cpu")

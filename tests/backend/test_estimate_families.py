@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from backend.config import RunConfig
-from backend.estimate import FAMILIES, count_params, estimate, read_dims
+from backend.config.run_config import RunConfig
+from backend.estimate import ESTIMATE_FAMILIES as FAMILIES, count_params, estimate, read_dims
 from tests.backend.test_estimate import _bench
 from tests.conftest import PRESET, ROOT
 from tests.families import FAMILIES as TINY
@@ -268,6 +268,6 @@ def test_accuracy_slice_across_families(case):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    code = ("import sys; from backend.cli import main; rc = main(sys.argv[1:]);"
+    code = ("import sys; from backend.cli.app import main; rc = main(sys.argv[1:]);"
             "assert 'torch' not in sys.modules, 'estimate imported torch'; sys.exit(rc)")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)

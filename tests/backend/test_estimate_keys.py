@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config import RunConfig
-from backend.estimate import FAMILIES, count_params, estimate, read_dims
+from backend.config.run_config import RunConfig
+from backend.estimate import ESTIMATE_FAMILIES as FAMILIES, count_params, estimate, read_dims
 from backend.estimate.families import ATTRIBUTE_MAPS
 from tests.families import FAMILIES as TINY
 

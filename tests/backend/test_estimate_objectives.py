@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate import OBJECTIVE_PARTS, PARTS, estimate
 from backend.estimate.objectives import PART_NOTES
 
@@ -114,7 +114,7 @@ def test_full_tuning_counts_the_frozen_reference_copy_trl_loads(tmp_path):
     from peft import LoraConfig  # noqa: F401  (peft imported as the worker does)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from backend.training import preference
+    from backend.training.objectives import dpo as preference
 
     preset = ROOT / "resources" / "presets" / "tiny_dpo.yaml"
     config = RunConfig.load(preset, ["technique.method=full", "technique.precision=fp32"])

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from backend.config import RunConfig
-from backend.errors import JobError
-from backend.runs import RunFolder
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
+from backend.api.runs import RunFolder
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 from tests.conftest import BUNDLED_MODEL, PRESET, ROOT
 
 torch.set_num_threads(1)
@@ -57,7 +57,7 @@ def lora_run(runs_root) -> RunFolder:
 
 @pytest.fixture(scope="module")
 def qlora_run(runs_root) -> RunFolder:
-    from backend.training.techniques import bnb_can
+    from backend.training.model.techniques import bnb_can
 
     if bnb_can("nf4", "cpu"):
         pytest.skip("bitsandbytes 4-bit does not work on this CPU (the QLoRA path is then covered by `gpu` runs)")
@@ -139,7 +139,7 @@ def test_adapter_export_loads_with_plain_peft(lora_run):
 def test_merged_export_loads_with_plain_transformers(lora_run, dtype, bound, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from backend.export.formats import tolerance
+    from backend.api.export_formats import tolerance
 
     out = tmp_path / f"merged-{dtype}"
     events, report = export(lora_run, "merged", out=str(out), **({"dtype": dtype} if dtype else {}))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.errors import JobError
+from backend.api.errors import JobError
 from tests.families import build_tiny_model
 
 torch.set_num_threads(1)
@@ -121,7 +121,7 @@ def test_streaming_merge_equals_peft_merge_and_unload(family, options, tmp_path)
 
 @pytest.mark.parametrize("quantization", ["nf4", "int8"])
 def test_qlora_and_lora8_merge_into_the_dequantized_base_exactly(quantization, tmp_path):
-    from backend.training.techniques import bnb_can
+    from backend.training.model.techniques import bnb_can
 
     if bnb_can(quantization, "cpu"):
         pytest.skip(f"bitsandbytes {quantization} does not work on this CPU")
@@ -243,7 +243,7 @@ def test_an_adapter_of_another_model_is_refused(tmp_path):
 
 
 def test_a_failed_check_never_suggests_the_format_that_failed():
-    from backend.export.formats import ALTERNATIVES, DTYPES, FORMATS, failure_hint
+    from backend.api.export_formats import ALTERNATIVES, DTYPES, FORMATS, failure_hint
 
     for fmt in FORMATS:
         for dtype in DTYPES:

@@ -1,17 +1,17 @@
-"""backend.feasibility: each rule on a CPU machine, the same sentence the worker's plan refuses with,
+"""backend.api.feasibility: each rule on a CPU machine, the same sentence the worker's plan refuses with,
 and the estimate computed for what will run."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.calibration import Calibration
-from backend.config import RunConfig
-from backend.errors import JobError
-from backend.feasibility import blocker, context_length, runnable, verdicts
-from backend.protocol import Capabilities
-from backend.run_estimate import estimate_run
-from backend.training.techniques import plan_techniques
+from backend.api.calibration import Calibration
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
+from backend.api.feasibility import blocker, context_length, runnable, verdicts
+from backend.api.protocol import Capabilities
+from backend.api.run_estimate import estimate_run
+from backend.training.model.techniques import plan_techniques
 from tests.conftest import PRESET
 
 CPU = Capabilities(cuda=False, bitsandbytes="0.50.2")

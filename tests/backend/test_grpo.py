@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.errors import JobError
-from backend.protocol import Capabilities
+from backend.api.errors import JobError
+from backend.api.protocol import Capabilities
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
 
@@ -28,7 +28,7 @@ def evaluate(run_dir: Path) -> dict:
 
 
 def test_grpo_raises_the_mean_reward_from_where_it_started(bundled_model, tmp_path):
-    from backend.cli_eval import format_report
+    from backend.cli.eval import format_report
 
     events = run_grpo(tmp_path, ["train.save_steps=100"])
     finished = events[-1]
@@ -72,7 +72,7 @@ def test_a_grpo_run_resumes_from_its_checkpoint(bundled_model, tmp_path):
     ([{"prompt": 7, "answer": "yes"}], "line 1: the field 'prompt' is int, not text or a list of {role, content} messages"),
 ])
 def test_bad_prompts_are_refused_with_their_line(tmp_path, records, expected):
-    from backend.training.grpo import read_prompts
+    from backend.training.objectives.grpo import read_prompts
 
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -82,7 +82,7 @@ def test_bad_prompts_are_refused_with_their_line(tmp_path, records, expected):
 
 
 def test_message_prompts_and_extra_columns_pass_through(tmp_path):
-    from backend.training.grpo import read_prompts
+    from backend.training.objectives.grpo import read_prompts
 
     data = tmp_path / "prompts.jsonl"
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Is it?"}]

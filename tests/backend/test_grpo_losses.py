@@ -9,9 +9,9 @@ import pytest
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend.config import RunConfig
-from backend.objective_config import GrpoSection
-from backend.training import grpo
+from backend.config.run_config import RunConfig
+from backend.config.objectives import GrpoSection
+from backend.training.objectives import grpo
 from tests.conftest import ROOT
 
 GRPO_PRESET = ROOT / "resources" / "presets" / "tiny_grpo.yaml"

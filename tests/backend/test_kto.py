@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.config import RunConfig
-from backend.config_errors import ConfigError
-from backend.errors import JobError
-from backend.protocol import Capabilities
+from backend.config.run_config import RunConfig
+from backend.config.errors import ConfigError
+from backend.api.errors import JobError
+from backend.api.protocol import Capabilities
 from tests.backend.test_preference import answer_logp, base_and_tuned_accuracy, held_out_pairs
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
@@ -87,7 +87,7 @@ def tokenizer():
 
 
 def datasets_of(data: Path, overrides: tuple[str, ...] = ()):
-    from backend.training.kto import build_datasets
+    from backend.training.objectives.kto import build_datasets
 
     return build_datasets(RunConfig.load(KTO_PRESET, [f"data.path={data}", *overrides]), tokenizer())
 
@@ -141,7 +141,7 @@ def test_a_batch_of_one_is_refused_for_kto_in_one_line():
 
 
 def test_kto_data_under_sft_points_at_the_objective(bundled_model, tmp_path):
-    from backend.training.examples import DatasetReader
+    from backend.training.data.examples import DatasetReader
 
     with pytest.raises(JobError) as caught:
         DatasetReader(ROOT / "resources" / "datasets" / "demo_kto.jsonl")
@@ -154,7 +154,7 @@ def test_kto_data_under_sft_points_at_the_objective(bundled_model, tmp_path):
 
 
 def test_the_kto_section_reaches_trls_config():
-    from backend.training.kto import kto_config
+    from backend.training.objectives.kto import kto_config
 
     config = RunConfig.load(KTO_PRESET, ["kto.beta=0.3", "kto.desirable_weight=1.5", "kto.undesirable_weight=0.7"])
     made = kto_config(config, {"output_dir": "/tmp/unused", "use_cpu": True, "report_to": [],

@@ -15,8 +15,8 @@ def peak_step(vocab: int, hidden: int, tokens: int, layers: int, *, chunked: boo
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from backend.training.activation_offload import ActivationOffload
-    from backend.training.chunked_loss import ChunkedLoss
+    from backend.training.shortcuts.activation_offload import ActivationOffload
+    from backend.training.shortcuts.chunked_loss import ChunkedLoss
 
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=tokens)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.training import lora_matmul
-from backend.training.lora_matmul import LoraMatmul, LoraProduct
+from backend.training.shortcuts import lora_matmul
+from backend.training.shortcuts.lora_matmul import LoraMatmul, LoraProduct
 
 
 def _peft_model(bundled_model, **lora_kwargs):
@@ -95,7 +95,7 @@ def test_adapter_weights_keep_their_names(bundled_model):
 
 def test_bf16_base_stays_close_to_fp32_and_keeps_adapters_fp32(bundled_model, monkeypatch):
     """The frozen base in bf16 (the plan's choice on a CPU with native bf16): bf16 rounding, no more."""
-    from backend.training.lora_matmul import Bf16Product
+    from backend.training.shortcuts.lora_matmul import Bf16Product
 
     model, ids, fp32_loss, fp32_grads, calls = _reference_then_count(bundled_model, monkeypatch, Bf16Product)
     assert LoraMatmul(bf16_base=True).install(model) == 28
@@ -111,7 +111,7 @@ def test_bf16_base_stays_close_to_fp32_and_keeps_adapters_fp32(bundled_model, mo
 
 
 def test_bf16_product_is_the_product_of_the_rounded_operands():
-    from backend.training.lora_matmul import Bf16Product
+    from backend.training.shortcuts.lora_matmul import Bf16Product
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(9, 32, generator=g, requires_grad=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.training.data import PackingCollator, PadCollator
-from backend.training.last_layer_rows import LastLayerRows
-from backend.training.loss_positions import keep_loss_positions, supports_loss_positions
+from backend.training.data.tokenized import PackingCollator, PadCollator
+from backend.training.shortcuts.last_layer_rows import LastLayerRows
+from backend.training.shortcuts.loss_positions import keep_loss_positions, supports_loss_positions
 
 
 def _features() -> list[dict[str, list[int]]]:
@@ -25,7 +25,7 @@ def test_kept_positions_give_the_same_loss_and_gradients(bundled_model, collator
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from backend.training.packed_attention import register
+    from backend.training.shortcuts.packed_attention import register
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32, attn_implementation=register())

@@ -54,7 +54,7 @@ def test_the_flops_of_skipped_work_are_not_counted(bundled_model):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from backend.training.last_layer_rows import LastLayerRows
+    from backend.training.shortcuts.last_layer_rows import LastLayerRows
     from backend.training.mfu import token_flops
 
     lora = get_peft_model(AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32),
@@ -94,7 +94,7 @@ def test_fused_experts_count_the_active_share_and_conv1d_counts(tmp_path):
 def test_mfu_credits_what_ran_with_the_shortcuts_on(bundled_model, tmp_path, monkeypatch):
     """The same run with shortcuts auto and off: per useful token, MFU credits exactly the skipped
     output projection and last-layer rows less (mfu / tokens_per_s is FLOPs per useful token / peak)."""
-    from backend.training import techniques
+    from backend.training.model import techniques
     from backend.training.mfu import token_flops
     from tests.backend.test_techniques import run_steps
 

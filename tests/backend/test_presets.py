@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config import RunConfig
+from backend.config.run_config import RunConfig
 from backend.estimate import GIB, estimate
-from backend.paths import HUB_PREFIX
-from backend.presets import list_presets, load_preset, parse_card
+from backend.api.paths import HUB_PREFIX
+from backend.api.presets import list_presets, load_preset, parse_card
 from tests import model_configs
 from tests.conftest import ROOT
 
@@ -55,9 +55,9 @@ def test_header_parsing(tmp_path):
 def test_a_preset_before_its_download_is_one_line_and_after_it_estimates(studio_home):
     import shutil
 
-    from backend.errors import JobError
-    from backend.paths import hub_folder
-    from backend.training.loading import check_model_folder
+    from backend.api.errors import JobError
+    from backend.api.paths import hub_folder
+    from backend.training.model.loading import check_model_folder
 
     preset = next(p for p in PRESETS if p.hub_id == "Qwen/Qwen2.5-0.5B-Instruct")
     config = RunConfig.load(preset.path)

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.config import RunConfig
-from backend.errors import JobError
-from backend.runs import RunFolder
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
+from backend.api.runs import RunFolder
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 from tests.conftest import BUNDLED_MODEL, PRESET, ROOT
 
 torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import paths
+from backend.api import paths
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""GRPO's reward functions (backend/training/rewards.py): the built-in ones score as documented, and a
+"""GRPO's reward functions (backend/training/objectives/rewards.py): the built-in ones score as documented, and a
 person's reward file that fails is refused in one line naming the file, the line and the function."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import RunConfig
-from backend.config_errors import ConfigError
-from backend.errors import JobError
-from backend.objective_config import RewardSpec
-from backend.training.rewards import final_answer, reward_functions
+from backend.config.run_config import RunConfig
+from backend.config.errors import ConfigError
+from backend.api.errors import JobError
+from backend.config.objectives import RewardSpec
+from backend.training.objectives.rewards import final_answer, reward_functions
 
 
 def score(spec: dict, completions: list, **columns) -> list[float]:

@@ -168,7 +168,7 @@ def test_the_vllm_line_carries_the_numbers():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    code = ("import sys; from backend.cli import main; rc = main(sys.argv[1:]);"
+    code = ("import sys; from backend.cli.app import main; rc = main(sys.argv[1:]);"
             "assert 'torch' not in sys.modules, 'serve-estimate imported torch'; sys.exit(rc)")
     return subprocess.run([sys.executable, "-c", code, "serve-estimate", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
@@ -183,7 +183,7 @@ def test_cli_prints_the_line_without_torch():
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    from backend.cli import main
+    from backend.cli.app import main
 
     assert main(["serve-estimate", str(tmp_path / "nothing"), "--card-gb", "24"]) == 2
     assert "no such folder" in capsys.readouterr().err
@@ -199,8 +199,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def _run_folder(tmp_path, adapter_params: int = 0):
-    from backend.config import RunConfig
-    from backend.runs import RunFolder
+    from backend.config.run_config import RunConfig
+    from backend.api.runs import RunFolder
 
     config = RunConfig(name="serve", model={"path": _fixture("meta-llama--Llama-3.2-1B-Instruct")})
     folder = RunFolder.create(config, root=tmp_path)
@@ -215,7 +215,7 @@ def _run_folder(tmp_path, adapter_params: int = 0):
 
 
 def test_a_run_without_export_is_its_base_with_the_adapter(tmp_path, capsys):
-    from backend.cli import main
+    from backend.cli.app import main
 
     folder = _run_folder(tmp_path, adapter_params=8 * 1024)
     assert main(["serve-estimate", str(folder.path), "--card-gb", "24", "--json"]) == 0
@@ -237,7 +237,7 @@ def test_lora_ranks_vllm_takes():
 
 
 def test_a_run_uses_its_export(tmp_path, capsys):
-    from backend.cli import main
+    from backend.cli.app import main
 
     folder = _run_folder(tmp_path)
     gguf = folder.path / "exports" / "gguf-q4_0"

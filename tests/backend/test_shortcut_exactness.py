@@ -10,15 +10,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from backend.config import RunConfig
-from backend.protocol import Capabilities
-from backend.training.data import PackingCollator, PadCollator
-from backend.training.loading import attention_implementation
-from backend.training.loss_positions import keep_loss_positions
-from backend.training.model_facts import ModelFacts
-from backend.training.moe import enable_aux_loss
-from backend.training.shortcuts import SHORTCUTS, install
-from backend.training.techniques import plan_techniques
+from backend.config.run_config import RunConfig
+from backend.api.protocol import Capabilities
+from backend.training.data.tokenized import PackingCollator, PadCollator
+from backend.training.model.loading import attention_implementation
+from backend.training.shortcuts.loss_positions import keep_loss_positions
+from backend.training.model.model_facts import ModelFacts
+from backend.training.model.moe import enable_aux_loss
+from backend.training.shortcuts.installer import install
+from backend.training.shortcuts.registry import SHORTCUTS
+from backend.training.model.techniques import plan_techniques
 from tests.conftest import PRESET
 from tests.families import FAMILIES, tiny_config
 
@@ -76,7 +77,7 @@ def plans(family: str, caps: Capabilities, extra: list[str] = ()):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_shortcuts_give_the_plain_loss_and_gradients(family, monkeypatch):
-    monkeypatch.setattr("backend.training.techniques.native_bf16", lambda: False)  # bf16_base is not exact
+    monkeypatch.setattr("backend.training.model.techniques.native_bf16", lambda: False)  # bf16_base is not exact
     on, off = plans(family, Capabilities(cuda=False))
     model_on, trainer_on, installed = build(family, on)
     model_off, trainer_off, nothing = build(family, off)
@@ -109,9 +110,9 @@ def with_chunked_loss(plan):
 @pytest.fixture
 def chunk_calls(monkeypatch):
     """Chunks of 16 rows (several per batch at the tiny vocabulary), and a count of chunked losses."""
-    from backend.training import chunked_loss
+    from backend.training.shortcuts import chunked_loss
 
-    monkeypatch.setattr("backend.training.shortcuts.LOSS_CHUNK_ELEMENTS", 16 * 4096)
+    monkeypatch.setattr("backend.training.shortcuts.registry.LOSS_CHUNK_ELEMENTS", 16 * 4096)
     calls = []
     plain = chunked_loss.chunked_causal_loss
 
@@ -128,7 +129,7 @@ def chunk_calls(monkeypatch):
 def test_chunked_loss_gives_the_plain_loss_and_gradients(family, positions, chunk_calls, monkeypatch):
     """Chunked lm_head + cross-entropy against the plain loss: on its own (the model shifts the labels)
     and after loss_positions (shift_labels given), Gemma 2's final soft-capping applied per chunk."""
-    monkeypatch.setattr("backend.training.techniques.native_bf16", lambda: False)
+    monkeypatch.setattr("backend.training.model.techniques.native_bf16", lambda: False)
     on, off = plans(family, Capabilities(cuda=False))
     model_on, trainer_on, installed = build(family, with_chunked_loss(on))
     model_off, trainer_off, _ = build(family, off)
@@ -156,7 +157,7 @@ def test_chunked_loss_trains_a_tied_or_untied_head_in_full_tuning(family, chunk_
     too); the mean over targets without num_items_in_batch."""
     from transformers import AutoModelForCausalLM
 
-    from backend.training.chunked_loss import ChunkedLoss
+    from backend.training.shortcuts.chunked_loss import ChunkedLoss
 
     def model():
         torch.manual_seed(0)
@@ -208,9 +209,9 @@ def test_chunked_loss_and_offload_under_the_trainer(chunk_calls, tmp_path):
     from datasets import Dataset
     from transformers import TrainingArguments
 
-    from backend.training.activation_offload import ActivationOffload
-    from backend.training.chunked_loss import ChunkedLoss
-    from backend.training.counting_trainer import CountingTrainer
+    from backend.training.shortcuts.activation_offload import ActivationOffload
+    from backend.training.shortcuts.chunked_loss import ChunkedLoss
+    from backend.training.counting_trainer import SupervisedCountingTrainer as CountingTrainer
 
     losses = {}
     for name in ("plain", "lean"):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.config import RunConfig
-from backend.errors import JobError
-from backend.protocol import Capabilities
-from backend.training import shortcuts
-from backend.training.loading import attention_implementation
-from backend.training.model_facts import ModelFacts
-from backend.training.techniques import plan_techniques
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
+from backend.api.protocol import Capabilities
+from backend.training.shortcuts import registry as shortcuts
+from backend.training.model.loading import attention_implementation
+from backend.training.model.model_facts import ModelFacts
+from backend.training.model.techniques import plan_techniques
 from tests.conftest import PRESET
 from tests.families import FAMILIES, MOE, tiny_config
 
@@ -117,7 +117,7 @@ def test_shortcuts_chosen_per_family(family, expected):
     (["train.cpu_threads=1"], CPU, "thread_choice", "train.cpu_threads is set"),
 ])
 def test_conditions_turn_a_shortcut_off_and_say_why(monkeypatch, overrides, caps, gone, why):
-    monkeypatch.setattr("backend.training.techniques.bnb_can", lambda feature, device: None)
+    monkeypatch.setattr("backend.training.model.techniques.bnb_can", lambda feature, device: None)
     p = plan("llama", overrides, caps=caps, threads=4)
     assert gone not in p.shortcuts.applied
     assert why in dict(p.shortcuts.skipped)[gone]
@@ -174,7 +174,7 @@ def test_counts_are_reduced_on_the_process_groups_device(monkeypatch):
     import io
 
     from backend.training.callbacks import ReportingCallback, collective_device
-    from backend.worker.stop_listener import StopListener
+    from backend.api.stop_listener import StopListener
 
     assert collective_device("gloo") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
@@ -200,7 +200,7 @@ def test_rank_first_lora_only_where_it_was_measured_to_pay():
 
 def test_each_rank_loads_onto_its_own_gpu(monkeypatch):
     """Under accelerate launch a quantized base stays where it was loaded: rank N must load onto cuda:N."""
-    from backend.training.loading import rank_device
+    from backend.training.model.loading import rank_device
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert rank_device("cuda") == "cuda" and rank_device("cpu") == "cpu"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from backend.protocol import ChatMessage, StopAnswer, StopJob, encode
-from backend.worker.stop_listener import StopListener
+from backend.api.protocol import ChatMessage, StopAnswer, StopJob, encode
+from backend.api.stop_listener import StopListener
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -8,13 +8,13 @@ import io
 import pytest
 import torch
 
-from backend.config import RunConfig
-from backend.errors import JobError
-from backend.protocol import Capabilities
-from backend.training import techniques
-from backend.training.techniques import plan_techniques
-from backend.worker.reporter import Reporter
-from backend.worker.stop_listener import StopListener
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
+from backend.api.protocol import Capabilities
+from backend.training.model import techniques
+from backend.training.model.techniques import plan_techniques
+from backend.api.reporter import Reporter
+from backend.api.stop_listener import StopListener
 from tests.conftest import PRESET
 
 CPU = Capabilities(cuda=False, bitsandbytes="0.50.2")
@@ -24,7 +24,7 @@ GPU_NO_FLASH = Capabilities(cuda=True, bf16=True, flash_attn=False)
 def run_job(tmp_path, overrides: list[str], name: str = "run") -> list:
     """Run the fine-tune job in-process for 3 small steps; returns every event it wrote."""
     from backend.jobs.finetune import run_finetune
-    from backend.protocol import decode_event
+    from backend.api.protocol import decode_event
 
     config = RunConfig.load(PRESET, ["train.max_steps=3", "train.save_steps=100", "data.max_examples=48",
                                      "train.seq_len=128", "train.micro_batch_size=4", "data.validation_split=0",
@@ -164,8 +164,8 @@ def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, bounds
     sdpa_packed, what training loads for sdpa)."""
     from transformers import AutoModelForCausalLM
 
-    from backend.training.data import PackingCollator, PadCollator
-    from backend.training.packed_attention import register
+    from backend.training.data.tokenized import PackingCollator, PadCollator
+    from backend.training.shortcuts.packed_attention import register
 
     register()
     model = AutoModelForCausalLM.from_pretrained(bundled_model, dtype=torch.float32, attn_implementation=attention)
@@ -199,7 +199,7 @@ def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, bounds
 
 
 def test_offload_needs_the_deepspeed_strategy():
-    from backend.config import ConfigError
+    from backend.config.run_config import ConfigError
 
     with pytest.raises(ConfigError, match="technique.offload runs through DeepSpeed"):
         RunConfig.load(PRESET, ["technique.offload=zero2_optimizer"])
@@ -208,7 +208,7 @@ def test_offload_needs_the_deepspeed_strategy():
 def test_tokenization_is_cached_and_reused(bundled_model, tmp_path):
     from transformers import AutoTokenizer
 
-    from backend.training.data import build_datasets
+    from backend.training.data.tokenized import build_datasets
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model)
     config = RunConfig.load(PRESET, ["data.max_examples=40"])
@@ -243,8 +243,8 @@ def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch)
 def test_bf16_base_products_train_as_fp32_does(bundled_model, tmp_path, monkeypatch):
     """The CPU's bf16 base products (forced on here, so that a CPU without native bf16 tests them too):
     the same losses as exact fp32 within bf16 rounding, and the base's products really ran in bf16."""
-    from backend.cpu_features import native_bf16
-    from backend.training import lora_matmul
+    from backend.api.cpu_features import native_bf16
+    from backend.training.shortcuts import lora_matmul
 
     native = native_bf16()
     monkeypatch.setattr(techniques, "native_bf16", lambda: True)
@@ -265,7 +265,7 @@ def test_sdpa_packed_generates_as_sdpa_does(bundled_model):
     """Models load as sdpa_packed for chat and evaluation too: prefill and cached decoding unchanged."""
     from transformers import AutoModelForCausalLM
 
-    from backend.training.packed_attention import register
+    from backend.training.shortcuts.packed_attention import register
 
     ids = torch.randint(10, 200, (2, 12), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
@@ -283,7 +283,7 @@ def test_the_trainers_bookkeeping_shortcuts_change_no_figure(tmp_path, monkeypat
     """The cached parameter count and the trainable-only clip list give the Trainer's own numbers."""
     from transformers import Trainer
 
-    from backend.training.counting_trainer import CountingTrainer
+    from backend.training.counting_trainer import SupervisedCountingTrainer as CountingTrainer
 
     seen: list[float] = []
     original_flops = CountingTrainer.floating_point_ops

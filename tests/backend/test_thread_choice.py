@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.training.thread_choice import choose_threads
+from backend.training.shortcuts.thread_choice import choose_threads
 
 
 class FakeMachine:

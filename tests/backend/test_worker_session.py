@@ -1,4 +1,4 @@
-"""One protocol session for both clients (backend/protocol_session.py): a worker of another release is
+"""One protocol session for both clients (backend/api/protocol_session.py): a worker of another release is
 one line, at once, in the CLI and the studio; a worker that dies before writing its log leaves the
 reason in worker.log, which the crash message points at."""
 
@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-import backend.cli
-from backend.cli import main
-from backend.config import RunConfig
-from backend.protocol import PROTOCOL_VERSION, JobStarted, WorkerReady, encode
-from backend.protocol_session import ProtocolSession
-from backend.runs import RunFolder
-from backend.worker_process import WorkerProcess
+import backend.cli.app
+from backend.cli.app import main
+from backend.config.run_config import RunConfig
+from backend.api.protocol import PROTOCOL_VERSION, JobStarted, WorkerReady, encode
+from backend.api.protocol_session import ProtocolSession
+from backend.api.runs import RunFolder
+from backend.api.worker_process import WorkerProcess
 from tests.conftest import PRESET
 from tests.fakes import FAKE_WORKER
 
@@ -53,7 +53,7 @@ def test_the_cli_client_refuses_another_release_at_once(how):
 
 
 def test_the_cli_says_another_release_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(backend.cli, "WorkerProcess", lambda **kw: WorkerProcess(command=OTHER, **kw))
+    monkeypatch.setattr(backend.cli.app, "WorkerProcess", lambda **kw: WorkerProcess(command=OTHER, **kw))
     assert main(["train", str(PRESET)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("error:", "hint:"))]
     assert lines == [f"error: {MISMATCH}this finetune-studio speaks v{PROTOCOL_VERSION}",

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.protocol import (
+from backend.api.protocol import (
     AnswerFinished,
     JobFailed,
     JobFinished,

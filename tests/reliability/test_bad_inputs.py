@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import ConfigError, RunConfig
-from backend.errors import JobError
+from backend.config.run_config import ConfigError, RunConfig
+from backend.api.errors import JobError
 from tests.conftest import PRESET, ROOT
 
 BAD = Path(__file__).resolve().parents[1] / "fixtures" / "bad_inputs"
@@ -26,7 +26,7 @@ def tokenizer(bundled_model):
 
 
 def data_error(tokenizer, name: str, *overrides: str) -> JobError:
-    from backend.training.data import build_datasets
+    from backend.training.data.tokenized import build_datasets
 
     config = RunConfig.load(PRESET, [f"data.path={BAD / name}", *overrides])
     with pytest.raises(JobError) as caught:
@@ -62,7 +62,7 @@ def test_too_long_is_refused_with_the_fix(tokenizer):
 
 
 def test_too_long_is_truncated_and_counted(tokenizer):
-    from backend.training.data import build_datasets
+    from backend.training.data.tokenized import build_datasets
 
     config = RunConfig.load(PRESET, [f"data.path={BAD / 'too_long.jsonl'}", "train.seq_len=64",
                                      "data.validation_split=0"])
@@ -82,7 +82,7 @@ MODEL_CASES = [
 
 @pytest.mark.parametrize("name, overrides, message, hint", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
 def test_bad_model_folder(name, overrides, message, hint):
-    from backend.training.loading import check_model_folder
+    from backend.training.model.loading import check_model_folder
 
     config = RunConfig.load(PRESET, [f"model.path={BAD / name}", *overrides])
     with pytest.raises(JobError) as caught:
@@ -92,7 +92,7 @@ def test_bad_model_folder(name, overrides, message, hint):
 
 
 def test_pickle_and_remote_code_pass_the_check_once_ticked():
-    from backend.training.loading import check_model_folder
+    from backend.training.model.loading import check_model_folder
 
     check_model_folder(RunConfig.load(PRESET, [f"model.path={BAD / 'model_pickle_only'}", "model.allow_pickle=true"]))
     check_model_folder(RunConfig.load(PRESET, [f"model.path={BAD / 'model_remote_code'}", "model.trust_remote_code=true"]))

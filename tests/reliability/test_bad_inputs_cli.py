@@ -15,12 +15,12 @@ from typing import Callable
 
 import pytest
 
-import backend.cli
-import backend.cli_eval
-import backend.worker_process
-from backend.cli import main
-from backend.config import RunConfig
-from backend.runs import CHECKPOINT_MARKER, RunFolder
+import backend.cli.app
+import backend.cli.eval
+import backend.api.worker_process
+from backend.cli.app import main
+from backend.config.run_config import RunConfig
+from backend.api.runs import CHECKPOINT_MARKER, RunFolder
 from tests.conftest import PRESET
 
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -38,7 +38,7 @@ class RefusedWorker:
 
 @pytest.fixture(autouse=True)
 def no_worker(monkeypatch):
-    for module in (backend.cli, backend.cli_eval, backend.worker_process):
+    for module in (backend.cli.app, backend.cli.eval, backend.api.worker_process):
         monkeypatch.setattr(module, "WorkerProcess", RefusedWorker)
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import backend.cli
-import backend.cli_eval
-from backend.cli import main
-from backend.config import RunConfig
-from backend.runs import RunFolder
+import backend.cli.app
+import backend.cli.eval
+from backend.cli.app import main
+from backend.config.run_config import RunConfig
+from backend.api.runs import RunFolder
 from tests.conftest import PRESET
 from tests.reliability.test_bad_inputs_cli import one_line, run_folder
 
@@ -43,8 +43,8 @@ class FakeWorker:
 @pytest.fixture
 def fake_worker(monkeypatch):
     FakeWorker.calls, FakeWorker.terminal = [], None
-    monkeypatch.setattr(backend.cli, "WorkerProcess", FakeWorker)
-    monkeypatch.setattr(backend.cli_eval, "WorkerProcess", FakeWorker)
+    monkeypatch.setattr(backend.cli.app, "WorkerProcess", FakeWorker)
+    monkeypatch.setattr(backend.cli.eval, "WorkerProcess", FakeWorker)
     return FakeWorker
 
 
@@ -60,7 +60,7 @@ def test_an_internal_error_is_one_line_and_its_traceback_is_kept(monkeypatch, ca
     def broken(args):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(backend.cli, "cmd_runs_list", broken)
+    monkeypatch.setattr(backend.cli.app, "cmd_runs_list", broken)
     assert main(["runs", "list"]) == 1
     log = studio_home / "logs" / "cli.log"
     assert one_line(*capsys.readouterr()) == f"error: internal error: RuntimeError: boom; details in {log}"
@@ -80,7 +80,7 @@ def test_an_internal_error_during_a_run_goes_to_its_worker_log(monkeypatch, caps
 
 
 def test_a_new_command_cannot_forget_the_guard(monkeypatch, capsys):
-    build = backend.cli.build_parser
+    build = backend.cli.app.build_parser
 
     def with_new_command():
         parser = build()
@@ -88,7 +88,7 @@ def test_a_new_command_cannot_forget_the_guard(monkeypatch, capsys):
         sub.add_parser("brand-new").set_defaults(func=lambda args: {}["missing"])
         return parser
 
-    monkeypatch.setattr(backend.cli, "build_parser", with_new_command)
+    monkeypatch.setattr(backend.cli.app, "build_parser", with_new_command)
     assert main(["brand-new"]) == 1
     assert "internal error: KeyError: 'missing'" in one_line(*capsys.readouterr())
 
@@ -97,7 +97,7 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(backend.cli, "cmd_runs_list", interrupted)
+    monkeypatch.setattr(backend.cli.app, "cmd_runs_list", interrupted)
     assert main(["runs", "list"]) == 130
     assert output(capsys).strip() == "interrupted"
 
@@ -106,7 +106,7 @@ def test_a_closed_pipe_ends_quietly(monkeypatch, capsys):
     def reader_gone(args):
         raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(backend.cli, "cmd_runs_list", reader_gone)
+    monkeypatch.setattr(backend.cli.app, "cmd_runs_list", reader_gone)
     assert main(["runs", "list"]) == 1
     assert capsys.readouterr().err == ""
 
@@ -119,7 +119,7 @@ def test_an_os_error_names_its_path_and_is_bad_input_on_the_users_path(named, co
     def fails(args):
         raise PermissionError(13, "Permission denied", str(failing))
 
-    monkeypatch.setattr(backend.cli, "cmd_estimate", fails)
+    monkeypatch.setattr(backend.cli.app, "cmd_estimate", fails)
     assert main(["estimate", str(given)]) == code
     line = one_line(*capsys.readouterr())
     assert line.startswith(f"error: {failing}: Permission denied; check its permissions")
@@ -130,7 +130,7 @@ def test_no_usable_home_still_keeps_the_traceback(monkeypatch, capsys, tmp_path)
     home = tmp_path / "a_file"
     home.write_text("")
     monkeypatch.setenv("FINETUNE_STUDIO_HOME", str(home))
-    monkeypatch.setattr(backend.cli, "cmd_runs_list", lambda args: 1 / 0)
+    monkeypatch.setattr(backend.cli.app, "cmd_runs_list", lambda args: 1 / 0)
     assert main(["runs", "list"]) == 1
     line = one_line(*capsys.readouterr())
     assert "internal error: ZeroDivisionError" in line and "(the data directory is unusable: " in line

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import pytest
 
-from backend.config import RunConfig
-from backend.errors import JobError
+from backend.config.run_config import RunConfig
+from backend.api.errors import JobError
 from tests.conftest import BUNDLED_MODEL, PRESET
 
 Body = str | bytes | dict | list
@@ -176,7 +176,7 @@ def one_line(error: JobError, words: tuple[str, ...], where: tuple[str, ...], fi
 
 @pytest.mark.parametrize("case", DATA_CASES, ids=[c.id for c in DATA_CASES])
 def test_bad_data(case: DataCase, tokenizer, tmp_path):
-    from backend.training.data import build_datasets
+    from backend.training.data.tokenized import build_datasets
 
     path = write(tmp_path, case.files)
     config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0", *case.overrides])
@@ -200,7 +200,7 @@ def test_bad_data(case: DataCase, tokenizer, tmp_path):
 
 def test_the_token_cache_keeps_the_notes(tokenizer, tmp_path):
     """A second run on the same data reads the tokens from the cache, and must say the same notes."""
-    from backend.training.data import build_datasets
+    from backend.training.data.tokenized import build_datasets
 
     path = write(tmp_path, {"long.jsonl": jsonl(*FOUR, {"instruction": LONG, "output": "x"})})
     config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0", "train.seq_len=32"])
@@ -250,7 +250,7 @@ def test_prompts_that_are_the_training_data_are_not_called_held_out(tmp_path):
 
 
 def test_the_cli_report_says_how_many_prompts_overlap():
-    from backend.cli_eval import format_report
+    from backend.cli.eval import format_report
 
     side = {"base": {"accuracy": 0.5}, "tuned": {"accuracy": 1.0}}
     report = {"perplexity": None, "skipped": [], "exact_match": {
@@ -421,7 +421,7 @@ MODEL_CASES = [
 
 @pytest.mark.parametrize("case", MODEL_CASES, ids=[c.id for c in MODEL_CASES])
 def test_bad_model_folder(case: ModelCase, tmp_path):
-    from backend.training.loading import check_model_folder
+    from backend.training.model.loading import check_model_folder
 
     folder = tiny_copy(tmp_path, case.weights)
     case.damage(folder)
@@ -433,7 +433,7 @@ def test_bad_model_folder(case: ModelCase, tmp_path):
 
 def test_sound_folders_pass_the_check(tmp_path):
     """The checks refuse what is broken, not what is merely unusual: sharded weights, remote code present."""
-    from backend.training.loading import check_model_folder
+    from backend.training.model.loading import check_model_folder
 
     folder = tiny_copy(tmp_path)
     assert check_model_folder(RunConfig.load(PRESET, [f"model.path={folder}"])) == folder

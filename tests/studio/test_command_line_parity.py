@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend.cli import build_parser
-from backend.config import ConfigError, RunConfig
+from backend.cli.app import build_parser
+from backend.config.run_config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "resources" / "presets" / "tiny_lora.yaml"

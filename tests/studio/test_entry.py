@@ -17,9 +17,9 @@ HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "accelerate")
 
 
 def _fake_cli(monkeypatch, calls: list) -> None:
-    module = types.ModuleType("backend.cli")
+    module = types.ModuleType("backend.cli.app")
     module.main = lambda argv=None: calls.append(argv) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "backend.cli", module)
+    monkeypatch.setitem(sys.modules, "backend.cli.app", module)
 
 
 @pytest.mark.parametrize("argv", [["train", "resources/presets/tiny_lora.yaml"], ["--help"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.runs import RunFolder
+from backend.api.runs import RunFolder
 from tests.fakes import fake_command
 
 WAIT_MS = 30_000
@@ -126,7 +126,7 @@ def test_a_check_no_reader_could_run_is_not_verified_never_pass(qtbot):
 def test_the_cli_prints_an_unverified_check_apart_from_a_pass():
     import io
 
-    from backend.cli_export import print_report
+    from backend.cli.export import print_report
 
     out = io.StringIO()
     print_report(UNVERIFIED, out)

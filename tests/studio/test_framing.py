@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.protocol import (
+from backend.api.protocol import (
     PROTOCOL_VERSION,
     JobFinished,
     JobStarted,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from backend.config import RunConfig
-from backend.runs import CHECKPOINT_MARKER, RunFolder
+from backend.config.run_config import RunConfig
+from backend.api.runs import CHECKPOINT_MARKER, RunFolder
 
 
 def _run(name: str, rank: int, losses: list[float], checkpoint: bool = False) -> RunFolder:
@@ -110,7 +110,7 @@ def test_a_failed_run_says_why_and_its_config_opens(qtbot, make_studio):
 def test_an_older_runs_index_is_rebuilt_with_the_reasons(qtbot, studio_home):
     import sqlite3
 
-    from backend.run_index import RunIndex
+    from backend.api.run_index import RunIndex
 
     studio_home.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(studio_home / "runs.sqlite")

@@ -1,0 +1,1 @@
+"""The torch-free face of the backend: the protocol, runs, presets, feasibility, launching a worker, and the readers the studio previews with. The studio imports the backend through this package (and the torch-free backend.config and backend.estimate) only; import-linter holds it (pyproject.toml)."""

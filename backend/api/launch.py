@@ -1,0 +1,83 @@
+"""How a client starts a worker: the command line and the environment. Torch-free.
+
+The studio (through QProcess) and the CLI (through subprocess) both call these, so a job started
+from the window and one started from a terminal run the very same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from backend.config.run_config import RunConfig
+from backend.api.cpu_features import RUNTIME_ENV
+from backend.api.hub_kernels import switch_off
+from backend.api.protocol import StartJob, encode
+from backend.api.runs import RunFolder
+
+
+ISOLATED = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; "
+            "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+"""`python -c ISOLATED MODULE ARGS...` runs MODULE as `python -m` would, without the current folder on
+sys.path: `-m` puts the folder a command was started in first, so a `backend/` package there would
+run instead of ours (`-P` does this from Python 3.11 only). The package root comes from PYTHONPATH."""
+
+WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "__main__.py"
+"""The worker as a script, for launchers that start their ranks with `python SCRIPT` (accelerate)."""
+
+
+def module_command(module: str, python: str | None = None) -> list[str]:
+    """argv that runs `module` like `python -m module`, never importing from the current folder."""
+    return [python or sys.executable, "-c", ISOLATED, module]
+
+
+def worker_command(python: str | None = None) -> list[str]:
+    """argv of a worker process: `backend.worker` run as a module (module_command), or `<bundle>
+    --worker` in a frozen (PyInstaller) bundle, whose sys.executable is the bundle itself and knows no
+    `-m` (its imports come from the bundle alone)."""
+    if python is None and getattr(sys, "frozen", False):
+        return [sys.executable, "--worker"]
+    return module_command("backend.worker", python)
+
+
+def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the worker.
+
+    RUNTIME_ENV (cpu_features.py): passive OpenMP waits, and bounded oneDNN kernel caches.
+    HF_HUB_OFFLINE keeps the worker off the network unless the user asks for a download; Hub kernels are
+    off whatever the caller's environment says (hub_kernels.py).
+    """
+    env = dict(os.environ if base is None else base)
+    for name, value in RUNTIME_ENV.items():
+        env.setdefault(name, value)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    switch_off(env)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["FINETUNE_STUDIO_CLIENT_PID"] = str(os.getpid())  # the worker ends with us (worker/parent_watch.py)
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def start_line(folder: RunFolder, config: RunConfig, resume: bool = False, job: str = "finetune",
+               params: dict | None = None) -> str:
+    """The StartJob line to write to a fresh worker's stdin."""
+    return encode(StartJob(job=job, run_dir=str(folder.path), config=config.model_dump(mode="json"),
+                           resume=resume, params=params or {}))
+
+
+def job_argv(folder: RunFolder, config: RunConfig, resume: bool = False, job: str = "finetune",
+             params: dict | None = None, machine_rank: int = 0, python: str | None = None) -> list[str]:
+    """argv for one job: the plain worker, or the worker under `accelerate launch` when the run's
+    hardware section asks for several processes (then every rank reads the StartJob from a file)."""
+    if job != "finetune" or not config.hardware.distributed:
+        return worker_command(python)
+    from backend.api.distributed import launch_argv, write_launch_files
+
+    config_file, job_file = write_launch_files(folder.path, config, start_line(folder, config, resume, job, params),
+                                               machine_rank)
+    return launch_argv(python or sys.executable, folder.path, config_file, job_file)

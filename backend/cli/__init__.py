@@ -1,0 +1,1 @@
+"""The headless CLI (`python -m backend.cli`, `finetune-studio SUBCOMMAND`)."""

@@ -1,0 +1,1 @@
+"""Loading the base model and planning the techniques that run on this machine."""

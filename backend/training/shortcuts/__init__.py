@@ -1,0 +1,1 @@
+"""The speed shortcuts of a training step: the torch-free registry and the torch tricks it installs."""
