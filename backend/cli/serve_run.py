@@ -26,7 +26,6 @@ from backend.serving.server_process import ServerFailed, ServerProcess, free_por
 from backend.serving.sizing import BATCHED_TOKENS, BLOCK_SIZE, UTILIZATION
 
 
-
 def _port(text: str) -> int:
     try:
         value = int(text)
