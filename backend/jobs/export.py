@@ -28,7 +28,9 @@ import torch
 from backend.config import RunConfig
 from backend.errors import JobError, bad_input
 from backend.export.checkpoint_files import CheckpointFiles
-from backend.export.formats import FORMATS, failure_hint, is_gguf, overwrite_refusal, tolerance
+from backend.export.calibrated.support import KNOWN_PARAMS, calibration_samples, refuse
+from backend.export.calibrated.writer import load_calibrated_export, write_calibrated
+from backend.export.formats import CALIBRATED, FORMATS, failure_hint, is_gguf, overwrite_refusal, tolerance
 from backend.export.formats import DTYPES as DTYPE_NAMES
 from backend.export.memory import StagePeaks, release
 from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
@@ -56,9 +58,9 @@ class Export:
     """The options of one export, parsed from StartJob.params, and its folders."""
 
     def __init__(self, run_dir: Path, params: dict[str, Any]):
-        unknown = set(params) - {"format", "out", "overwrite", "dtype"}
+        unknown = set(params) - set(KNOWN_PARAMS)
         if unknown:
-            raise bad_input(f"unknown export option(s) {sorted(unknown)}; known: format, out, overwrite, dtype")
+            raise bad_input(f"unknown export option(s) {sorted(unknown)}; known: {', '.join(KNOWN_PARAMS)}")
         self.fmt = params.get("format")
         if self.fmt not in FORMATS:
             raise bad_input(f"export format {self.fmt!r} is not one of {', '.join(FORMATS)}")
@@ -66,6 +68,7 @@ class Export:
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
             raise bad_input(f"export dtype {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
         self.overwrite = bool(params.get("overwrite", False))
+        self.calibration_samples = calibration_samples(params.get("calibration_samples"))  # calibrated formats
         self.out = Path(params.get("out") or run_dir / "exports" / self.fmt).expanduser().absolute()
         self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
 
@@ -127,8 +130,8 @@ def estimate_bytes(fmt: str, source: Any, run: TrainedRun, gguf_bytes: int | Non
         size = sixteen
     elif fmt == "bnb-8bit":
         size = sixteen + linear * 1 + (params - linear) * 2
-    elif fmt == "bnb-4bit":
-        size = sixteen + int(linear * 0.53) + (params - linear) * 2
+    elif fmt == "bnb-4bit" or fmt in CALIBRATED:  # w8a8 holds 8-bit weights: less than bnb-8bit's 16-bit copy
+        size = sixteen + int(linear * (1.0 if fmt == "w8a8" else 0.53)) + (params - linear) * 2
     else:
         size = gguf_bytes or sixteen
     return int(size * 1.05) + 1024 * 1024  # tokenizer, metadata, report
@@ -254,6 +257,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
 
 def _refuse_unsupported(job: Export, run: TrainedRun) -> None:
     """Refusals that need a package or a probe, before anything large is loaded."""
+    refuse(job.fmt, run)
     if is_gguf(job.fmt):
         import importlib.util
 
@@ -316,6 +320,9 @@ def _write(job: Export, run: TrainedRun, source: Any, tokenizer: Any, gguf_expor
         elif job.fmt.startswith("bnb-"):
             bits = 4 if job.fmt == "bnb-4bit" else 8
             hf_writer.write_bnb(source, run, tokenizer, job.tmp, bits, job.dtype, progress, should_stop)
+        elif job.fmt in CALIBRATED:
+            notes += write_calibrated(job.fmt, source, run, tokenizer, job.tmp, job.dtype, job.calibration_samples,
+                                      check_device(), progress, should_stop)
         else:
             from backend.export.modelfile import modelfile
 
@@ -375,6 +382,8 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
         check_dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
     elif job.fmt == "merged":
         model, loaded_as = hf_writer.load_merged_export(job.tmp, job.dtype, device, trust)
+    elif job.fmt in CALIBRATED:
+        model, loaded_as, check_dtype = load_calibrated_export(job.tmp, job.dtype, device, trust)
     else:
         model, loaded_as = hf_writer.load_bnb_export(job.tmp, 4 if job.fmt == "bnb-4bit" else 8, job.dtype, device,
                                                      trust)
