@@ -16,7 +16,7 @@ from backend.export.calibrated.layers import Mapping
 
 SMOOTHING = 0.5
 AWQ_GRID = 20
-AWQ_ROWS = 2048
+AWQ_ROWS = 512
 """Calibration tokens whose outputs the AWQ search compares: the error it minimises settles with far fewer."""
 
 
