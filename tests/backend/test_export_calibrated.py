@@ -268,3 +268,14 @@ def test_gpu_export_checks_on_cuda_and_vllm_loads_it_where_installed(runs, fmt, 
     llm = LLM(model=str(tmp_path / fmt), gpu_memory_utilization=0.2, max_model_len=256, enforce_eager=True)
     out = llm.generate(["What is the capital of France?"], SamplingParams(max_tokens=4, temperature=0))
     assert out[0].outputs[0].token_ids
+
+
+def test_cli_passes_calibration_samples_to_the_worker(runs, tmp_path):
+    from tests.backend.test_export import _cli
+
+    out = tmp_path / "cli-w8a8"
+    done = _cli(str(runs["llama"].path), "--format", "w8a8", "--out", str(out), "--calibration-samples", "8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "PASSED: w8a8" in done.stdout and "Traceback" not in done.stderr
+    report = json.loads((out / "export_report.json").read_text())
+    assert any(n.startswith("calibrated on 8 rows") for n in report["notes"])
