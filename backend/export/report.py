@@ -11,7 +11,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from backend.export.formats import EXPORT_REPORT, GGUF_TYPES
+from backend.export.formats import CALIBRATED, EXPORT_REPORT, GGUF_TYPES
 
 REPORT = EXPORT_REPORT
 PASSED, FAILED, NOT_VERIFIED = "passed", "failed", "not verified"
@@ -88,7 +88,7 @@ def build_report(*, fmt: str, dtype: str, out: Path, tmp: Path, run: Any, checks
         "run_dir": str(run.folder.path),
         "method": run.method,
         "base_model": str(run.base_path),
-        "dtype": dtype if fmt in ("merged", "bnb-4bit", "bnb-8bit") else None,
+        "dtype": dtype if fmt in ("merged", "bnb-4bit", "bnb-8bit", *CALIBRATED) else None,
         "gguf_type": GGUF_TYPES.get(fmt),
         "files": listing,
         "total_bytes": sum(item["bytes"] for item in listing),

@@ -49,7 +49,7 @@ def test_each_format_is_written_in_compressed_tensors_reloaded_and_checked(runs,
     assert events[-1]["type"] == "JobFinished", events[-1]
     assert report["outcome"] == "passed" and {c["name"] for c in report["checks"]} == {"perplexity", "top1", "tokenizer"}
     assert "compressed-tensors" in report["loaded_as"]
-    assert {"write", "check", "reference"} <= set(report["timings"])
+    assert {"write", "check", "reference"} <= set(report["timings"]) and report["dtype"] == "bf16"
     assert any(n.startswith("calibrated on 16 rows of the run's training data") for n in report["notes"])
     quant = json.loads((out / "config.json").read_text())["quantization_config"]
     assert quant["quant_method"] == "compressed-tensors"
@@ -279,3 +279,22 @@ def test_cli_passes_calibration_samples_to_the_worker(runs, tmp_path):
     assert "PASSED: w8a8" in done.stdout and "Traceback" not in done.stderr
     report = json.loads((out / "export_report.json").read_text())
     assert any(n.startswith("calibrated on 8 rows") for n in report["notes"])
+
+
+def test_stop_while_calibrating_cancels_and_leaves_nothing(runs, tmp_path, monkeypatch):
+    from backend.export.calibrated import writer
+    from backend.worker.stop_listener import StopListener
+
+    stop = StopListener(io.StringIO())
+    original = writer.calibrate
+
+    def stopped_calibrate(*args, **kwargs):
+        stop.request(save=False)  # the Stop button, pressed as calibration starts
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "calibrate", stopped_calibrate)
+    out = tmp_path / "stopped"
+    with pytest.raises(JobError) as caught:
+        export(runs["llama"], "gptq-int4", stop=stop, out=str(out), calibration_samples=4)
+    assert caught.value.kind == "cancelled" and "while writing" in caught.value.message
+    assert not out.exists() and not list(tmp_path.glob(".stopped.*"))

@@ -39,12 +39,11 @@ def passes(units: list[Unit], budget: int) -> list[list[Unit]]:
 
 @torch.no_grad()
 def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
-              should_stop: Callable[[], bool] | None = None,
-              progress: Callable[[int, int], None] | None = None) -> int:
+              should_stop: Callable[[], bool] | None = None) -> int:
     """Feed every row through the model once per pass, finishing each pass's units; returns the passes run."""
     device = next(p.device for p in model.parameters())
     groups = passes(units, budget)
-    for number, group in enumerate(groups):
+    for group in groups:
         handles = [unit.module.register_forward_pre_hook(_hook(unit)) for unit in group]
         try:
             with cpu_products_in_fp32(model):
@@ -58,8 +57,6 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
                 handle.remove()
         for unit in group:
             unit.finish()
-        if progress:
-            progress(number + 1, len(groups))
     return len(groups)
 
 
