@@ -205,7 +205,7 @@ def test_awq_lowers_the_4bit_error_where_large_inputs_meet_small_weights_and_nev
                 linear.weight[:, :3] *= 0.1
         reference = [lin(block[0](x)) for lin in mapping.linears]
         plain = error()
-        unit = scaling.AwqUnit(mapping, args, torch.float32, samples=1)
+        unit = scaling.AwqUnit(mapping, args, torch.float32, tokens=256)
         unit.add(block[0](x))
         unit.finish()
         searched = error()

@@ -40,18 +40,22 @@ def passes(units: list[Unit], budget: int) -> list[list[Unit]]:
 @torch.no_grad()
 def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
               should_stop: Callable[[], bool] | None = None) -> int:
-    """Feed every row through the model once per pass, finishing each pass's units; returns the passes run."""
+    """Feed every row through the model once per pass, finishing each pass's units; returns the passes run.
+    Rows go right-padded in batches of about BATCH_TOKENS (each pass widens every 16-bit weight once per
+    batch on a CPU: verify.cpu_products_in_fp32), and only real tokens reach the statistics."""
     device = next(p.device for p in model.parameters())
     groups = passes(units, budget)
+    batches = _batches(rows)
     for group in groups:
-        handles = [unit.module.register_forward_pre_hook(_hook(unit)) for unit in group]
+        current: dict[str, torch.Tensor] = {}
+        handles = [unit.module.register_forward_pre_hook(_hook(unit, current)) for unit in group]
         try:
             with cpu_products_in_fp32(model):
-                for row in rows:
+                for ids, mask in batches:
                     if should_stop and should_stop():
                         raise InterruptedError("stop requested")
-                    ids = torch.tensor([row], device=device)
-                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
+                    current["mask"] = mask.to(device).bool()
+                    model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, logits_to_keep=1)
         finally:
             for handle in handles:
                 handle.remove()
@@ -60,7 +64,35 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
     return len(groups)
 
 
-def _hook(unit: Unit) -> Callable:
+BATCH_TOKENS = 2048
+
+
+def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rows sorted by length (less padding), right-padded into batches of at most BATCH_TOKENS positions."""
+    ordered = sorted(rows, key=len)
+    batches, current = [], []
+    for row in ordered:
+        if current and len(row) * (len(current) + 1) > BATCH_TOKENS:
+            batches.append(current)
+            current = []
+        current.append(row)
+    if current:
+        batches.append(current)
+    out = []
+    for batch in batches:
+        width = max(len(r) for r in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, row in enumerate(batch):
+            ids[i, :len(row)] = torch.tensor(row)
+            mask[i, :len(row)] = 1
+        out.append((ids, mask))
+    return out
+
+
+def _hook(unit: Unit, current: dict[str, torch.Tensor]) -> Callable:
     def hook(module: torch.nn.Module, args: tuple) -> None:
-        unit.add(args[0])
+        x = args[0]
+        mask = current.get("mask")
+        unit.add(x[mask] if mask is not None and x.shape[:2] == mask.shape else x)
     return hook

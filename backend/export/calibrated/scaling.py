@@ -9,6 +9,8 @@ there).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from backend.export.calibrated.grid import fake_quantize, weight_qparams
@@ -46,11 +48,11 @@ class SmoothQuantUnit:
 class AwqUnit:
     """mean|X| per input channel and a sample of input rows of one mapping, then the searched scale folded in."""
 
-    def __init__(self, mapping: Mapping, args: object, scale_dtype: torch.dtype, samples: int):
+    def __init__(self, mapping: Mapping, args: object, scale_dtype: torch.dtype, tokens: int):
         self.mapping, self.args, self.scale_dtype = mapping, args, scale_dtype
         self.module = mapping.linears[0]
         self.cost = AWQ_ROWS * self.module.in_features * 2 + self.module.in_features * 4
-        self.per_sample = max(1, -(-AWQ_ROWS // max(samples, 1)))
+        self.share = AWQ_ROWS / max(tokens, 1)  # of each batch's tokens, kept for the search
         self.total: torch.Tensor | None = None
         self.tokens = 0
         self.rows: list[torch.Tensor] = []
@@ -61,7 +63,8 @@ class AwqUnit:
         sums = flat.abs().float().sum(dim=0)
         self.total = sums if self.total is None else self.total + sums
         self.tokens += flat.shape[0]
-        pick = torch.randperm(flat.shape[0], generator=self.generator)[:self.per_sample]
+        keep = max(1, min(flat.shape[0], math.ceil(flat.shape[0] * self.share)))
+        pick = torch.randperm(flat.shape[0], generator=self.generator)[:keep]
         self.rows.append(flat[pick.to(flat.device)].to(torch.bfloat16 if flat.dtype == torch.float32 else flat.dtype))
 
     @torch.no_grad()

@@ -54,7 +54,7 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
         units: list = [gptq.GptqUnit(g, scheme.weights, scale_dtype, qparams) for g in gptq.shared_inputs(linears)]
         algorithm = "GPTQ (block = group, damping 1% of the mean Hessian diagonal, no act-order)"
     elif fmt == "awq-int4":
-        units = [scaling.AwqUnit(m, scheme.weights, scale_dtype, len(rows)) for m in layers.mappings(model, True)]
+        units = [scaling.AwqUnit(m, scheme.weights, scale_dtype, sum(map(len, rows))) for m in layers.mappings(model, True)]
         algorithm = f"AWQ scales (grid of {scaling.AWQ_GRID}, no clipping search), then round-to-nearest"
     else:
         units = [scaling.SmoothQuantUnit(m) for m in layers.mappings(model, False)]
