@@ -298,3 +298,14 @@ def test_stop_while_calibrating_cancels_and_leaves_nothing(runs, tmp_path, monke
         export(runs["llama"], "gptq-int4", stop=stop, out=str(out), calibration_samples=4)
     assert caught.value.kind == "cancelled" and "while writing" in caught.value.message
     assert not out.exists() and not list(tmp_path.glob(".stopped.*"))
+
+
+def test_group_size_is_the_largest_that_divides_every_width_or_refused():
+    def linears(*widths):
+        return {str(i): torch.nn.Linear(w, 8) for i, w in enumerate(widths)}
+
+    assert layers.group_size(linears(256, 768)) == 128
+    assert layers.group_size(linears(64, 128)) == 64
+    assert layers.group_size(linears(96, 160)) == 32
+    with pytest.raises(ValueError, match="multiples of 32"):
+        layers.group_size(linears(100, 128))

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from backend.errors import JobError
 from backend.export.calibrated import gptq, grid, layers, samples, scaling
 from backend.export.calibrated.collect import calibrate
 from backend.export.merge import DTYPES, TrainedRun, placement
@@ -45,7 +46,10 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     model = AutoModelForCausalLM.from_pretrained(scratch, dtype=DTYPES[dtype], **placement(device),
                                                  trust_remote_code=trust, **LOAD_KWARGS).eval()
     linears = layers.quantized_linears(model)
-    group = layers.group_size(linears) if fmt != "w8a8" else 0
+    try:
+        group = layers.group_size(linears) if fmt != "w8a8" else 0
+    except ValueError as exc:
+        raise JobError("bad_input", f"{fmt}: {exc}", "export w8a8 or gguf-q8_0 instead") from None
     scheme = grid.scheme(fmt, group)
     rows, described = samples.calibration_rows(run.config, tokenizer, calibration_samples)
     qparams: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
