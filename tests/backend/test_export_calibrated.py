@@ -77,6 +77,19 @@ def test_each_format_is_written_in_compressed_tensors_reloaded_and_checked(runs,
     assert torch.allclose(codes, codes.round(), atol=1e-3)
     low, high = (-128, 127) if fmt == "w8a8" else (-8, 7)
     assert low <= codes.round().min() and codes.round().max() <= high
+    # The check's loader: 16-bit weights, fp32 products, and compressed-tensors' forward still rounding W8A8's inputs.
+    from backend.export.calibrated.writer import load_calibrated_export
+
+    checked, _, dtype = load_calibrated_export(out, "bf16", "cpu")
+    layer = checked.get_submodule("model.layers.0.mlp.down_proj")
+    assert dtype == "bf16" and layer.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        rounded_inputs = checked(torch.tensor([[1, 4, 300, 517, 700]])).logits
+        for module in checked.modules():
+            if getattr(module, "quantization_scheme", None) is not None:
+                module.quantization_enabled = False
+        plain_inputs = checked(torch.tensor([[1, 4, 300, 517, 700]])).logits
+    assert torch.equal(rounded_inputs, plain_inputs) == (fmt != "w8a8")
 
 
 def test_gpt2_and_moe_models_are_refused_in_one_line_before_anything_loads(tmp_path):

@@ -19,6 +19,7 @@ from backend.errors import JobError
 from backend.export.calibrated import gptq, grid, layers, samples, scaling
 from backend.export.calibrated.collect import calibrate
 from backend.export.merge import DTYPES, TrainedRun, placement
+from backend.export.verify import _fp32_linear as verify_fp32_linear
 from backend.hub_kernels import LOAD_KWARGS
 
 log = logging.getLogger(__name__)
@@ -106,23 +107,31 @@ def _finish_folder(scratch: Path, tmp: Path, tokenizer: Any) -> None:
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+class Fp32ProductLinear(torch.nn.Linear):
+    """A 16-bit linear layer whose product runs in fp32 (verify.cpu_products_in_fp32's product, which the
+    check's other layers get), under compressed-tensors' own forward, which still rounds W8A8's inputs."""
+
+    forward = verify_fp32_linear
+
+
 def load_calibrated_export(path: Path, dtype: str, device: str, trust_remote_code: bool = False) -> tuple[Any, str, str]:
-    """(model as transformers loads the folder through compressed-tensors, description, the dtype it
-    computes in). On a CPU the 16-bit file is widened to fp32, exactly, so that the check's products run
-    in fp32 like the reference's without replacing compressed-tensors' forward (which quantizes W8A8's
-    activations)."""
+    """(model as transformers loads the folder through compressed-tensors, description, the dtype it holds).
+    On a CPU the unpacked layers multiply in fp32 like the reference's, their weights staying 16-bit."""
     from transformers import AutoModelForCausalLM
 
-    compute = DTYPES[dtype] if device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=compute, **placement(device),
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **placement(device),
                                                  trust_remote_code=trust_remote_code, **LOAD_KWARGS).eval()
     quantized = [m for m in model.modules() if getattr(m, "quantization_scheme", None) is not None]
     if not quantized:
         raise RuntimeError(f"{path} did not load quantized: no compressed-tensors layers")
     with torch.no_grad():  # compressed-tensors unpacks the weights on the first forward pass
         model(input_ids=torch.tensor([[0]], device=device), use_cache=False)
+    if device == "cpu":
+        for module in quantized:
+            if type(module) is torch.nn.Linear:
+                module.__class__ = Fp32ProductLinear
     acts = quantized[0].quantization_scheme.input_activations
     what = "8-bit dynamic per-token activations" if acts is not None else "16-bit activations"
+    products = ", products in fp32" if device == "cpu" else ""
     return model, (f"transformers with compressed-tensors, {len(quantized)} linear layers unpacked from the file's "
-                   f"integers and scales, {what}, computing in {str(compute).removeprefix('torch.')} "
-                   f"on {device}"), {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[compute]
+                   f"integers and scales to {dtype}, {what}{products}, on {device}"), dtype
