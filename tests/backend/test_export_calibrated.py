@@ -134,7 +134,7 @@ def test_gptq_output_error_is_well_below_plain_rounding_and_stays_on_the_grid():
     hessian = gptq.Hessian(128, x.device)
     for chunk in x.split(100):
         hessian.add(chunk)
-    rounded, scale, _ = gptq.quantize(weight, hessian.matrix, args, torch.float32)
+    rounded, scale, _ = gptq.quantize(weight, *gptq.inverse_factor(hessian), args, torch.float32)
     plain_scale, _ = grid.weight_qparams(weight, args, torch.float32)
     plain = grid.fake_quantize(weight, plain_scale, args)
     error = (x @ (rounded - weight).T).pow(2).mean()

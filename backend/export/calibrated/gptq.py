@@ -16,7 +16,7 @@ class Hessian:
     """The running X^T X of one input, shared by the linear layers that read it."""
 
     def __init__(self, columns: int, device: torch.device):
-        self.matrix = torch.zeros(columns, columns, dtype=torch.float32, device=device)
+        self.matrix: torch.Tensor | None = torch.zeros(columns, columns, dtype=torch.float32, device=device)
         self.tokens = 0
 
     def add(self, x: torch.Tensor) -> None:
@@ -28,19 +28,28 @@ class Hessian:
         self.tokens = total
 
 
-def quantize(weight: torch.Tensor, hessian: torch.Tensor, args: object,
+def inverse_factor(running: Hessian) -> tuple[torch.Tensor, torch.Tensor]:
+    """(upper Cholesky factor of H's inverse, H damped; columns no token reached): computed once for all
+    the layers that share H, taking H from `running` and consuming it, so at most two H-sized matrices live."""
+    hessian, running.matrix = running.matrix, None
+    dead = torch.diag(hessian) == 0
+    hessian[dead, dead] = 1.0
+    hessian.diagonal().add_(DAMPING * torch.mean(torch.diag(hessian)))
+    factor = torch.linalg.cholesky(hessian)
+    del hessian
+    inverse = torch.cholesky_inverse(factor)
+    del factor
+    return torch.linalg.cholesky(inverse, upper=True), dead
+
+
+def quantize(weight: torch.Tensor, inverse: torch.Tensor, dead: torch.Tensor, args: object,
              scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the rounded weight, fp32; its scale; its zero point): groups are the blocks error is spread over,
     each group's scale taken from its columns as the errors before it left them."""
     w = weight.float().clone()
+    w[:, dead] = 0.0
     rows, columns = w.shape
     group = args.group_size or columns
-    h = hessian.clone()
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
-    w[:, dead] = 0.0
-    h.diagonal().add_(DAMPING * torch.mean(torch.diag(h)))
-    inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     low, high = bounds(args)
     out = torch.zeros_like(w)
     scales, zeros = [], []
@@ -88,11 +97,13 @@ class GptqUnit:
     def finish(self) -> None:
         if self.hessian is None:
             return
+        inverse, dead = inverse_factor(self.hessian)
+        self.hessian = None
         for linear in self.linears:
-            rounded, scale, zero = quantize(linear.weight, self.hessian.matrix, self.args, self.scale_dtype)
+            rounded, scale, zero = quantize(linear.weight, inverse.to(linear.weight.device), dead, self.args,
+                                            self.scale_dtype)
             linear.weight.copy_(rounded.to(linear.weight.dtype))
             self.qparams[linear] = (scale, zero)
-        self.hessian = None
 
 
 def shared_inputs(layers: dict[str, torch.nn.Linear]) -> list[list[torch.nn.Linear]]:
