@@ -18,6 +18,7 @@ import torch
 from backend.errors import JobError
 from backend.export.calibrated import gptq, grid, layers, samples, scaling
 from backend.export.calibrated.collect import calibrate
+from backend.export.memory import release
 from backend.export.merge import DTYPES, TrainedRun, placement
 from backend.export.verify import _fp32_linear as verify_fp32_linear
 from backend.hub_kernels import LOAD_KWARGS
@@ -66,6 +67,7 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
         algorithm = f"SmoothQuant (alpha {scaling.SMOOTHING}), then per-channel round-to-nearest int8 weights"
     budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
     passes = calibrate(model, rows, units, budget, should_stop)
+    release()  # the calibration's activations, handed back before the packed copies are made
     for linear in linears.values():
         if linear not in qparams:
             qparams[linear] = grid.weight_qparams(linear.weight, scheme.weights, scale_dtype)
@@ -77,6 +79,7 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
             scale, zero = qparams[linear]
             linear.weight_scale.copy_(scale.reshape(linear.weight_scale.shape).to(linear.weight_scale.dtype))
             linear.weight_zero_point.copy_(zero.reshape(linear.weight_zero_point.shape).to(linear.weight_zero_point.dtype))
+    release()
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
     model.save_pretrained(tmp, safe_serialization=True)
