@@ -18,7 +18,13 @@ FORMATS: dict[str, str] = {
     "gguf-q8_0": "GGUF, 8-bit Q8_0 weights (about 1.06 bytes/parameter), for llama.cpp and Ollama",
     "gguf-q5_0": "GGUF, 5-bit Q5_0 weights (about 0.69 bytes/parameter), for llama.cpp and Ollama",
     "gguf-q4_0": "GGUF, 4-bit Q4_0 weights (about 0.56 bytes/parameter), for llama.cpp and Ollama",
+    "gptq-int4": "merged model, 4-bit GPTQ weights calibrated on the run's data (compressed-tensors; vLLM, transformers)",
+    "awq-int4": "merged model, 4-bit AWQ-scaled weights calibrated on the run's data (compressed-tensors; vLLM, transformers)",
+    "w8a8": "merged model, SmoothQuant then 8-bit weights and activations (compressed-tensors; vLLM, transformers)",
 }
+
+CALIBRATED = ("gptq-int4", "awq-int4", "w8a8")
+"""Formats calibrated on the run's training data (backend/export/calibrated/)."""
 
 GGUF_TYPES: dict[str, str] = {"gguf-f16": "F16", "gguf-q8_0": "Q8_0", "gguf-q5_0": "Q5_0", "gguf-q4_0": "Q4_0"}
 """GGUF format -> the GGML type of its 2-D weights (1-D tensors stay F32, odd rows F16)."""
@@ -51,6 +57,9 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "gguf-q5_0": (0.15, 0.90),
     "gguf-q4_0": (0.25, 0.85),
     "bnb-4bit": (0.25, 0.85),
+    "gptq-int4": (0.25, 0.85),  # 4-bit groups like Q4_0, with the rounding fitted to the run's data
+    "awq-int4": (0.25, 0.85),
+    "w8a8": (0.10, 0.90),  # 8-bit weights as Q8_0, plus every linear layer's input rounded to 8 bits per token
 }
 """Each check's tolerance against the trained model measured in the export's 16-bit dtype (a GGUF is
 read back in the precision it holds: backend/export/gguf_check.py's read_dtype)."""
@@ -71,6 +80,9 @@ ALTERNATIVES: dict[str, list[tuple[str, str | None]]] = {
     "gguf-q5_0": [("gguf-q8_0", None), ("gguf-f16", None)],
     "gguf-q4_0": [("gguf-q5_0", None), ("gguf-q8_0", None)],
     "bnb-4bit": [("bnb-8bit", None), ("gguf-q8_0", None), ("adapter", None)],
+    "gptq-int4": [("awq-int4", None), ("w8a8", None)],
+    "awq-int4": [("gptq-int4", None), ("w8a8", None)],
+    "w8a8": [("gguf-q8_0", None), ("merged", None)],
 }
 """What to try after a failed check: never the (format, dtype) that failed."""
 

@@ -38,6 +38,8 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=list(DTYPES), default=None,
                         help="16-bit type of merged and bnb exports, and of the check (default: the base's own; "
                              "bf16 for an fp32 base)")
+    parser.add_argument("--calibration-samples", type=int, metavar="N", default=None,
+                        help="rows of the run's training data gptq-int4, awq-int4 and w8a8 calibrate on (default 128)")
     parser.set_defaults(func=cmd_export)
     return parser
 
@@ -105,6 +107,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite)}
     if args.dtype:
         params["dtype"] = args.dtype
+    if args.calibration_samples is not None:
+        params["calibration_samples"] = args.calibration_samples
     err = sys.stderr
     err.write(f"exporting {folder.path} as {args.format} -> {out}\n")
     started = time.time()

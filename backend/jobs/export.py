@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -26,113 +25,23 @@ from typing import Any
 import torch
 
 from backend.config.run_config import RunConfig
-from backend.api.errors import JobError, bad_input
+from backend.api.errors import JobError
 from backend.export.checkpoint_files import CheckpointFiles
-from backend.api.export_formats import FORMATS, failure_hint, is_gguf, overwrite_refusal, tolerance
-from backend.api.export_formats import DTYPES as DTYPE_NAMES
+from backend.api.export_formats import CALIBRATED, FORMATS, failure_hint, is_gguf, tolerance
+from backend.export.calibrated.support import refuse
+from backend.export.calibrated.writer import load_calibrated_export, write_calibrated
 from backend.export.memory import StagePeaks, release
+from backend.jobs.export_target import Export, estimate_bytes, human_bytes
 from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
 from backend.api.export_report import (FAILED, NOT_VERIFIED, PASSED, REPORT, ExportFacts, build_report, check_outcome,
                                        figure, verdict)
 from backend.api.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
-from backend.api.runs import fsync_tree
-from backend.api.processes import alive
 from backend.api.reporter import Reporter
 from backend.api.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 STAGES = ("check", "load_model", "measure", "write", "verify", "report")
 DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
-class Export:
-    """The options of one export, parsed from StartJob.params, and its folders."""
-
-    def __init__(self, run_dir: Path, params: dict[str, Any]):
-        unknown = set(params) - {"format", "out", "overwrite", "dtype"}
-        if unknown:
-            raise bad_input(f"unknown export option(s) {sorted(unknown)}; known: format, out, overwrite, dtype")
-        self.fmt = params.get("format")
-        if self.fmt not in FORMATS:
-            raise bad_input(f"export format {self.fmt!r} is not one of {', '.join(FORMATS)}")
-        self.dtype = params.get("dtype") or None  # None: the base's own 16-bit dtype, decided once it is read
-        if self.dtype is not None and self.dtype not in DTYPE_NAMES:
-            raise bad_input(f"export dtype {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
-        self.overwrite = bool(params.get("overwrite", False))
-        self.out = Path(params.get("out") or run_dir / "exports" / self.fmt).expanduser().absolute()
-        self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
-
-    def check_target(self, run: TrainedRun) -> None:
-        """Refuse an existing export (without overwrite) and any folder that holds the run's own files."""
-        out = self.out.resolve()
-        protected = [run.folder.path, run.weights_dir, run.base_path, run.folder.checkpoints_dir]
-        for path in protected:
-            path = path.resolve()
-            if out == path or out in path.parents or (path != run.folder.path.resolve() and path in out.parents):
-                raise bad_input(f"{self.out} would overwrite the run's own files ({path}); pick another --out")
-        refusal = overwrite_refusal(self.out)
-        if refusal:
-            raise bad_input(refusal.replace("pick another folder", "pick another --out").replace(
-                "pick a new or empty folder", "pass --out with a new or empty folder"))
-        if self.out.exists() and any(self.out.iterdir()) and not self.overwrite:
-            raise bad_input(f"{self.out} already holds an export; pass --overwrite to replace it, "
-                            "or --out to write somewhere else")
-        for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):
-            pid = stale.name.rsplit("-", 1)[-1]
-            if not (pid.isdigit() and alive(int(pid))):
-                shutil.rmtree(stale, ignore_errors=True)  # left by an export that was killed
-
-    def free_bytes(self) -> int:
-        probe = self.out.parent
-        while not probe.exists():
-            probe = probe.parent
-        return shutil.disk_usage(probe).free
-
-    def disk_full(self, needed: int) -> JobError:
-        return JobError(
-            "disk_full",
-            f"the disk holding {self.out.parent} is full: this {self.fmt} export needs about {_human(needed)} free "
-            f"and {_human(self.free_bytes())} is free now; nothing was left behind",
-            "free some space there, or pass --out on a disk with more room",
-        )
-
-    def place(self) -> None:
-        """Rename the finished temporary folder into place (replacing the old export when overwriting)."""
-        fsync_tree(self.tmp)
-        old = None
-        if self.out.exists():
-            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
-            os.replace(self.out, old)
-        os.replace(self.tmp, self.out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def estimate_bytes(fmt: str, source: Any, run: TrainedRun, gguf_bytes: int | None = None) -> int:
-    """Disk the export needs while it is written (the bnb formats also hold a 16-bit scratch copy)."""
-    if fmt == "adapter":
-        size = sum(p.stat().st_size for p in run.weights_dir.iterdir() if p.is_file())
-        return int(size * 1.05) + 1024 * 1024
-    params = source.parameter_count()
-    linear = source.linear_parameter_count()
-    sixteen = params * 2
-    if fmt == "merged":
-        size = sixteen
-    elif fmt == "bnb-8bit":
-        size = sixteen + linear * 1 + (params - linear) * 2
-    elif fmt == "bnb-4bit":
-        size = sixteen + int(linear * 0.53) + (params - linear) * 2
-    else:
-        size = gguf_bytes or sixteen
-    return int(size * 1.05) + 1024 * 1024  # tokenizer, metadata, report
 
 
 def run_export(
@@ -197,7 +106,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
     log.info("trained model: perplexity %.4f over %d tokens in %.1f s", expected.perplexity, expected.tokens,
              timings["reference"])
 
-    stage("write", f"{FORMATS[job.fmt]} (about {_human(needed)}) into {job.tmp.name}")
+    stage("write", f"{FORMATS[job.fmt]} (about {human_bytes(needed)}) into {job.tmp.name}")
     peaks.start("write")
     clock = time.monotonic()
     job.out.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +165,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
 
 def _refuse_unsupported(job: Export, run: TrainedRun) -> None:
     """Refusals that need a package or a probe, before anything large is loaded."""
+    refuse(job.fmt, run)
     if is_gguf(job.fmt):
         import importlib.util
 
@@ -318,6 +228,9 @@ def _write(job: Export, run: TrainedRun, source: Any, tokenizer: Any, gguf_expor
         elif job.fmt.startswith("bnb-"):
             bits = 4 if job.fmt == "bnb-4bit" else 8
             hf_writer.write_bnb(source, run, tokenizer, job.tmp, bits, job.dtype, progress, should_stop)
+        elif job.fmt in CALIBRATED:
+            notes += write_calibrated(job.fmt, source, run, tokenizer, job.tmp, job.dtype, job.calibration_samples,
+                                      check_device(), progress, should_stop)
         else:
             from backend.export.modelfile import modelfile
 
@@ -377,6 +290,8 @@ def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: 
         check_dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
     elif job.fmt == "merged":
         model, loaded_as = hf_writer.load_merged_export(job.tmp, job.dtype, device, trust)
+    elif job.fmt in CALIBRATED:
+        model, loaded_as, check_dtype = load_calibrated_export(job.tmp, job.dtype, device, trust)
     else:
         model, loaded_as = hf_writer.load_bnb_export(job.tmp, 4 if job.fmt == "bnb-4bit" else 8, job.dtype, device,
                                                      trust)

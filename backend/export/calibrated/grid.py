@@ -1,0 +1,51 @@
+"""The integer grid the file stores, from compressed-tensors' own arguments and helpers, so that what the
+algorithms round to is exactly what its compressor packs and vLLM and transformers unpack."""
+
+from __future__ import annotations
+
+import torch
+
+SCHEMES = {"gptq-int4": "W4A16", "awq-int4": "W4A16", "w8a8": "W8A8"}
+"""Export format -> compressed-tensors preset: 4-bit symmetric weights in groups (16-bit activations);
+8-bit symmetric per-channel weights with 8-bit dynamic per-token activations."""
+
+
+def scheme(fmt: str, group: int) -> object:
+    from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+
+    chosen = preset_name_to_scheme(SCHEMES[fmt], ["Linear"])
+    if chosen.weights.group_size is not None:
+        chosen.weights.group_size = group
+    return chosen
+
+
+def weight_qparams(weight: torch.Tensor, args: object, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero point) of a whole weight by its min and max, per group or per output channel; the
+    scale is rounded to `dtype`, the dtype the file stores it in, before anything is rounded with it."""
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    w = weight.float()
+    if args.group_size:
+        w = w.reshape(w.shape[0], -1, args.group_size)
+        low, high = w.amin(-1), w.amax(-1)
+    else:
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    scale, zero = calculate_qparams(low, high, args)
+    return scale.to(dtype), zero
+
+
+def bounds(args: object) -> tuple[int, int]:
+    from compressed_tensors.quantization.utils import calculate_range
+
+    low, high = calculate_range(args, torch.device("cpu"))
+    return int(low), int(high)
+
+
+def fake_quantize(weight: torch.Tensor, scale: torch.Tensor, args: object) -> torch.Tensor:
+    """The weight rounded to the grid (symmetric: zero point 0) and back, in fp32."""
+    low, high = bounds(args)
+    w = weight.float()
+    s = scale.float()
+    if args.group_size:
+        s = s.repeat_interleave(args.group_size, dim=1)
+    return torch.clamp(torch.round(w / s), low, high) * s

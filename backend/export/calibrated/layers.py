@@ -1,0 +1,103 @@
+"""Where a calibrated export acts in a model: its decoder layers' linear layers, and for the scaling
+algorithms (AWQ, SmoothQuant) which norm or linear layer feeds which linear layers.
+
+A per-input-channel scale s can be folded into a model without changing what it computes only where the
+layer feeding those channels can absorb 1/s: a norm's weight (Gemma's norms multiply by 1 + weight),
+or the rows of up_proj, whose output reaches down_proj through an elementwise product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ATTENTION_INPUTS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.qkv_proj",))
+MLP_INPUTS = (("mlp.gate_proj", "mlp.up_proj"), ("mlp.gate_up_proj",))
+
+
+@dataclass
+class Mapping:
+    """`linears` all read the output of `feeder` (a norm, or up_proj for down_proj)."""
+
+    name: str
+    feeder: nn.Module
+    linears: list[nn.Linear]
+    plus_one: bool = False  # the feeder is a Gemma norm: it multiplies by (1 + weight)
+
+    def fold(self, scale: torch.Tensor) -> None:
+        """Divide the feeder's output channels by `scale` and multiply the linears' input columns by it."""
+        with torch.no_grad():
+            weight = self.feeder.weight
+            s = scale.to(weight.device, torch.float32)
+            if isinstance(self.feeder, nn.Linear):
+                weight.copy_((weight.float() / s[:, None]).to(weight.dtype))
+            elif self.plus_one:
+                weight.copy_(((1.0 + weight.float()) / s - 1.0).to(weight.dtype))
+            else:
+                weight.copy_((weight.float() / s).to(weight.dtype))
+            bias = getattr(self.feeder, "bias", None)
+            if bias is not None:
+                bias.copy_((bias.float() / s).to(bias.dtype))
+            for linear in self.linears:
+                linear.weight.copy_((linear.weight.float() * s.to(linear.weight.device)).to(linear.weight.dtype))
+
+
+def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """(name, modules) of the model's stack of decoder layers: the first ModuleList of blocks holding Linears."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) and any(
+                isinstance(m, nn.Linear) for m in module[0].modules()):
+            return name, module
+    raise ValueError("no stack of decoder layers with nn.Linear layers found")
+
+
+def quantized_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """Every nn.Linear inside the decoder layers (the embeddings and lm_head stay 16-bit), by full name."""
+    prefix, _ = decoder_layers(model)
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name.startswith(prefix + ".")}
+
+
+def _get(layer: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return layer.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _first_present(layer: nn.Module, options: tuple[tuple[str, ...], ...]) -> list[nn.Linear]:
+    for names in options:
+        found = [_get(layer, n) for n in names]
+        if all(isinstance(m, nn.Linear) for m in found):
+            return found  # type: ignore[return-value]
+    return []
+
+
+def mappings(model: nn.Module, with_up_down: bool) -> list[Mapping]:
+    """The foldable (feeder -> linears) pairs of every decoder layer, in the order the layers run."""
+    prefix, layers = decoder_layers(model)
+    found: list[Mapping] = []
+    for index, layer in enumerate(layers):
+        where = f"{prefix}.{index}"
+        attention_norm = _get(layer, "input_layernorm")
+        mlp_norm = _get(layer, "pre_feedforward_layernorm") or _get(layer, "post_attention_layernorm")
+        for norm, linears, what in ((attention_norm, _first_present(layer, ATTENTION_INPUTS), "attention"),
+                                    (mlp_norm, _first_present(layer, MLP_INPUTS), "mlp")):
+            if norm is not None and getattr(norm, "weight", None) is not None and linears:
+                plus_one = type(norm).__name__.startswith("Gemma")
+                found.append(Mapping(f"{where} {what}", norm, linears, plus_one))
+        up, down, gate = _get(layer, "mlp.up_proj"), _get(layer, "mlp.down_proj"), _get(layer, "mlp.gate_proj")
+        if with_up_down and isinstance(up, nn.Linear) and isinstance(down, nn.Linear) and isinstance(gate, nn.Linear):
+            found.append(Mapping(f"{where} up->down", up, [down]))
+    return found
+
+
+def group_size(linears: dict[str, nn.Linear], preferred: int = 128) -> int:
+    """The largest of 128, 64, 32 (the sizes vLLM's 4-bit kernels take) dividing every layer's input width."""
+    for size in (preferred, 64, 32):
+        if size <= preferred and all(m.in_features % size == 0 for m in linears.values()):
+            return size
+    widths = sorted({m.in_features for m in linears.values()})
+    raise ValueError(f"input widths {widths} are not all multiples of 32, which 4-bit groups need")

@@ -1,0 +1,63 @@
+"""Which models a calibrated export takes, decided from config.json before anything loads. Torch-free."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from backend.api.export_formats import CALIBRATED
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+"""model_types whose decoder layers are plain nn.Linear layers behind named norms (layers.py); tested on
+llama, qwen2 and gemma3_text."""
+REASONS = {
+    "gpt2": "GPT-2 keeps its weights in Conv1D layers (transposed), which compressed-tensors does not quantize "
+            "and vLLM would load transposed",
+}
+
+
+def refusal(fmt: str, config: dict[str, Any]) -> str:
+    """Why `fmt` cannot be written for a model with this config.json ("" when it can)."""
+    if fmt not in CALIBRATED:
+        return ""
+    if importlib.util.find_spec("compressed_tensors") is None:
+        return "the compressed-tensors package is not installed"
+    model_type = config.get("model_type", "?")
+    if model_type in REASONS:
+        return f"model_type {model_type}: {REASONS[model_type]}"
+    if any(config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        return f"model_type {model_type} routes to experts whose weights are not nn.Linear layers"
+    if model_type not in ARCHITECTURES:
+        return f"model_type {model_type} is not one of {', '.join(ARCHITECTURES)}"
+    return ""
+
+
+KNOWN_PARAMS = ("format", "out", "overwrite", "dtype", "calibration_samples")
+"""The export job's options (calibration_samples: the calibrated formats only)."""
+DEFAULT_SAMPLES = 128
+MAX_SAMPLES = 1024
+"""More rows only lengthen the export: the statistics the algorithms use settle well before this."""
+
+
+def calibration_samples(value: object) -> int:
+    """The export option `calibration_samples` (rows of training data to calibrate on), checked."""
+    from backend.api.errors import bad_input
+
+    if value is None:
+        return DEFAULT_SAMPLES
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAMPLES:
+        raise bad_input(f"export option calibration_samples={value!r} must be a whole number from 1 to {MAX_SAMPLES}",
+                        f"pass calibration_samples between 1 and {MAX_SAMPLES} (default {DEFAULT_SAMPLES})")
+    return value
+
+
+def refuse(fmt: str, run: Any) -> None:
+    """JobError in one line when `fmt` cannot be written for this run's model (nothing is loaded)."""
+    from backend.api.errors import JobError
+    from backend.export.checkpoint_files import read_config
+
+    if fmt not in CALIBRATED:
+        return
+    problem = refusal(fmt, read_config(run.weights_dir if run.full else run.base_path))
+    if problem:
+        raise JobError("bad_input", f"{fmt}: {problem}", "export merged, gguf-q8_0 or gguf-q4_0 instead")

@@ -1,0 +1,140 @@
+"""Writing and reloading a calibrated export: merged 16-bit scratch copy -> calibrated and quantized in
+memory -> compressed-tensors folder (config.json's quantization_config, packed int4 or int8 weights).
+
+The scratch copy is the merged export itself (hf_writer.write_merged: a QLoRA base dequantized from the
+very NF4 weights it trained against), so "merge, then quantize" shares every line of the merged path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from backend.api.errors import JobError
+from backend.export.calibrated import gptq, grid, layers, samples, scaling
+from backend.export.calibrated.collect import calibrate
+from backend.export.memory import release
+from backend.export.merge import DTYPES, TrainedRun, placement
+from backend.export.verify import _fp32_linear as verify_fp32_linear
+from backend.api.hub_kernels import LOAD_KWARGS
+
+log = logging.getLogger(__name__)
+STATISTICS_SHARE = 0.25
+"""The calibration statistics held at once, as a share of the model's 16-bit size (more takes more passes)..."""
+STATISTICS_FLOOR = 64 * 1024 * 1024
+"""...or this many bytes, whichever is more: below it a pass costs more time than its memory is worth."""
+
+
+def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp: Path, dtype: str,
+                     calibration_samples: int, device: str,
+                     progress: Callable[[int, int], None] | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> list[str]:
+    """Write `fmt` into `tmp`; returns the report's notes (calibration data, passes, group size)."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from transformers import AutoModelForCausalLM
+
+    from backend.export import hf_writer
+
+    scratch = tmp / ".scratch-16bit"
+    scratch.mkdir()
+    hf_writer.write_merged(source, run, tokenizer, scratch, dtype, progress, should_stop)
+    trust = run.config.model.trust_remote_code
+    model = AutoModelForCausalLM.from_pretrained(scratch, dtype=DTYPES[dtype], **placement(device),
+                                                 trust_remote_code=trust, **LOAD_KWARGS).eval()
+    linears = layers.quantized_linears(model)
+    try:
+        group = layers.group_size(linears) if fmt != "w8a8" else 0
+    except ValueError as exc:
+        raise JobError("bad_input", f"{fmt}: {exc}", "export w8a8 or gguf-q8_0 instead") from None
+    scheme = grid.scheme(fmt, group)
+    rows, described = samples.calibration_rows(run.config, tokenizer, calibration_samples)
+    qparams: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+    scale_dtype = DTYPES[dtype]
+    if fmt == "gptq-int4":
+        units: list = [gptq.GptqUnit(g, scheme.weights, scale_dtype, qparams) for g in gptq.shared_inputs(linears)]
+        algorithm = "GPTQ (block = group, damping 1% of the mean Hessian diagonal, no act-order)"
+    elif fmt == "awq-int4":
+        units = [scaling.AwqUnit(m, scheme.weights, scale_dtype, sum(map(len, rows))) for m in layers.mappings(model, True)]
+        algorithm = f"AWQ scales (grid of {scaling.AWQ_GRID}, no clipping search), then round-to-nearest"
+    else:
+        units = [scaling.SmoothQuantUnit(m) for m in layers.mappings(model, False)]
+        algorithm = f"SmoothQuant (alpha {scaling.SMOOTHING}), then per-channel round-to-nearest int8 weights"
+    budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
+    passes = calibrate(model, rows, units, budget, should_stop)
+    release()  # the calibration's activations, handed back before the packed copies are made
+    for linear in linears.values():
+        if linear not in qparams:
+            qparams[linear] = grid.weight_qparams(linear.weight, scheme.weights, scale_dtype)
+    ignore = sorted({name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - set(linears))
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=ignore),
+                              show_progress=False)
+    with torch.no_grad():
+        for linear in linears.values():
+            scale, zero = qparams[linear]
+            linear.weight_scale.copy_(scale.reshape(linear.weight_scale.shape).to(linear.weight_scale.dtype))
+            linear.weight_zero_point.copy_(zero.reshape(linear.weight_zero_point.shape).to(linear.weight_zero_point.dtype))
+    release()
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(tmp, safe_serialization=True)
+    del model
+    compressor.update_config(str(tmp))
+    _finish_folder(scratch, tmp, tokenizer)
+    shutil.rmtree(scratch)
+    return [f"calibrated on {described}, {passes} pass(es) over them",
+            f"{algorithm}; {len(linears)} linear layers quantized to the compressed-tensors "
+            f"{_format_name(compressor)} format ({grid.SCHEMES[fmt]}"
+            + (f", groups of {group}" if group else "") + "); kept 16-bit: embeddings, norms"
+            + (f", {', '.join(ignore)}" if ignore else "")]
+
+
+def _format_name(compressor: Any) -> str:
+    fmt = compressor.quantization_config.format
+    return getattr(fmt, "value", str(fmt))
+
+
+def _finish_folder(scratch: Path, tmp: Path, tokenizer: Any) -> None:
+    """The merged copy's generation config and the run's tokenizer beside the quantized weights."""
+    for name in ("generation_config.json",):
+        if (scratch / name).is_file():
+            shutil.copy2(scratch / name, tmp / name)
+    tokenizer.save_pretrained(tmp)
+    config = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+    config["use_cache"] = True
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+class Fp32ProductLinear(torch.nn.Linear):
+    """A 16-bit linear layer whose product runs in fp32 (verify.cpu_products_in_fp32's product, which the
+    check's other layers get), under compressed-tensors' own forward, which still rounds W8A8's inputs."""
+
+    forward = verify_fp32_linear
+
+
+def load_calibrated_export(path: Path, dtype: str, device: str, trust_remote_code: bool = False) -> tuple[Any, str, str]:
+    """(model as transformers loads the folder through compressed-tensors, description, the dtype it holds).
+    On a CPU the unpacked layers multiply in fp32 like the reference's, their weights staying 16-bit."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **placement(device),
+                                                 trust_remote_code=trust_remote_code, **LOAD_KWARGS).eval()
+    quantized = [m for m in model.modules() if getattr(m, "quantization_scheme", None) is not None]
+    if not quantized:
+        raise RuntimeError(f"{path} did not load quantized: no compressed-tensors layers")
+    with torch.no_grad():  # compressed-tensors unpacks the weights on the first forward pass
+        model(input_ids=torch.tensor([[0]], device=device), use_cache=False)
+    if device == "cpu":
+        for module in quantized:
+            if type(module) is torch.nn.Linear:
+                module.__class__ = Fp32ProductLinear
+    acts = quantized[0].quantization_scheme.input_activations
+    what = "8-bit dynamic per-token activations" if acts is not None else "16-bit activations"
+    products = ", products in fp32" if device == "cpu" else ""
+    return model, (f"transformers with compressed-tensors, {len(quantized)} linear layers unpacked from the file's "
+                   f"integers and scales to {dtype}, {what}{products}, on {device}"), dtype

@@ -1,0 +1,110 @@
+"""One export's request and target: its options parsed from StartJob.params, its folders, and the disk it needs.
+
+Kept apart from the job (backend/jobs/export.py) so the job reads as the stages it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from backend.api.errors import JobError, bad_input
+from backend.api.export_formats import CALIBRATED, FORMATS, overwrite_refusal
+from backend.api.export_formats import DTYPES as DTYPE_NAMES
+from backend.api.processes import alive
+from backend.api.runs import fsync_tree
+from backend.export.calibrated.support import KNOWN_PARAMS, calibration_samples
+from backend.export.merge import TrainedRun
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+class Export:
+    """The options of one export, parsed from StartJob.params, and its folders."""
+
+    def __init__(self, run_dir: Path, params: dict[str, Any]):
+        unknown = set(params) - set(KNOWN_PARAMS)
+        if unknown:
+            raise bad_input(f"unknown export option(s) {sorted(unknown)}; known: {', '.join(KNOWN_PARAMS)}")
+        self.fmt = params.get("format")
+        if self.fmt not in FORMATS:
+            raise bad_input(f"export format {self.fmt!r} is not one of {', '.join(FORMATS)}")
+        self.dtype = params.get("dtype") or None  # None: the base's own 16-bit dtype, decided once it is read
+        if self.dtype is not None and self.dtype not in DTYPE_NAMES:
+            raise bad_input(f"export dtype {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+        self.overwrite = bool(params.get("overwrite", False))
+        self.calibration_samples = calibration_samples(params.get("calibration_samples"))  # calibrated formats
+        self.out = Path(params.get("out") or run_dir / "exports" / self.fmt).expanduser().absolute()
+        self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
+
+    def check_target(self, run: TrainedRun) -> None:
+        """Refuse an existing export (without overwrite) and any folder that holds the run's own files."""
+        out = self.out.resolve()
+        protected = [run.folder.path, run.weights_dir, run.base_path, run.folder.checkpoints_dir]
+        for path in protected:
+            path = path.resolve()
+            if out == path or out in path.parents or (path != run.folder.path.resolve() and path in out.parents):
+                raise bad_input(f"{self.out} would overwrite the run's own files ({path}); pick another --out")
+        refusal = overwrite_refusal(self.out)
+        if refusal:
+            raise bad_input(refusal.replace("pick another folder", "pick another --out").replace(
+                "pick a new or empty folder", "pass --out with a new or empty folder"))
+        if self.out.exists() and any(self.out.iterdir()) and not self.overwrite:
+            raise bad_input(f"{self.out} already holds an export; pass --overwrite to replace it, "
+                            "or --out to write somewhere else")
+        for stale in self.out.parent.glob(f".{self.out.name}.partial-*"):
+            pid = stale.name.rsplit("-", 1)[-1]
+            if not (pid.isdigit() and alive(int(pid))):
+                shutil.rmtree(stale, ignore_errors=True)  # left by an export that was killed
+
+    def free_bytes(self) -> int:
+        probe = self.out.parent
+        while not probe.exists():
+            probe = probe.parent
+        return shutil.disk_usage(probe).free
+
+    def disk_full(self, needed: int) -> JobError:
+        return JobError(
+            "disk_full",
+            f"the disk holding {self.out.parent} is full: this {self.fmt} export needs about {human_bytes(needed)} free "
+            f"and {human_bytes(self.free_bytes())} is free now; nothing was left behind",
+            "free some space there, or pass --out on a disk with more room",
+        )
+
+    def place(self) -> None:
+        """Rename the finished temporary folder into place (replacing the old export when overwriting)."""
+        fsync_tree(self.tmp)
+        old = None
+        if self.out.exists():
+            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+            os.replace(self.out, old)
+        os.replace(self.tmp, self.out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def estimate_bytes(fmt: str, source: Any, run: TrainedRun, gguf_bytes: int | None = None) -> int:
+    """Disk the export needs while it is written (the bnb formats also hold a 16-bit scratch copy)."""
+    if fmt == "adapter":
+        size = sum(p.stat().st_size for p in run.weights_dir.iterdir() if p.is_file())
+        return int(size * 1.05) + 1024 * 1024
+    params = source.parameter_count()
+    linear = source.linear_parameter_count()
+    sixteen = params * 2
+    if fmt == "merged":
+        size = sixteen
+    elif fmt == "bnb-8bit":
+        size = sixteen + linear * 1 + (params - linear) * 2
+    elif fmt == "bnb-4bit" or fmt in CALIBRATED:  # w8a8 holds 8-bit weights: less than bnb-8bit's 16-bit copy
+        size = sixteen + int(linear * (1.0 if fmt == "w8a8" else 0.53)) + (params - linear) * 2
+    else:
+        size = gguf_bytes or sixteen
+    return int(size * 1.05) + 1024 * 1024  # tokenizer, metadata, report
