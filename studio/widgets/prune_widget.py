@@ -35,6 +35,18 @@ from backend.api.runs import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 
+FIELDS = (("--drop-layers", "Drop layers"), ("--layers", "the least important layers"),
+          ("--drop-heads", "Drop head groups per layer"), ("--ffn-keep", "Keep FFN channels"))
+"""The CLI's flags, as the refusals shared with the CLI name them, and the fields they are here."""
+
+
+def in_words(message: str) -> str:
+    """A refusal shared with the CLI, naming this tab's fields instead of the CLI's flags."""
+    for flag, field in FIELDS:
+        message = message.replace(flag, field)
+    return message
+
+
 class PruneWidget(QGroupBox):
     """Rank / Prune / Stop, the picks, an output folder, a status line and the ranking or report as text."""
 
@@ -145,7 +157,7 @@ class PruneWidget(QGroupBox):
                 if problem:
                     return problem.replace("pass --overwrite", "tick Overwrite").replace("--out", "another folder")
         except JobError as exc:
-            return exc.message
+            return in_words(exc.message)
         except ValueError as exc:
             return f"cannot read {folder.config_path}: {exc}"
         return ""

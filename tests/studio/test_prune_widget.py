@@ -90,3 +90,11 @@ def test_a_runs_last_report_shows_when_it_is_picked(qtbot, make_studio):
     studio.window.show_page("export")
     assert "parameters:  4,196,608 -> 3,409,664" in studio.pages["export"].prune.text.toPlainText()
     assert isinstance(folder, RunFolder)
+
+
+def test_refusals_name_the_tabs_fields_not_the_clis_flags():
+    from studio.widgets.prune_widget import in_words
+
+    said = in_words("--drop-layers 9: out of range; this model has 2 layers (at most --layers 1)")
+    assert "--" not in said and said.startswith("Drop layers 9: out of range")
+    assert in_words("--drop-heads 3: too many; drop at most 1 per layer").startswith("Drop head groups per layer 3")
