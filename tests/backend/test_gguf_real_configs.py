@@ -179,11 +179,18 @@ def _llama_cpp_check() -> Any:
     return module
 
 
+LLAMA_CPP_CASES = [pytest.param(name, marks=pytest.mark.xfail(
+    raises=ValueError, strict=True,
+    reason="llama.cpp sets token attributes on </s>, <unk>, <s> and <|endoftext|> for any model named phi-3 "
+           "(llama-vocab.cpp), which the real Phi tokenizer has and the bundled one standing in here lacks"))
+    if name.startswith("microsoft--Phi-3") else name for name in SHRUNK]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                     reason="llama_cpp is not importable: build llama-cpp-python from source to run this check "
                            "(bench/llama_cpp_check.py prints how)")
-@pytest.mark.parametrize("name", list(SHRUNK))
+@pytest.mark.parametrize("name", LLAMA_CPP_CASES)
 def test_llama_cpp_reads_each_real_config_gguf_like_transformers(name, runs, tmp_path):
     """llama.cpp's logits on the exported GGUF against the merged model's in transformers (fp32, weights
     rounded to F16 as the file stores them), with bench/llama_cpp_check.py's comparison and bounds."""
