@@ -25,6 +25,10 @@ FORMATS: dict[str, str] = {
 
 CALIBRATED = ("gptq-int4", "awq-int4", "w8a8")
 """Formats calibrated on the run's training data (backend/export/calibrated/)."""
+CALIBRATION_SAMPLES_DEFAULT = 128
+CALIBRATION_SAMPLES_MAX = 1024
+"""Rows of training data a calibrated export fits its scales to: more only lengthen the export, since
+the statistics the algorithms use settle well before this."""
 
 GGUF_TYPES: dict[str, str] = {"gguf-f16": "F16", "gguf-q8_0": "Q8_0", "gguf-q5_0": "Q5_0", "gguf-q4_0": "Q4_0"}
 """GGUF format -> the GGML type of its 2-D weights (1-D tensors stay F32, odd rows F16)."""

@@ -26,13 +26,22 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
-from backend.api.export_formats import DTYPES, EXPORT_REPORT, FORMATS, overwrite_refusal
+from backend.api.export_formats import (
+    CALIBRATED,
+    CALIBRATION_SAMPLES_DEFAULT,
+    CALIBRATION_SAMPLES_MAX,
+    DTYPES,
+    EXPORT_REPORT,
+    FORMATS,
+    overwrite_refusal,
+)
 from backend.api.protocol import MetricsLogged, PhaseChanged
 from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.services.open_folder import open_folder
@@ -82,6 +91,13 @@ class ExportPage(QWidget):
             self.dtype_combo.addItem(name, name)
         self.dtype_combo.setToolTip("16-bit type of the merged weights: the base's own 16-bit type (bf16 for an fp32 "
                                     "base), or bf16 (keeps the range) or fp16 (keeps the precision)")
+        self.samples_spin = QSpinBox()
+        self.samples_spin.setRange(1, CALIBRATION_SAMPLES_MAX)
+        self.samples_spin.setValue(CALIBRATION_SAMPLES_DEFAULT)
+        self.samples_spin.setSuffix(" rows")
+        self.samples_spin.setToolTip("Rows of the run's training data (spread evenly over it, at most 512 tokens each) "
+                                     "that GPTQ, AWQ and SmoothQuant fit their scales to. More take longer; "
+                                     f"{CALIBRATION_SAMPLES_DEFAULT} is the default, as the CLI's --calibration-samples.")
         self.out_edit = QLineEdit()
         self.out_edit.textEdited.connect(self._on_out_edit_text_edited)
         self.browse_button = QPushButton("Browse…")
@@ -92,8 +108,11 @@ class ExportPage(QWidget):
         self.overwrite_check = QCheckBox("Overwrite an existing export in that folder")
         form = QFormLayout()
         form.addRow("Format", self.format_combo)
-        form.addRow("", self.format_help)
         form.addRow("Weights dtype", self.dtype_combo)
+        self.samples_label = QLabel("Calibration")
+        self.samples_label.setToolTip(self.samples_spin.toolTip())
+        form.addRow(self.samples_label, self.samples_spin)
+        self.export_form = form
         form.addRow("Output folder", out_row)
         form.addRow("", self.overwrite_check)
 
@@ -118,6 +137,7 @@ class ExportPage(QWidget):
         export_box = QGroupBox("Export")
         export_layout = QVBoxLayout(export_box)
         export_layout.addLayout(form)
+        export_layout.addWidget(self.format_help)  # under the form: as a form row its wrapped lines were cut off
         export_layout.addLayout(buttons)
         export_layout.addWidget(self.progress)
         export_layout.addWidget(self.status_label)
@@ -182,8 +202,9 @@ class ExportPage(QWidget):
         self._update_buttons()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
-        self.format_help.setText(FORMATS.get(self.fmt(), ""))
+        self.format_help.setText(f"{self.fmt()}: {FORMATS.get(self.fmt(), '')}")
         self.dtype_combo.setEnabled(self.fmt() in DTYPE_FORMATS)
+        self.export_form.setRowVisible(self.samples_label, self.fmt() in CALIBRATED)
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
 
@@ -226,6 +247,8 @@ class ExportPage(QWidget):
                                   "overwrite": self.overwrite_check.isChecked()}
         if self.fmt() in DTYPE_FORMATS and self.dtype_combo.currentData():
             params["dtype"] = self.dtype_combo.currentData()
+        if self.fmt() in CALIBRATED:
+            params["calibration_samples"] = self.samples_spin.value()
         self._out = out
         self.report.clear("Exporting…")
         self.progress.setRange(0, 0)

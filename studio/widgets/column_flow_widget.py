@@ -5,8 +5,9 @@ horizontal scroll bar and cut fields. This widget puts each box in its column (t
 arrangement) when every column fits at its minimum width, and stacks them all, in the order they
 were added, otherwise; inside a vertical scroll area that leaves only a vertical scroll bar. Its
 minimum width is the one-column arrangement's, so a scroll area may always narrow it. A box added
-with `column=None` goes, in two columns, to whichever column is shorter then (a tall DPO/KTO/GRPO
-section on the left sends the boxes after it to the right), so the page scrolls less.
+with `column=None` goes, in two columns, to whichever column is shorter then, the tallest free box
+first (a tall DPO/KTO/GRPO section on the left sends the boxes after it to the right), so the page
+scrolls less.
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ class ColumnFlowWidget(QWidget):
         if any(column is None for _, column in self._boxes):
             self._place()
 
+    @staticmethod
+    def _two_column_order(item: tuple[QWidget, int | None]) -> tuple[bool, int]:
+        """The fixed boxes first, then the free ones tallest first: the greedy split that leaves the
+        columns closest in height (the shorter column takes each in turn)."""
+        box, column = item
+        return column is None, -box.sizeHint().height() if column is None and not box.isHidden() else 0
+
     def _place(self) -> None:
         """Move every box to its column: its own with two columns, the first in reading order with one."""
         for column in self._columns:
@@ -81,7 +89,7 @@ class ColumnFlowWidget(QWidget):
                 column.removeWidget(box)
         heights = [0, 0]
         order = self._boxes if self.column_count == 1 else \
-            sorted(self._boxes, key=lambda item: item[1] is None)  # two columns: the fixed boxes first
+            sorted(self._boxes, key=self._two_column_order)
         for box, column in order:
             if self.column_count == 1:
                 column = 0

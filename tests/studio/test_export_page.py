@@ -205,3 +205,45 @@ def test_open_folder_without_a_file_manager_says_so_in_the_status_line(qtbot, ma
     text = page.status_label.text()
     assert "No file manager could open" in text and str(folder.path) in text  # no export yet: the run folder
     assert page.status_label.textInteractionFlags() & Qt.TextInteractionFlag.TextSelectableByMouse
+
+
+def test_calibrated_formats_ask_how_many_rows_to_calibrate_on_and_pass_it_to_the_job(qtbot, make_studio):
+    from backend.export.calibrated.support import calibration_samples
+
+    studio = make_studio(fake_command("normal"))
+    finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    started = []
+    page.jobs.start = lambda folder, config, job, params: started.append(params)
+    page.set_format("merged")
+    assert not page.samples_spin.isVisibleTo(page) and not page.samples_label.isVisibleTo(page)
+    page.export_button.click()
+    assert "calibration_samples" not in started[-1]  # only the calibrated formats read it
+    for fmt in ("gptq-int4", "awq-int4", "w8a8"):
+        page.set_format(fmt)
+        assert page.samples_spin.isVisibleTo(page) and "--calibration-samples" in page.samples_spin.toolTip()
+    assert page.samples_spin.value() == calibration_samples(None)  # the CLI's default
+    page.samples_spin.setValue(32)
+    page.export_button.click()
+    assert started[-1]["format"] == "w8a8" and started[-1]["calibration_samples"] == 32
+    page.samples_spin.setValue(100_000)  # the box holds what the job accepts
+    assert calibration_samples(page.samples_spin.value()) == page.samples_spin.value()
+
+
+def test_the_format_help_shows_every_line_in_a_small_window(qtbot, make_studio):
+    from PySide6.QtWidgets import QApplication
+
+    studio = make_studio(fake_command("normal"))
+    finished_run(studio)
+    page = studio.pages["export"]
+    studio.window.resize(1024, 700)
+    studio.window.show_page("export")
+    qtbot.waitExposed(studio.window)
+    for fmt in ("merged", "gptq-int4", "adapter", "w8a8", "gguf-q4_0"):  # as a form row it kept another text's height
+        page.set_format(fmt)
+        for _ in range(3):
+            QApplication.processEvents()
+        help_label = page.format_help
+        assert help_label.text().startswith(f"{fmt}: ")
+        assert help_label.height() >= help_label.heightForWidth(help_label.width()), fmt

@@ -54,7 +54,9 @@ def test_reward_editor_add_edit_remove_round_trip_into_the_config(qtbot, make_st
     studio = make_studio()
     page = studio.pages["techniques"]
     page.editor("technique.objective").setCurrentText("grpo")
-    editor = page.rewards
+    page.rewards.edit_button.click()
+    editor = page.rewards.editor
+    assert page.rewards.dialog.isVisible() and editor.isVisible()
     assert editor.list.count() == 1 and editor.problem() == ""  # the default exact_match reward
     editor.new_kind.setCurrentText("regex")
     editor.add_button.click()
@@ -62,10 +64,14 @@ def test_reward_editor_add_edit_remove_round_trip_into_the_config(qtbot, make_st
     assert "Reward 2 (regex)" in editor.problem() and "\n" not in editor.problem()
     assert not editor.fields["column"].isVisibleTo(editor) and editor.fields["pattern"].isVisibleTo(editor)
     assert "grpo.rewards" in studio.config.problem()
+    assert page.rewards.problem() == editor.problem()  # the page says it too, under the rewards' lines
     editor.fields["pattern"].setText("^(yes|no)$")
     editor.fields["pattern"].editingFinished.emit()
     editor.weight.setValue(0.5)
     assert editor.problem() == "" and studio.config.problem() == ""
+    assert page.rewards.text().splitlines() == ["exact_match · answer · ×1", "regex · ^(yes|no)$ · ×0.5"]
+    assert "regex · ^(yes|no)$ · weight 0.5" in page.rewards.lines.toolTip()
+    assert not page.rewards.problem_label.isVisibleTo(page)
     editor.add("python")
     rewards_file = tmp_path / "my_rewards.py"
     rewards_file.write_text("raise SystemExit('the studio must never import this')\n", encoding="utf-8")
@@ -91,6 +97,9 @@ def test_reward_editor_add_edit_remove_round_trip_into_the_config(qtbot, make_st
     for _ in range(3):
         editor.remove(0)
     assert "at least one reward" in editor.problem() and studio.config.problem()
+    assert page.rewards.text() == "none" and "at least one reward" in page.rewards.problem()
+    page.rewards.dialog.close()
+    assert studio.config.get("grpo.rewards") == []  # closing keeps what was edited: there is no Apply
 
 
 def test_a_loaded_grpo_preset_fills_the_editor(qtbot, make_studio):
@@ -101,7 +110,7 @@ def test_a_loaded_grpo_preset_fills_the_editor(qtbot, make_studio):
     page = studio.pages["techniques"]
     assert page.editor("technique.objective").currentText() == "grpo"
     assert page.editor("grpo.max_completion_length").value() == 8 and _shown(page, "grpo.num_generations")
-    assert page.rewards.rewards() == [{"kind": "exact_match", "column": "answer", "weight": 1.0}]
+    assert page.rewards.editor.rewards() == [{"kind": "exact_match", "column": "answer", "weight": 1.0}]
     assert page.command_line.text().endswith("tiny_grpo.yaml")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from backend.api.export_formats import CALIBRATED
+from backend.api.export_formats import CALIBRATED, CALIBRATION_SAMPLES_DEFAULT, CALIBRATION_SAMPLES_MAX
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 """model_types whose decoder layers are plain nn.Linear layers behind named norms (layers.py); tested on
@@ -34,9 +34,8 @@ def refusal(fmt: str, config: dict[str, Any]) -> str:
 
 KNOWN_PARAMS = ("format", "out", "overwrite", "dtype", "calibration_samples")
 """The export job's options (calibration_samples: the calibrated formats only)."""
-DEFAULT_SAMPLES = 128
-MAX_SAMPLES = 1024
-"""More rows only lengthen the export: the statistics the algorithms use settle well before this."""
+DEFAULT_SAMPLES = CALIBRATION_SAMPLES_DEFAULT
+MAX_SAMPLES = CALIBRATION_SAMPLES_MAX
 
 
 def calibration_samples(value: object) -> int:
