@@ -22,6 +22,7 @@ from typing import Any
 
 from backend.config.run_config import RunConfig
 from backend.training.data import preference_shapes
+from backend.training.data.long_fields import cut_long_fields
 from backend.training.data.tokenized import split_rows
 from backend.training.objectives.trl_counting import build_trl_trainer
 
@@ -58,10 +59,10 @@ def build_preference_datasets(config: RunConfig, tokenizer: Any) -> tuple[Any, A
     path = config.resolved_data_path()
     pairs = read_pairs(path, config.data.max_examples)
     chat = bool(getattr(tokenizer, "chat_template", None))
-    rows = [as_trl_example(pair, chat, path) for pair in pairs]
+    rows, cut = cut_long_fields([as_trl_example(pair, chat, path) for pair in pairs], config.train.seq_len)
     train_rows, eval_rows = split_rows(config, rows)
     fmt = "preference pairs" + (" (chat template)" if chat else " (text)")
-    stats = PreferenceStats(len(rows), len(train_rows), len(eval_rows), fmt)
+    stats = PreferenceStats(len(rows), len(train_rows), len(eval_rows), fmt, (cut,) if cut else ())
     return Dataset.from_list(train_rows), (Dataset.from_list(eval_rows) if eval_rows else None), stats
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from backend.config.run_config import RunConfig
 from backend.api.errors import bad_input
 from backend.api.protocol import CompletionScored
+from backend.training.data.long_fields import cut_long_fields
 from backend.training.data.tokenized import split_rows
 from backend.training.data.prompt_records import read_prompts
 from backend.training.objectives.rewards import RewardFn, completion_text, reward_functions
@@ -55,10 +56,10 @@ def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Any, Any, PromptS
     columns = tuple(dict.fromkeys(r.column for r in config.grpo.rewards if r.kind == "exact_match"))
     records = read_prompts(path, columns, config.data.max_examples)
     chat = bool(getattr(tokenizer, "chat_template", None))
-    rows = [as_trl_row(r, chat, str(path)) for r in records]
+    rows, cut = cut_long_fields([as_trl_row(r, chat, str(path)) for r in records], config.train.seq_len)
     train_rows, eval_rows = split_rows(config, rows)
     fmt = "prompts" + (" (chat template)" if chat else " (text)")
-    stats = PromptStats(len(rows), len(train_rows), len(eval_rows), fmt)
+    stats = PromptStats(len(rows), len(train_rows), len(eval_rows), fmt, (cut,) if cut else ())
     return Dataset.from_list(train_rows), (Dataset.from_list(eval_rows) if eval_rows else None), stats
 
 

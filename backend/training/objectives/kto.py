@@ -21,6 +21,7 @@ from backend.config.run_config import RunConfig
 from backend.api.errors import bad_input
 from backend.training.data.tokenized import split_rows
 from backend.training.objectives.dpo import PreferenceStats
+from backend.training.data.long_fields import cut_long_fields
 from backend.training.data.preference_shapes import as_trl_row, read_unpaired
 from backend.training.objectives.trl_counting import build_trl_trainer
 
@@ -46,6 +47,8 @@ def build_datasets(config: RunConfig, tokenizer: Any) -> tuple[Any, Any, Prefere
 
     chat = bool(getattr(tokenizer, "chat_template", None))
     rows, notes = kto_rows(config, chat)
+    rows, cut = cut_long_fields(rows, config.train.seq_len)
+    notes += [cut] if cut else []
     train_rows, eval_rows = split_rows(config, rows)
     random.Random(config.train.seed).shuffle(train_rows)  # batches mix labels; TRL samples in order
     good = sum(1 for r in rows if r["label"])
