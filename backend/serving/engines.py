@@ -53,6 +53,11 @@ def installed(module: str) -> bool:
         return False
 
 
+LLAMA_CPP_SERVER = ("llama_cpp.server", "sse_starlette", "starlette_context", "pydantic_settings", "fastapi", "uvicorn")
+"""llama_cpp.server and the modules its app imports (the `server` extra): llama-cpp-python built
+without the extra has the first and fails on the second at start."""
+
+
 def choose_engine(source: ServeSource, engine: str, device: str) -> str:
     """The engine `auto` means, or a one-line ValueError for one that cannot serve this export here."""
     gguf = is_gguf(source.fmt)
@@ -64,7 +69,7 @@ def choose_engine(source: ServeSource, engine: str, device: str) -> str:
     if engine == "llama-cpp" and not gguf:
         raise ValueError(f"--engine llama-cpp serves a GGUF export; {source.serve_path} is {source.fmt} "
                          "(`--format gguf-q8_0` names the run's GGUF export)")
-    if engine == "llama-cpp" and not installed("llama_cpp.server"):
+    if engine == "llama-cpp" and not all(map(installed, LLAMA_CPP_SERVER)):
         raise ValueError("llama-cpp-python's server is not installed, so the GGUF export cannot be served here: "
                          "`pip install 'llama-cpp-python[server]'`, or serve the merged export (--format merged)")
     if engine == "vllm" and not installed("vllm"):

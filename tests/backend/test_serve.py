@@ -87,6 +87,9 @@ def test_gguf_goes_to_llama_cpp_or_says_why_not(tmp_path, monkeypatch):
     monkeypatch.setattr(engines, "installed", lambda module: False)
     with pytest.raises(ValueError, match=r"llama-cpp-python's server is not installed.*--format merged"):
         choose_engine(source, "auto", "cpu")
+    monkeypatch.setattr(engines, "installed", lambda module: module != "sse_starlette")  # built without [server]
+    with pytest.raises(ValueError, match=r"llama-cpp-python\[server\]"):
+        choose_engine(source, "auto", "cpu")
     monkeypatch.setattr(engines, "installed", lambda module: True)
     assert choose_engine(source, "auto", "cpu") == "llama-cpp"
     with pytest.raises(ValueError, match="served by llama.cpp"):
@@ -164,10 +167,10 @@ def test_the_server_process_never_fetches_a_flash_attention_kernel(monkeypatch):
 
 # --- the embedded server on the bundled model -----------------------------------------------------
 
-def start_cli(model: Path) -> dict:
-    """`finetune-studio serve MODEL --port 0 --device cpu`, read until it says ready."""
+def start_cli(model: Path | str, *more: str) -> dict:
+    """`finetune-studio serve MODEL --port 0 --device cpu [MORE]`, read until it says ready."""
     process = subprocess.Popen([*module_command("backend.cli"), "serve", str(model), "--port", "0",
-                                "--device", "cpu"], env=worker_env(), stdout=subprocess.PIPE,
+                                "--device", "cpu", *more], env=worker_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     ready = threading.Event()
