@@ -4,8 +4,9 @@ Three engines serve the OpenAI API on 127.0.0.1: the embedded default, `transfor
 continuous batching (installs with the project's `serve` extra; CPU or GPU), vLLM where it is
 installed (its line from the serving estimate, sizing.py), and llama.cpp's server for a GGUF export
 where llama-cpp-python is installed. A calibrated export (gptq-int4, awq-int4, w8a8: compressed-tensors)
-goes to transformers, which loads it through compressed-tensors on the CPU too, or to vLLM. Every engine gets a token it requires and an offline environment
-(no Hub downloads, no Hub kernels), and loads the local folder.
+goes to transformers, which loads it through compressed-tensors on the CPU too, or to vLLM. Every engine
+gets a token it requires and an offline environment (no Hub downloads, no Hub kernels), and loads the
+local folder.
 """
 
 from __future__ import annotations

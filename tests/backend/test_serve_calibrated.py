@@ -59,6 +59,20 @@ def test_a_run_serves_its_calibrated_export_first_when_it_has_no_merged_one(run)
     assert resolve(str(run), "gptq-int4").serve_path == str(run / "exports" / "gptq-int4")
 
 
+def test_a_run_without_the_calibrated_export_names_the_command_that_makes_it(tmp_path, capsys):
+    from backend.api.runs import RunFolder
+    from backend.config.run_config import RunConfig
+    from tests.conftest import PRESET
+
+    folder = RunFolder.create(RunConfig.load(PRESET, ["name=no-export"]), root=tmp_path)
+    assert main(["serve", str(folder.path), "--format", "awq-int4", "--port", "0", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"make it first with `finetune-studio export {folder.path} --format awq-int4`" in err and "\n" not in err
+    assert main(["serve-estimate", str(folder.path), "--format", "awq-int4", "--card-gb", "24", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["weights_how"].startswith("predicted from config.json: int4") and "not exported yet" in data["notes"][0]
+
+
 @pytest.mark.parametrize("fmt", CALIBRATED)
 def test_each_calibrated_export_goes_to_transformers_or_vllm_never_llama_cpp(run, fmt, monkeypatch):
     export = run / "exports" / fmt
