@@ -70,7 +70,8 @@ def cmd_serve_estimate(args: argparse.Namespace) -> int:
 
 
 def _gib(value: int) -> str:
-    return f"{value / GIB:.2f} GiB"
+    """GiB to two places; MiB below a hundredth of a GiB, where GiB would print 0.00."""
+    return f"{value / GIB:.2f} GiB" if value >= GIB / 100 else f"{value / 2**20:.2f} MiB"
 
 
 def format_result(r: dict[str, Any]) -> str:

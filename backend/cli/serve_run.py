@@ -41,12 +41,13 @@ def add_serve_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         "serve", help="serve a run's export on 127.0.0.1 with an OpenAI-compatible API (continuous batching)",
         description="Start an OpenAI-compatible server for a run's export (or a model folder) on 127.0.0.1:\n"
                     "transformers serve with continuous batching by default (CPU or GPU), vLLM where it is\n"
-                    "installed and a GPU is used, llama.cpp's server for a GGUF export. The server requires\n"
-                    "a token (printed once). Ctrl-C stops it and every process it started.",
+                    "installed and a GPU is used, llama.cpp's server for a GGUF export. The calibrated exports\n"
+                    "(gptq-int4, awq-int4, w8a8) load through compressed-tensors in transformers and vLLM.\n"
+                    "The server requires a token (printed once). Ctrl-C stops it and every process it started.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="RUN_DIR", help="a run folder, an export folder, or a model folder")
     parser.add_argument("--format", choices=list(SERVED_FORMATS), default=None,
-                        help="which export to serve (default: the run's first export, else merged)")
+                        help="which export to serve (default: the run's first export in this order, else merged)")
     parser.add_argument("--port", type=_port, default=8000, help="port on 127.0.0.1 (default 8000; 0 picks a free one)")
     parser.add_argument("--engine", choices=ENGINES, default="auto",
                         help="auto: llama-cpp for GGUF, vllm when installed and not --device cpu, else transformers")

@@ -1,7 +1,7 @@
 """The serving estimate: what an export needs on a card under vLLM, and the `vllm serve` line it implies.
 
 kv_cache.py counts the KV cache (per token, per sequence, sliding windows at their window),
-weights.py the weights by export format, sizing.py vLLM's memory split and solves it for
+weights.py the weights by export format (calibrated.py: a compressed-tensors export's from its files), sizing.py vLLM's memory split and solves it for
 max_num_seqs at a context and for the context at a concurrency, source.py finds the model in a run,
 export or model folder. `estimate_serving` ties them together for the CLI. Torch-free.
 """
@@ -27,7 +27,7 @@ def estimate_serving(source: ServeSource, card: Card, context: int | None, concu
     if context is not None and context > positions:
         raise ValueError(f"--context {context}: the model takes at most {positions:,} tokens "
                          "(max_position_embeddings); vLLM refuses a longer --max-model-len")
-    sizing = Sizing(arch, dims, source.fmt, card, positions, source.lora_rank)
+    sizing = Sizing(arch, dims, source.fmt, card, positions, source.lora_rank, source.weight_files)
     result: dict[str, Any] = {
         "model": source.serve_path, "format": source.fmt, "model_type": dims.model_type,
         "card_gb": card.gb, "gpu_memory_utilization": card.utilization, "tensor_parallel_size": card.tensor_parallel,

@@ -3,8 +3,10 @@
 Three engines serve the OpenAI API on 127.0.0.1: the embedded default, `transformers serve` with
 continuous batching (installs with the project's `serve` extra; CPU or GPU), vLLM where it is
 installed (its line from the serving estimate, sizing.py), and llama.cpp's server for a GGUF export
-where llama-cpp-python is installed. Every engine gets a token it requires and an offline environment
-(no Hub downloads, no Hub kernels), and loads the local folder.
+where llama-cpp-python is installed. A calibrated export (gptq-int4, awq-int4, w8a8: compressed-tensors)
+goes to transformers, which loads it through compressed-tensors on the CPU too, or to vLLM. Every engine
+gets a token it requires and an offline environment (no Hub downloads, no Hub kernels), and loads the
+local folder.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.api.export_formats import is_gguf
+from backend.api.export_formats import CALIBRATED, is_gguf
 from backend.api.launch import module_command, worker_env
 from backend.serving import Card, estimate_serving
 from backend.serving.source import ServeSource, max_positions
@@ -72,6 +74,10 @@ def choose_engine(source: ServeSource, engine: str, device: str) -> str:
     if engine == "llama-cpp" and not all(map(installed, LLAMA_CPP_SERVER)):
         raise ValueError("llama-cpp-python's server is not installed, so the GGUF export cannot be served here: "
                          "`pip install 'llama-cpp-python[server]'`, or serve the merged export (--format merged)")
+    if engine == "transformers" and source.fmt in CALIBRATED and not installed("compressed_tensors"):
+        raise ValueError(f"the compressed-tensors package is not installed, so transformers cannot load the "
+                         f"{source.fmt} export: `pip install 'compressed-tensors>=0.20,<0.21'`, or serve the merged "
+                         "export (--format merged)")
     if engine == "vllm" and not installed("vllm"):
         raise ValueError("vLLM is not installed: `pip install vllm` on a CUDA machine, or leave --engine out "
                          "to serve with transformers")
@@ -139,14 +145,26 @@ def transformers_launch(source: ServeSource, port: int, token: str, device: str,
             argv += ["--cb-num-blocks", str(-(-seqs * context // PAGE_SIZE))]
     shown = "transformers serve " + " ".join(shlex.quote(a) for a in argv[4:])
     return ServeLaunch("transformers", argv, _env({TOKEN_ENV: token}), source.serve_path, port,
-                       shown + f"  (token required: {TOKEN_ENV}={HIDDEN})", list(source.notes))
+                       shown + f"  (token required: {TOKEN_ENV}={HIDDEN})", list(source.notes) + unpacked_note(source))
+
+
+def unpacked_note(source: ServeSource) -> list[str]:
+    """What transformers does with a calibrated export (measured on the CPU: the log's "Decompressing model"),
+    so nobody takes its speed or memory for the format's."""
+    if source.fmt not in CALIBRATED:
+        return []
+    inputs = " and rounds every linear layer's input to int8 per token" if source.fmt == "w8a8" else ""
+    return [f"transformers unpacks the {source.fmt} integers to 16-bit weights as it loads them (compressed-tensors)"
+            f"{inputs}: it answers as the export does, with 16-bit memory and speed; vLLM on a GPU runs the "
+            "integers themselves"]
 
 
 def vllm_launch(source: ServeSource, port: int, token: str, card: Card, context: int | None = None,
                 concurrency: int | None = None) -> ServeLaunch:
     """The serving estimate's `vllm serve` line for `card`, bound to 127.0.0.1, the token in VLLM_API_KEY:
     the most sequences at `context`, the longest context for `concurrency`, or, both given, those two
-    when they fit (a one-line refusal saying how many fit when they do not)."""
+    when they fit (a one-line refusal saying how many fit when they do not). A calibrated export's line
+    carries no --quantization: vLLM takes compressed-tensors from its config.json (source.py's _export)."""
     if "--enable-lora" not in source.flags and not Path(source.serve_path).exists():
         _needs_merged(source)
     both = context is not None and concurrency is not None

@@ -16,6 +16,7 @@ from typing import Any
 from backend.estimate.architectures import Arch, Dims, all_linears
 from backend.estimate.breakdown import GIB
 from backend.estimate.estimator import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+from backend.serving.calibrated import WeightFiles
 from backend.serving.kv_cache import KVLayout
 from backend.serving.weights import Weights, weight_bytes
 
@@ -98,12 +99,13 @@ def runtime_bytes() -> int:
 class Sizing:
     """One model, one format, one card: solves for sequences at a context and context at a count."""
 
-    def __init__(self, arch: Arch, dims: Dims, fmt: str, card: Card, max_positions: int, lora_rank: int = 0) -> None:
+    def __init__(self, arch: Arch, dims: Dims, fmt: str, card: Card, max_positions: int, lora_rank: int = 0,
+                 files: WeightFiles | None = None) -> None:
         if dims.heads % card.tensor_parallel:
             raise ValueError(f"--tensor-parallel {card.tensor_parallel}: vLLM splits the {dims.heads} attention "
                              "heads evenly over the GPUs; pick a count that divides them")
         self.arch, self.dims, self.card, self.max_positions = arch, dims, card, max_positions
-        weights = weight_bytes(arch, dims, fmt, card.tensor_parallel)
+        weights = weight_bytes(arch, dims, fmt, card.tensor_parallel, files)
         if lora_rank:
             slot = lora_slot_bytes(arch, dims, lora_rank, card.tensor_parallel)
             weights = Weights(weights.bytes + slot, weights.params,
@@ -160,7 +162,7 @@ class Sizing:
         need = self.weights.bytes + self.runtime + activation_bytes(self.arch, self.dims, self.card, 1)
         return (f"the weights ({self.weights.bytes / GIB:.2f} GiB) with the runtime and the profile run need "
                 f"{need / GIB:.2f} GiB, more than {self.card.utilization:g} x {self.card.gb:g} GB "
-                f"= {self.card.budget / GIB:.2f} GiB; pick a smaller format (--format gguf-q4_0, bnb-4bit), "
+                f"= {self.card.budget / GIB:.2f} GiB; pick a smaller format (--format gptq-int4, awq-int4, bnb-4bit, gguf-q4_0), "
                 "a larger card, or --tensor-parallel")
 
 

@@ -3,7 +3,10 @@ config.json to read, the format the server loads, and the path (and flags) vLLM 
 
 A run folder is served from its export of the asked format when one is there; a run without a merged
 export is served as its base with the adapter beside it (vLLM's --enable-lora); a format not yet
-exported is predicted from the base's config.json and said so. Torch-free.
+exported is predicted from the base's config.json and said so. A calibrated export (gptq-int4, awq-int4,
+w8a8) is recognised by its export_report.json, or in a plain model folder by config.json's
+compressed-tensors quantization_config, and its weights are counted from its files (calibrated.py).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from backend.estimate.families import ESTIMATE_FAMILIES, load_model_config, text_part
-from backend.api.export_formats import EXPORT_REPORT, is_gguf
+from backend.api.export_formats import CALIBRATED, EXPORT_REPORT, is_gguf
 from backend.api.serving_options import SERVED_FORMATS
+from backend.serving import calibrated
+from backend.serving.calibrated import WeightFiles
 
-ORDER = ("merged", "bnb-8bit", "bnb-4bit", "gguf-f16", "gguf-q8_0", "gguf-q5_0", "gguf-q4_0")
-"""Which of a run's exports is sized when --format is not given: the first one there."""
+ORDER = SERVED_FORMATS
+"""Which of a run's exports is served or sized when --format is not given: the first one there (why this
+order: serving_options.SERVED_FORMATS)."""
 
 
 @dataclass
@@ -34,6 +40,8 @@ class ServeSource:
     """--max-lora-rank when the adapter is served beside its base (0: no LoRA)."""
     flags: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    weight_files: WeightFiles | None = None
+    """A calibrated export's weights as its safetensors files hold them (None: counted from config.json)."""
 
 
 def resolve(text: str, fmt: str | None) -> ServeSource:
@@ -52,11 +60,26 @@ def resolve(text: str, fmt: str | None) -> ServeSource:
     if (path / EXPORT_REPORT).is_file():
         return _export(path, fmt)
     if (path / "config.json").is_file():
-        return ServeSource(str(path), load_model_config(path), fmt or "merged",
-                           notes=[] if fmt in (None, "merged") else
-                           [f"a model folder sized as if exported to {fmt}; the line serves the folder itself"])
+        return _model_folder(path, load_model_config(path), fmt)
     raise ValueError(f"{path}: no config.json, {EXPORT_REPORT} or config.yaml in it; give a model folder, an export "
                      "or a run folder (`finetune-studio runs list` shows the runs)")
+
+
+def _model_folder(path: Path, config: dict[str, Any], fmt: str | None) -> ServeSource:
+    """A folder with config.json: a compressed-tensors one as the calibrated format it holds, else 16-bit."""
+    scheme = calibrated.scheme_of(config)
+    if scheme:
+        chosen = calibrated.folder_format(path, config, fmt)
+        notes = [] if fmt or scheme != "int4" else [
+            "a compressed-tensors int4 folder: gptq-int4 and awq-int4 are written alike, so it is named gptq-int4"]
+        return ServeSource(str(path), config, chosen, notes=notes, weight_files=calibrated.weight_files(path, config))
+    notes = [] if fmt in (None, "merged") else [
+        f"a model folder sized as if exported to {fmt}; the line serves the folder itself"]
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict):
+        notes.append(f"config.json's quantization_config ({quant.get('quant_method', '?')}) is not a scheme this "
+                     f"project exports; the weights are sized as {fmt or 'merged'}, not from its files")
+    return ServeSource(str(path), config, fmt or "merged", notes=notes)
 
 
 def _export(path: Path, fmt: str | None) -> ServeSource:
@@ -77,9 +100,16 @@ def _export(path: Path, fmt: str | None) -> ServeSource:
         flags = ["--tokenizer", str(path if (path / "tokenizer.json").is_file() else base)]
         return ServeSource(str(path / "model.gguf"), config, written, flags=flags,
                            notes=["vLLM's GGUF loading is experimental; llama.cpp's server loads the same file"])
+    config = load_model_config(path)
+    if written in CALIBRATED:
+        # No --quantization: vLLM reads config.json's quantization_config and takes its quant_method
+        # (compressed-tensors) when the flag is absent (ModelConfig's quantization check; a flag that named
+        # another method would be refused as a mismatch), as llm-compressor's docs serve such folders.
+        calibrated.check_export(path, config, written)
+        return ServeSource(str(path), config, written, weight_files=calibrated.weight_files(path, config))
     if written.startswith("bnb-"):
         flags = ["--quantization", "bitsandbytes"]
-    return ServeSource(str(path), load_model_config(path), written, flags=flags)
+    return ServeSource(str(path), config, written, flags=flags)
 
 
 def _run(path: Path, fmt: str | None) -> ServeSource:

@@ -5,20 +5,23 @@ quantizes the decoder's nn.Linear weights only (backend.estimate.states says why
 and routers stay 16-bit): LLM.int8 1 B plus one fp32 scale per output row; NF4 with double
 quantization as backend.estimate.quantization counts it. GGUF: the block sizes of the GGML types
 (Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.api.export_formats states the same per
-parameter) for every matrix, F32 for 1-D tensors. Torch-free.
+parameter) for every matrix, F32 for 1-D tensors. The calibrated exports (gptq-int4, awq-int4, w8a8):
+the tensors their safetensors files hold when the export is there, else as calibrated.py predicts them
+(4-bit or 8-bit decoder linears with 16-bit scales, the rest 16-bit). Torch-free.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend.api.export_formats import CALIBRATED
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
 from backend.api.serving_options import SERVED_FORMATS
 from backend.estimate.quantization import nf4_bytes
+from backend.serving.calibrated import WeightFiles, predicted
 
 GGUF_BLOCK_BYTES: dict[str, float] = {"gguf-f16": 2.0, "gguf-q8_0": 34 / 32, "gguf-q5_0": 22 / 32, "gguf-q4_0": 18 / 32}
 """GGML type bytes per weight: a block of 32 weights is one fp16 scale plus 8-, 5- or 4-bit values."""
-
 
 
 @dataclass(frozen=True)
@@ -30,9 +33,11 @@ class Weights:
     how: str
 
 
-def weight_bytes(arch: Arch, dims: Dims, fmt: str, tensor_parallel: int = 1) -> Weights:
+def weight_bytes(arch: Arch, dims: Dims, fmt: str, tensor_parallel: int = 1, files: WeightFiles | None = None) -> Weights:
     """The weights of `fmt` on one GPU; tensor parallelism splits every matrix (and vLLM's
-    vocabulary-parallel embedding) across the GPUs, so the share is 1/T of the whole."""
+    vocabulary-parallel embedding) across the GPUs, so the share is 1/T of the whole. `files`: what a
+    calibrated export's safetensors hold (vLLM repacks them for its kernels at the same size: an
+    assumption, not measured here)."""
     counts = count_params(arch, dims)
     total = counts.total
     if fmt == "merged":
@@ -49,6 +54,8 @@ def weight_bytes(arch: Arch, dims: Dims, fmt: str, tensor_parallel: int = 1) -> 
         linear = counts.linear_weights + dims.extra_linear_params
         held = nf4 + 2 * (total - linear)
         how = "NF4 with double quantization: about 0.52 B per linear weight; the rest 16-bit"
+    elif fmt in CALIBRATED:
+        held, how = (files.bytes, files.how) if files is not None else predicted(arch, dims, fmt)
     elif fmt in GGUF_BLOCK_BYTES:
         vectors = counts.norms + counts.linear_biases
         per = GGUF_BLOCK_BYTES[fmt]

@@ -54,6 +54,9 @@ class ServeWidget(QWidget):
         self.format_combo.addItem("the run's first export", None)
         for name in SERVED_FORMATS:
             self.format_combo.addItem(name, name)
+        self.format_combo.setToolTip("which export to serve; gptq-int4, awq-int4 and w8a8 are compressed-tensors "
+                                     "exports: vLLM runs their integers on a GPU, transformers unpacks them to "
+                                     "16-bit (CPU or GPU); a GGUF goes to llama.cpp")
         self.engine_combo = QComboBox()
         for name in ENGINES:
             self.engine_combo.addItem(name, name)

@@ -82,6 +82,17 @@ def test_a_taken_port_is_the_panels_one_red_line(qtbot, bundled_model):
     assert "c0392b" in panel.status_label.styleSheet() and panel.token_edit.text() == ""
 
 
+def test_the_panel_offers_every_served_format_the_calibrated_ones_included(qtbot, bundled_model):
+    panel = ServeWidget()
+    qtbot.addWidget(panel)
+    panel.set_target(str(bundled_model))
+    offered = [panel.format_combo.itemData(i) for i in range(panel.format_combo.count())]
+    assert offered[0] is None and {"gptq-int4", "awq-int4", "w8a8"} <= set(offered[1:])
+    assert "--format" not in panel.argv()
+    panel.format_combo.setCurrentIndex(panel.format_combo.findData("gptq-int4"))
+    assert panel.argv()[panel.argv().index("--format") + 1] == "gptq-int4"
+
+
 def test_the_panel_imports_no_torch():
     code = ("import sys; import studio.widgets.serve_widget; "
             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
