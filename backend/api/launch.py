@@ -28,7 +28,11 @@ WORKER_SCRIPT = Path(__file__).resolve().parent.parent / "worker" / "__main__.py
 
 
 def module_command(module: str, python: str | None = None) -> list[str]:
-    """argv that runs `module` like `python -m module`, never importing from the current folder."""
+    """argv that runs `module` like `python -m module`, never importing from the current folder. In a
+    frozen (PyInstaller) bundle, `<bundle> -m module`: its entry (packaging/pyinstaller) runs `-m` from
+    the bundle's own imports and knows no `-c`."""
+    if python is None and getattr(sys, "frozen", False):
+        return [sys.executable, "-m", module]
     return [python or sys.executable, "-c", ISOLATED, module]
 
 

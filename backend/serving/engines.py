@@ -134,7 +134,8 @@ def transformers_launch(source: ServeSource, port: int, token: str, device: str,
     paged cache is sized by cpu_cache_flags; on a GPU transformers sizes it from free memory (--context and
     --max-num-seqs still bound it)."""
     _needs_merged(source)
-    argv = [*module_command("backend.serving.tf_server"), source.serve_path, "--continuous-batching",
+    command = module_command("backend.serving.tf_server")
+    argv = [*command, source.serve_path, "--continuous-batching",
             "--host", HOST, "--port", str(port), "--device", device, "--log-level", "warning"]
     if device == "cpu":
         argv += cpu_cache_flags(max_positions(source.config), context, seqs)
@@ -143,7 +144,7 @@ def transformers_launch(source: ServeSource, port: int, token: str, device: str,
             argv += ["--max-model-len", str(context)]
         if context and seqs:
             argv += ["--cb-num-blocks", str(-(-seqs * context // PAGE_SIZE))]
-    shown = "transformers serve " + " ".join(shlex.quote(a) for a in argv[4:])
+    shown = "transformers serve " + " ".join(shlex.quote(a) for a in argv[len(command):])
     return ServeLaunch("transformers", argv, _env({TOKEN_ENV: token}), source.serve_path, port,
                        shown + f"  (token required: {TOKEN_ENV}={HIDDEN})", list(source.notes) + unpacked_note(source))
 
