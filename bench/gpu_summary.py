@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # backend.api.export_report (torch-free)
+
 
 def read(path: Path) -> dict:
     try:
@@ -68,10 +70,11 @@ def export_row(name: str, report: dict, step: dict) -> str:
     """The CLI's verdict (a check that could not be run is "not verified", not passed) and its exit status."""
     if not report:
         return f"| export {name} | did not finish (rc {step.get('rc')}) | | | | |"
+    from backend.api.export_report import FAILED, NOT_VERIFIED, check_outcome, report_outcome
+
     checks = report.get("checks", [])
-    verdict = ("FAILED" if not report.get("passed") else
-               "WRITTEN, NOT VERIFIED" if any(c.get("verified") is False for c in checks) else "PASSED")
-    marks = "; ".join(f"{c.get('name')} {'FAILED' if not c.get('passed') else 'not verified' if c.get('verified') is False else 'ok'}"
+    verdict = {FAILED: "FAILED", NOT_VERIFIED: "WRITTEN, NOT VERIFIED"}.get(report_outcome(report), "PASSED")
+    marks = "; ".join(f"{c.get('name')} {({FAILED: 'FAILED', NOT_VERIFIED: 'not verified'}).get(check_outcome(c), 'ok')}"
                       f" ({short(c.get('measured'), 40)})" for c in checks)
     timings = report.get("timings") or {}
     return (f"| export {name} | {verdict}, CLI exit {step.get('rc')} | {short(report.get('loaded_as', ''))} | {marks} | "

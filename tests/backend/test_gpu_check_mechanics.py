@@ -178,3 +178,16 @@ def test_the_top_kernels_are_printed_only_where_mfu_is_under_a_quarter(tmp_path)
     printed = profiles(tmp_path)
     assert "qlora_8b: MFU 12.0%" in printed and "lora_1b" not in printed
     assert "kernel_5" in printed and "kernel_20" not in printed  # the top rows only
+
+
+def test_an_export_that_could_not_be_verified_is_not_called_failed():
+    from gpu_summary import export_row
+
+    not_verified = {"name": "perplexity", "outcome": "not verified", "passed": False, "verified": False,
+                    "measured": "not verified: no reader"}
+    tokenizer = {"name": "tokenizer", "outcome": "passed", "passed": True, "measured": "identical"}
+    row = export_row("gguf", {"outcome": "not verified", "passed": False, "checks": [not_verified, tokenizer]}, {"rc": 0})
+    assert row.startswith("| export gguf | WRITTEN, NOT VERIFIED, CLI exit 0 |")
+    assert "perplexity not verified" in row and "tokenizer ok" in row and "FAILED" not in row
+    failed = dict(not_verified, outcome="failed", verified=True)
+    assert "| FAILED, CLI exit 1 |" in export_row("gguf", {"checks": [failed, tokenizer]}, {"rc": 1})
