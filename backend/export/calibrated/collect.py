@@ -12,6 +12,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from backend.export.memory import trim_heap
 from backend.export.verify import cpu_products_in_fp32
 
 
@@ -59,8 +60,10 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
         finally:
             for handle in handles:
                 handle.remove()
+        trim_heap()  # the passes' activations: the heap keeps them, and each finish's larger blocks are fresh maps
         for unit in group:
             unit.finish()
+            trim_heap()
     return len(groups)
 
 
