@@ -110,6 +110,7 @@ def load_calibrated_export(path: Path, dtype: str, device: str, trust_remote_cod
         raise RuntimeError(f"{path} did not load quantized: no compressed-tensors layers")
     with torch.no_grad():  # compressed-tensors unpacks the weights on the first forward pass
         model(input_ids=torch.tensor([[0]], device=device), use_cache=False)
+    release()  # the unpacking's freed temporaries, which glibc's heap would keep through the check
     if device == "cpu":
         for module in quantized:
             if type(module) is torch.nn.Linear:
