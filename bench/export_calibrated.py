@@ -4,7 +4,8 @@ Trains the bundled model with resources/presets/tiny_lora.yaml (or, with --layer
 Llama with TinyLlama-1.1B's widths and N layers, built as bench/export_memory.py builds it), then runs
 each export in its own process through the export job (bench/export_memory.py's child), so peaks do not
 mix, and prints bench/export_memory.py's table: wall, write and check seconds, peak RSS and peak
-anonymous memory as multiples of the model's 16-bit size.
+anonymous memory as multiples of the model's 16-bit size, and the anonymous peak beyond the process's
+baseline after its imports (the goal: at most 1.5x, export_memory.GOAL).
 
     python bench/export_calibrated.py                 # the bundled model (resources/tiny)
     python bench/export_calibrated.py --layers 2      # TinyLlama widths, 2 layers (about 0.2 B parameters)

@@ -9,7 +9,8 @@ the export job itself. Prints one table: wall time, the write's and the check's 
 the trained model's measurement plus the export's), peak resident memory as a multiple of the
 model's 16-bit size, and which stage peaked. The peaks come from VmHWM (Linux), reset by the job
 at each stage, and beside them the peak anonymous memory (RssAnon sampled every 20 ms): VmHWM also
-counts the pages of the GGUF file transformers maps while its check reads it back.
+counts the pages of the GGUF file transformers maps while its check reads it back. The goal (GOAL) is
+on anonymous memory beyond the process's baseline after its imports, which the table also gives.
 
     python bench/export_memory.py                        # everything, in a temporary folder
     python bench/export_memory.py --work /tmp/em --keep  # keep the model, run and exports
@@ -68,7 +69,7 @@ def one(fmt: str, run_dir: Path, out: Path) -> None:
     import torch
 
     from backend.api.errors import JobError
-    from backend.export.memory import peak_rss_bytes
+    from backend.export.memory import anonymous_bytes, peak_rss_bytes
     from backend.jobs.export import run_export
     from backend.api.runs import RunFolder
     from backend.api.reporter import Reporter
@@ -80,7 +81,7 @@ def one(fmt: str, run_dir: Path, out: Path) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     folder = RunFolder(run_dir)
     config = folder.load_config()
-    baseline = peak_rss_bytes()
+    baseline, baseline_anonymous = peak_rss_bytes(), anonymous_bytes()
     began = time.monotonic()
     error = None
     try:
@@ -89,7 +90,8 @@ def one(fmt: str, run_dir: Path, out: Path) -> None:
     except JobError as exc:
         error = f"{exc.kind}: {exc.message}"
     print("RESULT " + json.dumps({"wall": time.monotonic() - began, "baseline": baseline,
-                                   "end_peak": peak_rss_bytes(), "error": error}))
+                                   "baseline_anonymous": baseline_anonymous, "end_peak": peak_rss_bytes(),
+                                   "error": error}))
 
 
 def run_child(*args: str, env: dict) -> str:
@@ -155,16 +157,30 @@ def main() -> int:
     return 0
 
 
+GOAL = 1.5
+"""The memory goal: every stage's peak anonymous memory beyond the process's baseline after its imports
+(torch, transformers, peft and the export job's modules) at most this many times the model's 16-bit size."""
+
+
+def beyond_baseline(own: dict, baseline: int | None, size: int) -> str:
+    """The highest stage's anonymous peak less the post-import baseline, as a multiple of the 16-bit size."""
+    if not own or not baseline:
+        return "?"
+    stage = max(own, key=own.get)
+    return f"{(own[stage] - baseline) / size:.2f}x ({stage})"
+
+
 def table(rows: list) -> str:
     from backend.api.export_report import report_outcome
     from backend.api.export_report import verdict as report_verdict
 
     lines = ["| format | wall s | write s | check s (trained + export) | peak RSS GB | peak / 16-bit size | "
-             "peak stage | peak anonymous / 16-bit size | check |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "peak stage | peak anonymous / 16-bit size | anonymous beyond baseline / 16-bit size | "
+             "write: anonymous beyond baseline / 16-bit size | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for fmt, result, report in rows:
         if report is None:
-            lines.append(f"| {fmt} | {result['wall']:.0f} | | | | | | refused: {result['error']} |")
+            lines.append(f"| {fmt} | {result['wall']:.0f} | | | | | | | | | refused: {result['error']} |")
             continue
         peaks = {k: v for k, v in report["memory"]["peak_rss_bytes"].items() if v}
         size = report["memory"]["model_16bit_bytes"]
@@ -172,16 +188,23 @@ def table(rows: list) -> str:
         stage = max(peaks, key=peaks.get) if peaks else "?"
         own = {k: v for k, v in (report["memory"].get("peak_anonymous_bytes") or {}).items() if v}
         anonymous = f"{max(own.values()) / size:.2f}x ({max(own, key=own.get)})" if own else "?"
+        base = result.get("baseline_anonymous")
+        beyond = beyond_baseline(own, base, size)
+        write = f"{(own['write'] - base) / size:.2f}x" if base and "write" in own else "?"
         t = report["timings"]
         check = t.get("reference", 0) + t.get("check", 0)
         verdict = report_verdict(report_outcome(report), report["checks"])
         lines.append(f"| {fmt} | {result['wall']:.0f} | {t.get('write', 0):.0f} | {check:.0f} "
                      f"({t.get('reference', 0):.0f} + {t.get('check', 0):.0f}) | {peak / 1e9:.2f} | "
-                     f"{peak / size:.2f}x | {stage} | {anonymous} | {verdict} |")
+                     f"{peak / size:.2f}x | {stage} | {anonymous} | {beyond} | {write} | {verdict} |")
     first = next((r for _, _, r in rows if r), None)
     if first:
+        base = rows[0][1].get("baseline_anonymous")
         lines.append(f"\n16-bit size {first['memory']['model_16bit_bytes'] / 1e9:.2f} GB; process baseline after "
-                     f"imports {rows[0][1]['baseline'] / 1e9:.2f} GB; check budget: {first['check']['budget']}")
+                     f"imports {rows[0][1]['baseline'] / 1e9:.2f} GB peak RSS"
+                     + (f", {base / 1e9:.2f} GB anonymous" if base else "")
+                     + f"; goal: anonymous beyond that baseline <= {GOAL}x the 16-bit size; "
+                     f"check budget: {first['check']['budget']}")
     return "\n".join(lines)
 
 

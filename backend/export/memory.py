@@ -64,6 +64,12 @@ def release() -> None:
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Ask glibc to return the free pages of its heap: tensors below its mmap threshold (which grows to
+    32 MiB as large blocks are freed) come from the heap, which otherwise keeps them once freed."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from backend.export.memory import trim_heap
 from backend.export.verify import cpu_products_in_fp32
 
 
@@ -59,12 +60,17 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
         finally:
             for handle in handles:
                 handle.remove()
+        trim_heap()  # the passes' activations: the heap keeps them, and each finish's larger blocks are fresh maps
         for unit in group:
             unit.finish()
+            trim_heap()
     return len(groups)
 
 
-BATCH_TOKENS = 2048
+BATCH_TOKENS = 1024
+"""Positions per forward pass. The pass's activations and their fp32 products are the calibration's largest
+transient (about 0.3 GB over 2048 tokens at TinyLlama's widths, more than half of a 2-layer model's 16-bit
+size); 1024 halves it for about 10% more time per token (docs/benchmarks.md)."""
 
 
 def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:

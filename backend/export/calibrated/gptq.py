@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from backend.export.calibrated.grid import bounds, weight_qparams
+from backend.export.calibrated.layers import rewrite
 
 DAMPING = 0.01
 """Added to H's diagonal as a share of its mean, so its Cholesky factor exists (the paper's value)."""
@@ -102,7 +103,8 @@ class GptqUnit:
         for linear in self.linears:
             rounded, scale, zero = quantize(linear.weight, inverse.to(linear.weight.device), dead, self.args,
                                             self.scale_dtype)
-            linear.weight.copy_(rounded.to(linear.weight.dtype))
+            rewrite(linear, "weight", rounded)
+            del rounded
             self.qparams[linear] = (scale, zero)
 
 

@@ -32,16 +32,24 @@ class Mapping:
             weight = self.feeder.weight
             s = scale.to(weight.device, torch.float32)
             if isinstance(self.feeder, nn.Linear):
-                weight.copy_((weight.float() / s[:, None]).to(weight.dtype))
+                rewrite(self.feeder, "weight", weight.float() / s[:, None])
             elif self.plus_one:
-                weight.copy_(((1.0 + weight.float()) / s - 1.0).to(weight.dtype))
+                rewrite(self.feeder, "weight", (1.0 + weight.float()) / s - 1.0)
             else:
-                weight.copy_((weight.float() / s).to(weight.dtype))
+                rewrite(self.feeder, "weight", weight.float() / s)
             bias = getattr(self.feeder, "bias", None)
             if bias is not None:
-                bias.copy_((bias.float() / s).to(bias.dtype))
+                rewrite(self.feeder, "bias", bias.float() / s)
             for linear in self.linears:
-                linear.weight.copy_((linear.weight.float() * s.to(linear.weight.device)).to(linear.weight.dtype))
+                rewrite(linear, "weight", linear.weight.float() * s.to(linear.weight.device))
+
+
+def rewrite(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Set a parameter to new memory holding `value` (in the parameter's dtype) rather than writing into it: a
+    loaded weight is a view of the checkpoint file's private mapping, whose written pages would stay resident
+    until the whole file is freed, so packing the layer later could not hand them back."""
+    old = getattr(module, name)
+    setattr(module, name, nn.Parameter(value.to(old.dtype), requires_grad=False))
 
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:

@@ -1,5 +1,6 @@
-"""Writing and reloading a calibrated export: merged 16-bit scratch copy -> calibrated and quantized in
-memory -> compressed-tensors folder (config.json's quantization_config, packed int4 or int8 weights).
+"""Writing and reloading a calibrated export: merged 16-bit scratch copy -> calibrated in memory -> quantized
+and packed one layer at a time (pack.py) -> compressed-tensors folder (config.json's quantization_config,
+packed int4 or int8 weights).
 
 The scratch copy is the merged export itself (hf_writer.write_merged: a QLoRA base dequantized from the
 very NF4 weights it trained against), so "merge, then quantize" shares every line of the merged path.
@@ -16,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from backend.api.errors import JobError
-from backend.export.calibrated import gptq, grid, layers, samples, scaling
+from backend.export.calibrated import gptq, grid, layers, pack, samples, scaling
 from backend.export.calibrated.collect import calibrate
 from backend.export.memory import release
 from backend.export.merge import DTYPES, TrainedRun, placement
@@ -35,8 +36,6 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
                      progress: Callable[[int, int], None] | None = None,
                      should_stop: Callable[[], bool] | None = None) -> list[str]:
     """Write `fmt` into `tmp`; returns the report's notes (calibration data, passes, group size)."""
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
     from transformers import AutoModelForCausalLM
 
     from backend.export import hf_writer
@@ -68,35 +67,17 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
     passes = calibrate(model, rows, units, budget, should_stop)
     release()  # the calibration's activations, handed back before the packed copies are made
-    for linear in linears.values():
-        if linear not in qparams:
-            qparams[linear] = grid.weight_qparams(linear.weight, scheme.weights, scale_dtype)
     ignore = sorted({name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - set(linears))
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=ignore),
-                              show_progress=False)
-    with torch.no_grad():
-        for linear in linears.values():
-            scale, zero = qparams[linear]
-            linear.weight_scale.copy_(scale.reshape(linear.weight_scale.shape).to(linear.weight_scale.dtype))
-            linear.weight_zero_point.copy_(zero.reshape(linear.weight_zero_point.shape).to(linear.weight_zero_point.dtype))
-    release()
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(tmp, safe_serialization=True)
+    compressor = pack.pack(model, linears, qparams, scheme, ignore, scale_dtype, should_stop)
+    pack.save(model, compressor, tmp)
     del model
-    compressor.update_config(str(tmp))
     _finish_folder(scratch, tmp, tokenizer)
     shutil.rmtree(scratch)
     return [f"calibrated on {described}, {passes} pass(es) over them",
             f"{algorithm}; {len(linears)} linear layers quantized to the compressed-tensors "
-            f"{_format_name(compressor)} format ({grid.SCHEMES[fmt]}"
+            f"{pack.format_name(compressor)} format ({grid.SCHEMES[fmt]}"
             + (f", groups of {group}" if group else "") + "); kept 16-bit: embeddings, norms"
             + (f", {', '.join(ignore)}" if ignore else "")]
-
-
-def _format_name(compressor: Any) -> str:
-    fmt = compressor.quantization_config.format
-    return getattr(fmt, "value", str(fmt))
 
 
 def _finish_folder(scratch: Path, tmp: Path, tokenizer: Any) -> None:
@@ -129,6 +110,7 @@ def load_calibrated_export(path: Path, dtype: str, device: str, trust_remote_cod
         raise RuntimeError(f"{path} did not load quantized: no compressed-tensors layers")
     with torch.no_grad():  # compressed-tensors unpacks the weights on the first forward pass
         model(input_ids=torch.tensor([[0]], device=device), use_cache=False)
+    release()  # the unpacking's freed temporaries, which glibc's heap would keep through the check
     if device == "cpu":
         for module in quantized:
             if type(module) is torch.nn.Linear:
