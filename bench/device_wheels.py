@@ -30,6 +30,8 @@ PACKAGES = [
     # what transformers 5.25 needs that the machine lacks or has too old (importlib.metadata.requires)
     "huggingface_hub", "httpx2", "httpcore2", "truststore", "idna", "anyio", "h11", "click", "kernels", "tomlkit",
     "regex",
+    # the calibrated exports' gpu test (tests/backend/test_export_calibrated.py -m gpu)
+    "compressed-tensors",
 ]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]
