@@ -7,6 +7,7 @@ report, the docs and the code state the same numbers (docs/export.md explains ho
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 FORMATS: dict[str, str] = {
@@ -29,6 +30,15 @@ CALIBRATION_SAMPLES_DEFAULT = 128
 CALIBRATION_SAMPLES_MAX = 1024
 """Rows of training data a calibrated export fits its scales to: more only lengthen the export, since
 the statistics the algorithms use settle well before this."""
+GROUP_SIZES = (128, 64, 32)
+"""The 4-bit group sizes vLLM's kernels take, largest first."""
+
+
+def group_size_for(widths: Iterable[int]) -> int | None:
+    """The largest of GROUP_SIZES dividing every input width of the layers quantized in 4-bit groups (None:
+    none does). One rule for the export that writes the groups and the serving estimate that predicts them."""
+    widths = list(widths)
+    return next((size for size in GROUP_SIZES if all(width % size == 0 for width in widths)), None)
 
 GGUF_TYPES: dict[str, str] = {"gguf-f16": "F16", "gguf-q8_0": "Q8_0", "gguf-q5_0": "Q5_0", "gguf-q4_0": "Q4_0"}
 """GGUF format -> the GGML type of its 2-D weights (1-D tensors stay F32, odd rows F16)."""

@@ -9,19 +9,16 @@ and before the export exists they are predicted from config.json the way the exp
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.api.export_formats import group_size_for
+from backend.serving.safetensors_header import safetensors_sum
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
 
 FORMATS_OF = {"int4": ("gptq-int4", "awq-int4"), "w8a8": ("w8a8",)}
 """A scheme the export writes -> the formats written in it (GPTQ and AWQ files are laid out alike)."""
-GROUP_SIZES = (128, 64, 32)
-"""The 4-bit group sizes the export picks from: the largest dividing every quantized layer's input width
-(backend/export/calibrated/layers.py's group_size)."""
 SCALE_BYTES = 2
 """A scale is stored in the export's 16-bit dtype (bf16 or fp16); the schemes are symmetric, so no zero points."""
 SHAPE_BYTES = 16
@@ -104,14 +101,9 @@ def weight_files(path: Path, config: dict[str, Any]) -> WeightFiles:
 
 
 def tensor_bytes(path: Path) -> int:
-    """Bytes of a safetensors file's tensors from its header (8-byte length, then JSON offsets)."""
-    try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
-    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
-        raise ValueError(f"{path}: not a readable safetensors file; export the run again") from None
+    """Bytes of a safetensors file's tensors from its header's offsets."""
+    return safetensors_sum(path, lambda entry: entry["data_offsets"][1] - entry["data_offsets"][0],
+                           "export the run again")
 
 
 def predicted(arch: Arch, dims: Dims, fmt: str) -> tuple[int, str]:
@@ -128,7 +120,7 @@ def predicted(arch: Arch, dims: Dims, fmt: str) -> tuple[int, str]:
         held = sum((lin.inp * lin.out + SCALE_BYTES * lin.out) * n for lin, n in linears)
         how = describe("w8a8", None)
     else:
-        group = next((g for g in GROUP_SIZES if all(lin.inp % g == 0 for lin, _ in linears)), None)
+        group = group_size_for(lin.inp for lin, _ in linears)
         if group is None:
             raise ValueError(f"--format {fmt}: the linear layers' input widths are not all multiples of 32, which "
                              "4-bit groups need; size w8a8 or gguf-q8_0")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from backend.api.export_formats import CALIBRATED, EXPORT_REPORT, is_gguf
 from backend.api.serving_options import SERVED_FORMATS
 from backend.serving import calibrated
 from backend.serving.calibrated import WeightFiles
+from backend.serving.safetensors_header import safetensors_sum
 
 ORDER = SERVED_FORMATS
 """Which of a run's exports is served or sized when --format is not given: the first one there (why this
@@ -154,14 +154,8 @@ def lora_slot(rank: int) -> int:
 
 
 def safetensors_params(path: Path) -> int:
-    """Element count of a safetensors file from its header (8-byte length, then JSON): no tensor read."""
-    try:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        raise ValueError(f"{path}: not a readable safetensors file; train or export the run again") from None
+    """Element count of a safetensors file from its header: no tensor read."""
+    return safetensors_sum(path, lambda entry: math.prod(entry["shape"]), "train or export the run again")
 
 
 def max_positions(raw: dict[str, Any]) -> int:

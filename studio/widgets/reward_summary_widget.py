@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.state.config_state import ConfigState
-from studio.widgets.reward_editor_widget import KEY, RewardEditorWidget, compact, reward_problem, summary
+from studio.widgets.reward_editor_widget import KEY, RewardEditorWidget, reward_problem, summary
 
 
 LINES_WIDTH = 150
@@ -45,7 +45,6 @@ class RewardSummaryWidget(QWidget):
 
     def __init__(self, state: ConfigState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._state = state
         self.lines = QLabel()
         self.lines.setTextFormat(Qt.TextFormat.PlainText)
         self.lines.setMinimumWidth(LINES_WIDTH)
@@ -91,11 +90,7 @@ class RewardSummaryWidget(QWidget):
     def _on_state_changed(self, key: str) -> None:
         if key not in ("", KEY):
             return
-        try:
-            value = self._state.get(KEY)
-        except (KeyError, TypeError):
-            value = None
-        rows = [compact(r) for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+        rows = self.editor.rewards()  # the editor read the config first (it connected to it first)
         self.lines.setText("\n".join(short(r) for r in rows) or "none")
         self.lines.setToolTip("\n".join(summary(r) for r in rows) or "No reward function: GRPO needs one")
         problem = reward_problem(rows)

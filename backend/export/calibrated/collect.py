@@ -70,7 +70,7 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
 BATCH_TOKENS = 1024
 """Positions per forward pass. The pass's activations and their fp32 products are the calibration's largest
 transient (about 0.3 GB over 2048 tokens at TinyLlama's widths, more than half of a 2-layer model's 16-bit
-size); 1024 halves it for about 10% more time per token (docs/benchmarks.md)."""
+size); 1024 halves it for about 4% more time on a GPTQ write (docs/benchmarks.md)."""
 
 
 def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:

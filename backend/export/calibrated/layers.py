@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from backend.api.export_formats import group_size_for
+
 ATTENTION_INPUTS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.qkv_proj",))
 MLP_INPUTS = (("mlp.gate_proj", "mlp.up_proj"), ("mlp.gate_up_proj",))
 
@@ -102,10 +104,10 @@ def mappings(model: nn.Module, with_up_down: bool) -> list[Mapping]:
     return found
 
 
-def group_size(linears: dict[str, nn.Linear], preferred: int = 128) -> int:
-    """The largest of 128, 64, 32 (the sizes vLLM's 4-bit kernels take) dividing every layer's input width."""
-    for size in (preferred, 64, 32):
-        if size <= preferred and all(m.in_features % size == 0 for m in linears.values()):
-            return size
+def group_size(linears: dict[str, nn.Linear]) -> int:
+    """The 4-bit group size for these layers (export_formats.group_size_for: the rule the serving estimate uses)."""
     widths = sorted({m.in_features for m in linears.values()})
-    raise ValueError(f"input widths {widths} are not all multiples of 32, which 4-bit groups need")
+    size = group_size_for(widths)
+    if size is None:
+        raise ValueError(f"input widths {widths} are not all multiples of 32, which 4-bit groups need")
+    return size
