@@ -24,10 +24,10 @@ from pathlib import Path
 path, mode = Path(sys.argv[1]), sys.argv[2]
 t = time.perf_counter()
 if mode == "examples":
-    from backend.training.data.examples import DatasetReader
+    from backend.core.data.examples import DatasetReader
     count = len(DatasetReader(path).examples())
 else:
-    from backend.training.data.dataset_profile import DatasetProfile
+    from backend.core.data.dataset_profile import DatasetProfile
     count = DatasetProfile.read(str(path), "bundled:tiny").count
 seconds = time.perf_counter() - t
 peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024

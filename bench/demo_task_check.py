@@ -5,8 +5,8 @@ lr 2e-3 with linear decay, 60 steps of micro-batch 8, seq_len 256, loss on assis
 lifts the exact-match accuracy of `resources/tiny` on `resources/datasets/demo_eval.jsonl` well
 above the base model's.
 
-The examples go through the studio's own reader and prompt masking (backend.training.data.records and
-backend.training.data.tokenized), so what is checked is what the studio trains on; the loop itself is a
+The examples go through the studio's own reader and prompt masking (backend.core.data.records and
+backend.training.tokenized), so what is checked is what the studio trains on; the loop itself is a
 plain torch copy of the Trainer's defaults (AdamW, grad-norm clip 1.0, linear decay, no warmup),
 which keeps the check small and its timing honest on one thread.
 
@@ -35,8 +35,8 @@ import hub_kernels  # noqa: E402
 hub_kernels.switch_off()  # before transformers
 import torch  # noqa: E402
 
-from backend.training.data.tokenized import IGNORE, encode_conversation  # noqa: E402
-from backend.training.data.records import read_records, to_conversation  # noqa: E402
+from backend.training.tokenized import IGNORE, encode_conversation  # noqa: E402
+from backend.core.data.records import read_records, to_conversation  # noqa: E402
 
 
 def load_examples(tokenizer, path: Path, seq_len: int) -> list[tuple[list[int], list[int]]]:

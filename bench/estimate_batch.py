@@ -27,7 +27,7 @@ FAMILIES_MEASURED = ("gpt2", "llama")
 
 
 def run_config(batch: int, seq_len: int) -> Any:
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
 
     return RunConfig.from_dict({"technique": {"method": "full", "precision": "fp32", "attention": "sdpa",
                                               "gradient_checkpointing": False, "packing": True},
@@ -44,7 +44,7 @@ def measured(family: str, batch: int, seq_len: int) -> int:
     """Bytes saved for backward by one forward pass of a packed row of `batch` examples."""
     import torch
 
-    from backend.training.data.tokenized import PackingCollator
+    from backend.training.tokenized import PackingCollator
     from backend.training.shortcuts.packed_attention import register
     from tests.families import tiny_config
 

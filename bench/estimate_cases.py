@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from backend.config.run_config import RunConfig  # noqa: E402
+from backend.core.config.run_config import RunConfig  # noqa: E402
 from tests.families import FAMILIES as TINY_FAMILIES  # noqa: E402
 
 TINY_DIR = ROOT / "resources" / "tiny"

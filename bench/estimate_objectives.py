@@ -41,7 +41,7 @@ for _p in (ROOT, ROOT / "bench"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from backend.config.run_config import RunConfig  # noqa: E402
+from backend.core.config.run_config import RunConfig  # noqa: E402
 from backend.estimate import Breakdown, estimate  # noqa: E402
 from estimate_cases import TINY_NEOX, TINY_QWEN2, llama_config_dict  # noqa: E402
 from estimate_tensors import PeakTracker, _SavedTensorMeter, _unique_bytes  # noqa: E402

@@ -68,12 +68,12 @@ def one(fmt: str, run_dir: Path, out: Path) -> None:
     """Child process: one export through run_export; prints a JSON line with what the parent needs."""
     import torch
 
-    from backend.api.errors import JobError
+    from backend.core.errors import JobError
     from backend.export.memory import anonymous_bytes, peak_rss_bytes
     from backend.jobs.export import run_export
-    from backend.api.runs import RunFolder
-    from backend.api.reporter import Reporter
-    from backend.api.stop_listener import StopListener
+    from backend.core.runs.run_folder import RunFolder
+    from backend.runtime.reporter import Reporter
+    from backend.runtime.stop_listener import StopListener
 
     import peft  # noqa: F401  (imported before the baseline is read: their code is not the export's memory)
     import transformers  # noqa: F401
@@ -171,8 +171,8 @@ def beyond_baseline(own: dict, baseline: int | None, size: int) -> str:
 
 
 def table(rows: list) -> str:
-    from backend.api.export_report import report_outcome
-    from backend.api.export_report import verdict as report_verdict
+    from backend.core.runs.export_report import report_outcome
+    from backend.core.runs.export_report import verdict as report_verdict
 
     lines = ["| format | wall s | write s | check s (trained + export) | peak RSS GB | peak / 16-bit size | "
              "peak stage | peak anonymous / 16-bit size | anonymous beyond baseline / 16-bit size | "

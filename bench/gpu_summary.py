@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # backend.api.export_report (torch-free)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # backend.core.runs.export_report (torch-free)
 
 
 def read(path: Path) -> dict:
@@ -70,7 +70,7 @@ def export_row(name: str, report: dict, step: dict) -> str:
     """The CLI's verdict (a check that could not be run is "not verified", not passed) and its exit status."""
     if not report:
         return f"| export {name} | did not finish (rc {step.get('rc')}) | | | | |"
-    from backend.api.export_report import FAILED, NOT_VERIFIED, check_outcome, report_outcome
+    from backend.core.runs.export_report import FAILED, NOT_VERIFIED, check_outcome, report_outcome
 
     checks = report.get("checks", [])
     verdict = {FAILED: "FAILED", NOT_VERIFIED: "WRITTEN, NOT VERIFIED"}.get(report_outcome(report), "PASSED")

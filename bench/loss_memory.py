@@ -62,7 +62,7 @@ def step_peak(vocab: int, hidden: int, tokens: int, chunked: bool) -> tuple[int,
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from backend.training.shortcuts.registry import loss_chunk_rows
+    from backend.core.registries.shortcuts import loss_chunk_rows
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=65536)

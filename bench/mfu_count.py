@@ -19,19 +19,19 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str]) -> int:
     os.environ["FINETUNE_STUDIO_HOME"] = tempfile.mkdtemp(prefix="mfu-home-")
-    from backend.api.cpu_features import RUNTIME_ENV
+    from backend.core.cpu_features import RUNTIME_ENV
 
     for name, value in RUNTIME_ENV.items():  # as in the worker, before torch loads
         os.environ.setdefault(name, value)
     import torch
 
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
     from backend.training.model.capabilities import default_threads
 
     torch.set_num_threads(default_threads())  # the worker's starting count
     from backend.jobs import finetune
-    from backend.api.reporter import Reporter
-    from backend.api.stop_listener import StopListener
+    from backend.runtime.reporter import Reporter
+    from backend.runtime.stop_listener import StopListener
 
     overrides = [a for flag, a in zip(argv, argv[1:]) if flag == "--set"]
     seen = {}

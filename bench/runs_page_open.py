@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def make_runs(count: int = 12, steps: int = 1200) -> None:
-    from backend.config.run_config import RunConfig
-    from backend.api.runs import RunFolder
+    from backend.core.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
 
     memory = {"allocated_bytes": 1, "reserved_bytes": 2, "peak_bytes": 3, "rss_bytes": 4}
     for index in range(count):

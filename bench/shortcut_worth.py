@@ -21,9 +21,9 @@ def toggle_worth(preset: Path, overrides: list[str], steps: int, only: list[str]
     """`only`: the shortcuts to leave out one at a time (default: every one the plan uses)."""
     import torch
 
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
     from backend.training.model.capabilities import default_threads, probe_capabilities
-    from backend.training.data.tokenized import PackingCollator, PadCollator, build_datasets
+    from backend.training.tokenized import PackingCollator, PadCollator, build_datasets
     from backend.training.shortcuts.last_layer_rows import LastLayerRows
     from backend.training.model.loading import add_adapters, check_model_folder, load_model, load_tokenizer
     from backend.training.shortcuts.lora_matmul import LoraMatmul

@@ -13,7 +13,7 @@ not counted, for either side. Prints each run, the medians and the ratio (studio
     # steady state (GPU): the first 3 steps left out, 20 measured, useful tokens/s and peaks side by side
     python bench/throughput.py --preset resources/presets/llama-3.2-1b_lora_12gb.yaml --model MODEL_DIR \
         --data LONG_ROWS.jsonl --warmup 3 --steps 23 --rounds 1 --set train.gradient_accumulation_steps=1
-    # the speed shortcuts (backend/training/shortcuts/registry.py): studio with them (auto) against without
+    # the speed shortcuts (backend/core/registries/shortcuts.py): studio with them (auto) against without
     # (off), and each shortcut's own worth: auto against auto with that one shortcut left out
     python bench/throughput.py --shortcuts --model-size 1024 --vocab 32000 --rounds 3 --steps 4 \
         --data tests/fixtures/peer-data/alpaca_en_demo.json --batch 2
@@ -50,7 +50,7 @@ import hub_kernels  # noqa: E402
 hub_kernels.switch_off()  # before transformers; the worker and the baseline inherit it
 
 if "--toggle" in sys.argv:  # in this process, as in the worker: set before torch loads OpenMP
-    from backend.api.cpu_features import RUNTIME_ENV
+    from backend.core.cpu_features import RUNTIME_ENV
 
     for _name, _value in RUNTIME_ENV.items():
         os.environ.setdefault(_name, _value)
@@ -69,9 +69,9 @@ def run_baseline(params: dict, threads: int | None = None) -> dict:
 
 
 def run_studio(preset: Path, overrides: list[str]) -> dict:
-    from backend.config.run_config import RunConfig
-    from backend.api.runs import RunFolder
-    from backend.api.worker_process import WorkerProcess
+    from backend.core.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
+    from backend.cli.worker_process import WorkerProcess
 
     config = RunConfig.load(preset, overrides)
     folder = RunFolder.create(config)
@@ -169,7 +169,7 @@ def main() -> int:
 
     import torch
 
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
     from backend.training.model.capabilities import default_threads
 
     os.environ["FINETUNE_STUDIO_HOME"] = tempfile.mkdtemp(prefix="bench-home-")
@@ -269,7 +269,7 @@ def plan_line(run: dict) -> str:
 def compare_shortcuts(preset: Path, common: list[str], rounds: int) -> int:
     """auto vs off, and auto vs auto-without-X for each shortcut X that auto uses, alternated in rounds
     (the order rotates each round); prints each round's ratios, whose pairs are close in time."""
-    from backend.training.shortcuts.registry import DISABLE_ENV, SHORTCUTS
+    from backend.core.registries.shortcuts import DISABLE_ENV, SHORTCUTS
 
     def run(variant: str) -> dict:
         os.environ.pop(DISABLE_ENV, None)

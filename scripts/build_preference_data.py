@@ -25,7 +25,7 @@ def pair(example: dict) -> dict:
         raise ValueError(f"expected a yes/no answer, got {example['output']!r}")
     question = example["instruction"]
     if example.get("input"):
-        question = f"{question}\n\n{example['input']}"  # as backend.training.data.conversation joins alpaca fields
+        question = f"{question}\n\n{example['input']}"  # as backend.core.data.conversation joins alpaca fields
     return {"prompt": question, "chosen": answer, "rejected": OTHER[answer]}
 
 

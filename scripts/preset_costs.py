@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backend.config.run_config import RunConfig  # noqa: E402
+from backend.core.config.run_config import RunConfig  # noqa: E402
 from backend.estimate import estimate  # noqa: E402
 from backend.api.presets import Preset, cost_line, list_presets  # noqa: E402
 

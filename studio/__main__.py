@@ -28,7 +28,7 @@ def _has_display() -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
-        # `finetune-studio --worker`: the worker (backend/api/launch.py worker_command). This process
+        # `finetune-studio --worker`: the worker (backend/runtime/processes.py worker_command). This process
         # becomes `python -m backend.worker`, so the studio package never imports the worker or torch;
         # a frozen bundle's entry (packaging/pyinstaller) runs its worker before reaching this module.
         return _become_worker(argv[1:])
@@ -60,8 +60,8 @@ def _become_worker(rest: list[str]) -> int:
 
 def _home_problem() -> str:
     """Why the studio's data directory cannot be used ("" when it can): said before the window is built."""
-    from backend.api.errors import JobError
-    from backend.api.paths import usable_home
+    from backend.core.errors import JobError
+    from backend.core.paths import usable_home
 
     try:
         usable_home()

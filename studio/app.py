@@ -73,8 +73,8 @@ class Studio:
 
 def base_config() -> tuple[dict[str, Any], Path | None, str]:
     """(raw config, the file it came from, a problem sentence) for the form's starting point."""
-    from backend.config.run_config import ConfigError, RunConfig
-    from backend.api.paths import resources_dir
+    from backend.core.config.run_config import ConfigError, RunConfig
+    from backend.core.paths import resources_dir
 
     preset = resources_dir() / PRESET
     if not preset.is_file():
@@ -87,7 +87,7 @@ def base_config() -> tuple[dict[str, Any], Path | None, str]:
 
 def _remembered(path: str) -> bool:
     """A remembered model or dataset is used again only if it still exists."""
-    from backend.api.paths import resolve_resource
+    from backend.core.paths import resolve_resource
 
     return bool(path) and resolve_resource(path).exists()
 
@@ -237,7 +237,7 @@ def _wire_start_blocker(window: MainWindow, train_page: Any, jobs: JobController
                         controller: RunController) -> None:
     """Start follows the estimate's verdicts (disabled, with the reason, where the worker would refuse);
     a worker's probed capabilities and each finished run's memory.json feed the estimate back."""
-    from backend.api.protocol import WorkerReady
+    from backend.core.protocol import WorkerReady
 
     def show() -> None:
         reason = estimate.start_blocker()
@@ -263,7 +263,7 @@ def _wire_start_blocker(window: MainWindow, train_page: Any, jobs: JobController
 def open_config(window: MainWindow, config: Any, path: str) -> bool:
     """File > Open config: the draft starts over from a RunConfig YAML; a file that does not load is
     one line naming the file, line and field (the draft stays as it was)."""
-    from backend.config.run_config import ConfigError, RunConfig
+    from backend.core.config.run_config import ConfigError, RunConfig
 
     try:
         raw = RunConfig.load(path).model_dump(mode="json")

@@ -13,9 +13,9 @@ from typing import Any, Literal, Sequence
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.config.run_config import RunConfig
-from backend.api.protocol import JobFailed, JobFinished, JobKind, _Message
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.protocol import JobFailed, JobFinished, JobKind, _Message
+from backend.core.runs.run_folder import RunFolder
 from studio.services.worker_client import WorkerClient
 
 JobStatus = Literal["idle", "starting", "running", "stopping", "finished", "stopped", "failed", "cancelled",

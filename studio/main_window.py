@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.api.paths import resources_dir
+from backend.core.paths import resources_dir
 from studio.widgets.log_view_widget import LogViewWidget
 
 PAGES = (("model", "Model"), ("data", "Data"), ("techniques", "Techniques"), ("train", "Train"), ("runs", "Runs"),

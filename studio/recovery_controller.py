@@ -12,7 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject
 
-from backend.api.protocol import JobFailed
+from backend.core.protocol import JobFailed
 from studio.job_controller import JobOutcome
 from studio.run_controller import RunController
 from studio.state.config_state import ConfigState

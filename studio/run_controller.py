@@ -13,13 +13,13 @@ from typing import Any, Callable, Literal
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication, QInputDialog, QLineEdit, QMessageBox
 
-from backend.config.run_config import RunConfig
-from backend.api.memory_record import MemoryRecord
-from backend.api.paths import runs_dir
-from backend.api.protocol import WorkerReady
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.memory_record import MemoryRecord
+from backend.core.paths import runs_dir
+from backend.core.protocol import WorkerReady
 from backend.api.distributed import RENDEZVOUS_HINT, rendezvous_wait
-from backend.api.run_continuation import checkpoint_step, continue_run, resume_mismatch
-from backend.api.runs import RunFolder
+from backend.core.runs.run_continuation import checkpoint_step, continue_run, resume_mismatch
+from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome
 from studio.main_window import MainWindow
 from studio.pages.runs_page import RunsPage

@@ -12,7 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject
 
-from backend.api.protocol import WorkerReady
+from backend.core.protocol import WorkerReady
 from studio.main_window import MainWindow
 from studio.services.environment_check import EnvironmentCheck
 from studio.services.gpu_monitor import GpuMonitor

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 
 ACCELERATE_CONFIG = "accelerate_config.yaml"
 JOB_FILE = "start_job.json"
@@ -93,7 +93,7 @@ def launch_argv(python: str, run_dir: Path, config_file: Path, job_file: Path) -
     if getattr(sys, "frozen", False):
         return [python, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
                 "-m", "backend.worker", "--job-file", str(job_file)]
-    from backend.api.launch import WORKER_SCRIPT, module_command
+    from backend.runtime.processes import WORKER_SCRIPT, module_command
 
     return [*module_command("accelerate.commands.launch", python), "--config_file", str(config_file),
             str(WORKER_SCRIPT), "--job-file", str(job_file)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-from backend.api.paths import resources_dir
+from backend.core.paths import resources_dir
 
 HEADER_KEYS = ("title", "card", "model", "when to use", "cost")
 

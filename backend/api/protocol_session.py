@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from backend.api.protocol import (
+from backend.core.protocol import (
     PROTOCOL_VERSION,
     TERMINAL_EVENTS,
     JobFailed,
@@ -23,7 +23,7 @@ from backend.api.protocol import (
     WorkerReady,
     decode_event,
 )
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 
 MISMATCH_HINT = "install the studio and the worker from the same release"
 TAIL_LINES = 12

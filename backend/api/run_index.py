@@ -13,8 +13,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from backend.api.paths import usable_home
-from backend.api.runs import COLUMNS, RunFolder, RunSummary
+from backend.core.paths import usable_home
+from backend.core.runs.run_folder import COLUMNS, RunFolder, RunSummary
 
 SUMMARY_VERSION = 1
 """Raised when RunFolder.summary() reads a run differently: every stored row is then read again."""

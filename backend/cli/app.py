@@ -14,13 +14,13 @@ import sys
 
 from backend.cli.checks import load_for_train, non_negative_int, open_run_folder, positive_int, refuse_what_cannot_run
 from backend.cli.errors import OneLineParser, run_guarded
-from backend.config.run_config import ConfigError, RunConfig
-from backend.config.help import fields_epilog
-from backend.api.errors import JobError
-from backend.api.paths import not_downloaded, usable_home
+from backend.core.config.run_config import ConfigError, RunConfig
+from backend.core.config.help import fields_epilog
+from backend.core.errors import JobError
+from backend.core.paths import not_downloaded, usable_home
 from backend.api.run_index import RunIndex
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 
 
 class ProgressPrinter:
@@ -112,7 +112,7 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
     if checkpoint is None:
         raise ConfigError(f"{source.path}: no complete checkpoint to resume from; start a new run with "
                           f"`finetune-studio train {source.config_path}`")
-    from backend.api.run_continuation import resume_mismatch
+    from backend.core.runs.run_continuation import resume_mismatch
 
     mismatch = resume_mismatch(checkpoint, config)
     if mismatch:
@@ -130,7 +130,7 @@ def _check_rank(rank: int, config: RunConfig) -> None:
 
 def _more_steps(source: RunFolder, steps: int, overrides: list[str]) -> tuple[RunFolder, RunConfig]:
     """A new run that trains `steps` past `source`'s newest checkpoint (run_continuation); source is kept."""
-    from backend.api.run_continuation import continue_run
+    from backend.core.runs.run_continuation import continue_run
 
     refuse_what_cannot_run(RunConfig.load(source.config_path, overrides))  # before the new run's folder is made
     try:
@@ -207,11 +207,11 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from backend.api.calibration import Calibration
-    from backend.api.device_caps import detected_device, device_caps
+    from backend.estimate.calibration import Calibration
+    from backend.core.device_caps import detected_device, device_caps
     from backend.estimate.cards import cuda_cards
     from backend.estimate.seq_len import cli_longest_seq_len
-    from backend.api.run_estimate import estimate_run, longest_answer
+    from backend.estimate.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
     _check_estimate_paths(config, args.worst_case)

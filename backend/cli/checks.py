@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Callable
 
 from backend.cli.errors import Refusals
-from backend.config.run_config import ConfigError, RunConfig, apply_overrides
-from backend.api.errors import JobError
-from backend.api.paths import runs_dir
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import ConfigError, RunConfig, apply_overrides
+from backend.core.errors import JobError
+from backend.core.paths import runs_dir
+from backend.core.runs.run_folder import RunFolder
 
 
 def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
@@ -93,8 +93,8 @@ def refuse_what_cannot_run(config: RunConfig, problem: str = "") -> None:
     when they all pass are the model folder's files checked in depth (that check reads transformers'
     model-type table, which imports torch: seconds a refusal should not wait for). `problem` is a
     config error already found, said first when there are more."""
-    from backend.api.device_caps import detected_device, device_caps
-    from backend.api.feasibility import before_start, blocking_lines
+    from backend.core.device_caps import detected_device, device_caps
+    from backend.estimate.feasibility import before_start, blocking_lines
 
     machine = detected_device()  # torch-free: NVML, as the studio and `estimate` see the machine
     caps = device_caps(machine.kind, machine.bf16, machine.devices)
@@ -129,8 +129,8 @@ def load_for_train(path: str, overrides: list[str]) -> RunConfig:
 
 def _sections_only(path: str, overrides: list[str]) -> RunConfig | None:
     """The file's sections each valid on their own (feasibility.lenient_config), or None."""
-    from backend.config.file import parse_config_yaml, read_config_text
-    from backend.api.feasibility import lenient_config
+    from backend.core.config.file import parse_config_yaml, read_config_text
+    from backend.estimate.feasibility import lenient_config
 
     try:
         raw = parse_config_yaml(read_config_text(Path(path)), str(path))

@@ -20,9 +20,9 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Callable
 
-from backend.config.run_config import ConfigError
-from backend.api.errors import JobError
-from backend.api.paths import usable_home
+from backend.core.config.run_config import ConfigError
+from backend.core.errors import JobError
+from backend.core.paths import usable_home
 
 BAD_INPUT = 2
 INTERNAL = 1
@@ -116,7 +116,7 @@ def unrecognized_hint(message: str, argv: list[str]) -> str:
     is a config field (`--max-steps 3` -> `--set train.max_steps=3`)."""
     if not message.startswith("unrecognized arguments:"):
         return ""
-    from backend.config.run_config import field_paths
+    from backend.core.config.run_config import field_paths
 
     words = message.split(":", 1)[1].split()
     command = next((a for a in argv if not a.startswith("-")), "")

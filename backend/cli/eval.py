@@ -14,9 +14,9 @@ from typing import IO, Any
 
 from backend.api.evaluation_rows import report_note, report_rows
 from backend.cli.checks import existing_file, non_negative_float, open_run_folder, positive_int, probability
-from backend.config.run_config import ConfigError
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.config.run_config import ConfigError
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 
 REPORT = "eval_report.json"  # the name backend.jobs.evaluate writes (kept here: the CLI never imports torch)
 

@@ -17,8 +17,8 @@ import time
 from typing import Any, TextIO
 
 from backend.cli.checks import open_run_folder, output_folder
-from backend.api.export_formats import DTYPES, FORMATS
-from backend.api.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
+from backend.core.registries.export_formats import DTYPES, FORMATS
+from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
 
 
 def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -98,7 +98,7 @@ def print_report(report: dict[str, Any], out: TextIO) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from backend.api.worker_process import WorkerProcess
+    from backend.cli.worker_process import WorkerProcess
 
     folder = open_run_folder(args.run_dir)
     args.run_folder = folder.path  # an internal error's traceback goes to its worker.log

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from backend.cli.checks import open_run_folder, output_folder, positive_int
-from backend.config.run_config import ConfigError, RunConfig
-from backend.api.errors import JobError
+from backend.core.config.run_config import ConfigError, RunConfig
+from backend.core.errors import JobError
 from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
 from backend.pruning.request import PruneRequest, Shape, out_problem
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 
 DEMO_DATA = "bundled:datasets/demo_train.jsonl"
 
@@ -113,7 +113,7 @@ def _target(args: argparse.Namespace, params: dict[str, Any]) -> tuple[RunFolder
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from backend.api.worker_process import WorkerProcess
+    from backend.cli.worker_process import WorkerProcess
 
     params = _params(args)
     folder, config, model = _target(args, params)

@@ -13,11 +13,11 @@ import json
 from typing import Any
 
 from backend.cli.checks import positive_int, probability
-from backend.config.run_config import ConfigError
+from backend.core.config.run_config import ConfigError
 from backend.estimate.breakdown import GIB
 from backend.serving import Card, estimate_serving, resolve
 from backend.serving.sizing import BATCHED_TOKENS, BLOCK_SIZE, UTILIZATION
-from backend.api.serving_options import SERVED_FORMATS
+from backend.core.registries.serving_options import SERVED_FORMATS
 
 
 def _card_gb(text: str) -> float:

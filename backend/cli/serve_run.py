@@ -17,9 +17,9 @@ from typing import Any
 
 from backend.cli.checks import positive_int, probability
 from backend.cli.serve import _card_gb as card_gb
-from backend.config.run_config import ConfigError
+from backend.core.config.run_config import ConfigError
 from backend.serving import Card, resolve
-from backend.api.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
+from backend.core.registries.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
 from backend.serving.engines import (ServeLaunch, choose_engine, llama_cpp_launch,
                                      transformers_launch, vllm_launch)
 from backend.serving.server_process import ServerFailed, ServerProcess, free_port
@@ -69,7 +69,7 @@ def add_serve_run_parser(subparsers: Any) -> argparse.ArgumentParser:
 def plan(args: argparse.Namespace, token: str) -> ServeLaunch:
     """The launch for these arguments, or a one-line ValueError. `--device auto` is cuda when NVML sees a
     GPU, else cpu (found without torch: device_caps.detected_device)."""
-    from backend.api.device_caps import detected_device
+    from backend.core.device_caps import detected_device
 
     source = resolve(args.model, args.format)
     detected = detected_device() if args.device == "auto" or (args.engine == "vllm" and not args.card_gb) else None

@@ -1,6 +1,6 @@
 """Memory estimator: a model's config.json + a RunConfig -> bytes per part of one training step.
 
-Pure Python (standard library, pydantic and backend.config.run_config only): the studio imports it, so it must
+Pure Python (standard library, pydantic and backend.core.config.run_config only): the studio imports it, so it must
 never import torch or transformers. Every term is derived from the architecture in config.json,
 read per family in the family's own key names with its config class's defaults (families.py:
 Llama with Mistral, SmolLM and TinyLlama; Qwen2/2.5; Qwen3; Gemma 2; Gemma 3 text, also nested in

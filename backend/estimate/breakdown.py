@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.core.units import GIB, MIB, human_bytes  # noqa: F401  (the estimate hands these names on)
+
 PARTS = ("weights", "adapters", "gradients", "optimizer", "master_weights", "activations", "logits", "runtime")
 """The parts of a Breakdown, in display order."""
 OBJECTIVE_PARTS = ("ref_model", "ref_adapter", "reference", "generation")
@@ -12,9 +14,6 @@ OBJECTIVE_PARTS = ("ref_model", "ref_adapter", "reference", "generation")
 CUDA_PARTS = ("allocator_reserve", "cuda_context")
 """What a CUDA card holds beyond torch's allocated tensors (backend/estimate/cuda.py); zero, so not
 shown, on the CPU."""
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 
 @dataclass
@@ -82,14 +81,3 @@ class Breakdown:
         for warning in self.details.get("warnings", []):
             lines.append(f"note: {warning}")
         return "\n".join(lines)
-
-
-def human_bytes(n: int) -> str:
-    """1.50 GiB, 12.0 MiB, 512 KiB, 12 B."""
-    if n >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    if n >= MIB:
-        return f"{n / MIB:.1f} MiB"
-    if n >= 1024:
-        return f"{n / 1024:.0f} KiB"
-    return f"{n} B"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate.breakdown import GIB
 
 CARD_SIZES_GB = (8, 12, 16, 24, 32, 40, 48, 80, 96, 141)
@@ -49,8 +49,8 @@ def cards_sentence(total_bytes: int) -> str:
 def cuda_cards(config: RunConfig, result: Any, answer: int | None, gpus: int | None, zero_stage: int | None,
                model_config: dict[str, Any] | None = None) -> dict:
     """Which common card sizes the run fits on CUDA (a CUDA estimate even on a CPU machine)."""
-    from backend.api.device_caps import device_caps
-    from backend.api.run_estimate import estimate_run
+    from backend.core.device_caps import device_caps
+    from backend.estimate.run_estimate import estimate_run
 
     if result.device != "cuda":
         result = estimate_run(config, "cuda", caps=device_caps("cuda"), target_tokens=answer, num_gpus=gpus,

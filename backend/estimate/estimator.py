@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from backend.config.run_config import RunConfig
-from backend.api.cpu_features import bf16_base
+from backend.core.config.run_config import RunConfig
+from backend.core.cpu_features import bf16_base
 from backend.estimate.activations import activation_bytes
 from backend.estimate.architectures import count_params
 from backend.estimate.attention import attention_kernel
@@ -22,7 +22,7 @@ from backend.estimate.setup import Setup, resolve_setup
 from backend.estimate.shortcut_memory import offload_activations
 
 if TYPE_CHECKING:
-    from backend.api.calibration import Calibration
+    from backend.estimate.calibration import Calibration
 
 
 def estimate(
@@ -60,12 +60,12 @@ def estimate(
     micro-batch holds at most micro_batch x min(seq_len, target_tokens) of them. None: every
     position, the worst case, for data not measured.
 
-    cpu_bf16: this CPU multiplies bf16 natively (backend.api.cpu_features.native_bf16(), which callers
+    cpu_bf16: this CPU multiplies bf16 natively (backend.core.cpu_features.native_bf16(), which callers
     pass for a CPU run). With device "cpu", precision auto and method lora, the worker then holds
     the adapted linears' frozen weights (and biases) in bf16 (lora_matmul.py): 2 bytes each, not 4.
 
     calibration (device "cpu" only): the worker process's own resident memory before it loads the
-    model (backend.api.calibration.Calibration, read from this machine's runs by the caller), added to
+    model (backend.estimate.calibration.Calibration, read from this machine's runs by the caller), added to
     the runtime part as `process_baseline`: a CPU worker's RSS holds it besides the tensors. None:
     no baseline, the tensors alone (what bench/estimate_accuracy.py measures). The estimate itself
     reads no file but config.json, so the same arguments always give the same Breakdown.

@@ -15,7 +15,7 @@ from typing import Any
 from backend.estimate.architectures import (
     GEMMA2, GEMMA3, GPT2, GPT_NEOX, LLAMA, MIXTRAL, PHI3, QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE, Arch, Dims,
 )
-from backend.api.paths import not_downloaded, resolve_resource
+from backend.core.paths import not_downloaded, resolve_resource
 
 _COMMON = {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
            "attention_dropout": 0.0}

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate.architectures import Arch, Dims
 from backend.estimate.breakdown import OBJECTIVE_PARTS, Breakdown
 from backend.estimate.families import load_model_config, read_dims

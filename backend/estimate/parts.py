@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate.architectures import Arch, Dims, ParamCounts, all_linears
 from backend.estimate.cuda import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, allocator_reserve
 from backend.estimate.setup import Setup
@@ -20,7 +20,7 @@ from backend.estimate.states import (
 )
 
 if TYPE_CHECKING:
-    from backend.api.calibration import Calibration
+    from backend.estimate.calibration import Calibration
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The inverse question of the estimate: the longest train.seq_len a run fits in a given memory.
 
 For a config (model, method, techniques) and a memory limit (a card's usable bytes, this machine's
-GPU or RAM), bisection over backend.api.run_estimate.estimate_run's total, which never falls when
+GPU or RAM), bisection over backend.estimate.run_estimate.estimate_run's total, which never falls when
 seq_len grows (every part is non-decreasing in the tokens of a micro-batch). The answer is capped at
 the model's max_position_embeddings: rows longer than the positions the model was trained on are
 not a fit. Torch-free: the studio's Techniques page asks it too.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import human_bytes
 from backend.estimate.families import max_positions
 
@@ -81,7 +81,7 @@ def longest_seq_len(config: RunConfig, limit_bytes: int, total_at: Callable[[Run
 def run_total(device: str, **estimate_kwargs: Any) -> Callable[[RunConfig], int]:
     """total_at for longest_seq_len: estimate_run's total on `device` (the verdicts and calibration
     every other caller's estimate has), ValueError with its problem when there is none."""
-    from backend.api.run_estimate import estimate_run
+    from backend.estimate.run_estimate import estimate_run
 
     def total(config: RunConfig) -> int:
         result = estimate_run(config, device, **estimate_kwargs)
@@ -97,9 +97,9 @@ def cli_longest_seq_len(args: Any, config: RunConfig, found: Any, answer: int | 
     on a machine without one, its RAM for a CPU run (--device cuda there needs --card-gb)."""
     import os
 
-    from backend.api.calibration import Calibration
-    from backend.config.run_config import ConfigError
-    from backend.api.device_caps import device_caps
+    from backend.estimate.calibration import Calibration
+    from backend.core.config.run_config import ConfigError
+    from backend.core.device_caps import device_caps
     from backend.estimate import load_model_config
     from backend.estimate.cards import usable_bytes
 

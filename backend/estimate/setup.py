@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate.architectures import Arch, Dims, all_linears
 
 
@@ -167,9 +167,9 @@ def resolve_setup(
 def per_example_attention(arch: Arch, dims: Dims, run: RunConfig, attention: str) -> bool:
     """Whether a packed row's attention runs per example, as the worker decides it: FlashAttention-2
     reads the varlen boundaries; SDPA does through the sdpa_packed shortcut where that applies
-    (backend/training/shortcuts/registry.py: shortcuts auto, no torch.compile, no sliding window, a family
+    (backend/core/registries/shortcuts.py: shortcuts auto, no torch.compile, no sliding window, a family
     its tests prove). Eager attention gets a block-diagonal mask over the whole row."""
-    from backend.training.shortcuts.registry import ALL
+    from backend.core.registries.shortcuts import ALL
 
     t = run.technique
     if not t.packing or t.objective != "sft":

@@ -1,6 +1,6 @@
 """What the memory-saving shortcuts change in the estimate: the chunked loss and activation offload.
 
-The worker's registry (backend/training/shortcuts/registry.py, torch-free) decides where each runs; the same
+The worker's registry (backend/core/registries/shortcuts.py, torch-free) decides where each runs; the same
 conditions are read here so that the estimate counts what the worker will hold:
 
 - chunked_loss: lm_head and the cross-entropy run a chunk of rows at a time, so the logits part is
@@ -17,7 +17,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 
 if TYPE_CHECKING:
     from backend.estimate.setup import Setup
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def _applies(name: str, run: RunConfig, model_type: str, device: str) -> bool:
     """The registry's verdict for shortcut `name`, from what the estimate knows (no model class)."""
-    from backend.training.shortcuts.registry import BY_NAME, disabled_by_env
+    from backend.core.registries.shortcuts import BY_NAME, disabled_by_env
 
     shortcut = BY_NAME.get(name)
     t = run.technique
@@ -43,7 +43,7 @@ def held_logit_elements(run: RunConfig, model_type: str, vocab: int, elements: i
     """The logit elements one step holds at once: all of them, or one chunk's (chunked_loss)."""
     if run.technique.liger_kernel or not _applies("chunked_loss", run, model_type, device):
         return elements
-    from backend.training.shortcuts.registry import loss_chunk_rows
+    from backend.core.registries.shortcuts import loss_chunk_rows
 
     return min(elements, loss_chunk_rows(vocab) * vocab)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from backend.evaluation.generation import model_device
-from backend.training.data.tokenized import IGNORE, PadCollator
+from backend.training.tokenized import IGNORE, PadCollator
 
 
 @dataclass(frozen=True)

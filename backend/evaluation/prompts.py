@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError, bad_input
-from backend.training.data.conversation import InvalidExample, part_text
-from backend.training.data.examples import DatasetReader
-from backend.training.data.record_files import read_parts
-from backend.training.data.records import Message, detect_format, to_conversation
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError, bad_input
+from backend.core.data.conversation import InvalidExample, part_text
+from backend.core.data.examples import DatasetReader
+from backend.core.data.record_files import read_parts
+from backend.core.data.records import Message, detect_format, to_conversation
 
 
 @dataclass(frozen=True)

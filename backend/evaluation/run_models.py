@@ -18,14 +18,14 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
-from backend.api.run_continuation import how_to_finish
-from backend.api.protocol import Capabilities, PhaseChanged
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
+from backend.core.runs.run_continuation import how_to_finish
+from backend.core.protocol import Capabilities, PhaseChanged
+from backend.core.runs.run_folder import RunFolder
 from backend.training.model.loading import check_model_folder, load_model, load_tokenizer
 from backend.training.phase import set_phase
-from backend.api.start_adapter import start_adapter_folder
+from backend.core.runs.start_adapter import start_adapter_folder
 from backend.training.model.techniques import TechniquePlan, plan_techniques
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.evaluation.generation import greedy_answers, model_device, prompt_ids
 from backend.evaluation.prompts import default_prompts_file, read_prompts
-from backend.api.protocol import PhaseChanged, TokensGenerated
-from backend.training.data.tokenized import IGNORE
-from backend.api.reporter import Reporter
+from backend.core.protocol import PhaseChanged, TokensGenerated
+from backend.training.tokenized import IGNORE
+from backend.runtime.reporter import Reporter
 
 log = logging.getLogger(__name__)
 SAMPLES = 3

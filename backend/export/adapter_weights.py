@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from backend.api.errors import bad_input
+from backend.core.errors import bad_input
 from backend.export.checkpoint_files import CheckpointFiles
 from backend.export.model_layout import ModelLayout
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from backend.api.errors import JobError, bad_input
+from backend.core.errors import JobError, bad_input
 
 SAFETENSORS_DTYPES = {
     "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,

@@ -22,8 +22,8 @@ import torch
 from backend.export import verify
 from backend.export.gguf_families import family_of, head_dim, kv_heads
 from backend.export.gguf_pages import released_pages
-from backend.api.export_report import FAILED, NOT_VERIFIED, PASSED
-from backend.api.hub_kernels import LOAD_KWARGS
+from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED
+from backend.runtime.hub_kernels import LOAD_KWARGS
 
 EXTRA_TEXTS = (
     "Numbers: 3 33 333 3333 and 3.14159, then 2024-01-31.",

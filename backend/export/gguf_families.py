@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.api.errors import bad_input
-from backend.api.export_formats import GGUF_ARCHITECTURES
+from backend.core.errors import bad_input
+from backend.core.registries.export_formats import GGUF_ARCHITECTURES
 
 COMMON_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "tie_word_embeddings",

@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from backend.api.errors import bad_input
+from backend.core.errors import bad_input
 
 CHKTXT = (
     '\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\U0001f680 (normal) \U0001f636\u200d'

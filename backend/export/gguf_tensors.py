@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import gguf
 import numpy as np
 
-from backend.api.errors import bad_input
+from backend.core.errors import bad_input
 from backend.export.gguf_families import Family, head_dim, kv_heads, phi3_rope_dims, rope_of
 from backend.export.tensor_source import TensorSource
 

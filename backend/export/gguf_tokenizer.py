@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from backend.api.errors import bad_input
+from backend.core.errors import bad_input
 from backend.export.gguf_pretokenizer import pre_tokenizer_name
 
 SPACE = "\u2581"

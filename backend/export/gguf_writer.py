@@ -20,8 +20,8 @@ from typing import Any, Callable
 import gguf
 import numpy as np
 
-from backend.api.errors import bad_input
-from backend.api.export_formats import GGUF_TYPES
+from backend.core.errors import bad_input
+from backend.core.registries.export_formats import GGUF_TYPES
 from backend.export.gguf_families import Family, family_of
 from backend.export.gguf_tensors import TensorPlan, matrices, permute, plan_tensors
 from backend.export.gguf_tokenizer import adds_special, tokenizer_metadata

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from backend.export.checkpoint_files import read_config
-from backend.api.hub_kernels import LOAD_KWARGS
+from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.export.merge import DTYPES, TrainedRun, placement
 from backend.export.merged_source import MergedSource
 from backend.export.safetensors_writer import write_safetensors

@@ -19,16 +19,16 @@ from typing import Any
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
-from backend.api.hub_kernels import LOAD_KWARGS
-from backend.api.run_continuation import how_to_finish
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
+from backend.runtime.hub_kernels import LOAD_KWARGS
+from backend.core.runs.run_continuation import how_to_finish
 from backend.export.adapter_weights import AdapterWeights
 from backend.export.checkpoint_files import CheckpointFiles, read_config
 from backend.export.merged_source import MergedSource
 from backend.export.model_layout import ModelLayout
 from backend.export.quantized_base import bnb_config
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")

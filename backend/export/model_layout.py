@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from backend.api.errors import bad_input
+from backend.core.errors import bad_input
 
 
 @dataclass

@@ -23,11 +23,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.export_formats import DECIDED_MARGIN
-from backend.api.export_report import FAILED, PASSED
-from backend.api.paths import resolve_resource
-from backend.training.data.tokenized import IGNORE, build_datasets, encode_conversation
+from backend.core.config.run_config import RunConfig
+from backend.core.registries.export_formats import DECIDED_MARGIN
+from backend.core.runs.export_report import FAILED, PASSED
+from backend.core.paths import resolve_resource
+from backend.training.tokenized import IGNORE, build_datasets, encode_conversation
 
 log = logging.getLogger(__name__)
 TOKEN_BUDGET = {"cuda": 4096, "cpu": 512}
@@ -128,7 +128,7 @@ def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
 
 
 def _perplexity_rows(config: RunConfig, tokenizer: Any) -> tuple[list[dict[str, list[int]]], str]:
-    from backend.training.data.records import detect_format, read_records, to_conversation
+    from backend.core.data.records import detect_format, read_records, to_conversation
 
     try:
         train, evaluation, _ = build_datasets(config, tokenizer)

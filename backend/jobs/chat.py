@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
 from backend.evaluation.run_models import RunModels
 from backend.jobs.chat_session import ChatSession
-from backend.api.protocol import Capabilities, JobFinished, JobStarted
+from backend.core.protocol import Capabilities, JobFinished, JobStarted
 from backend.training.model.capabilities import probe_capabilities
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 KNOWN = {"model", "temperature", "top_p", "max_new_tokens", "messages", "seed"}

@@ -16,14 +16,14 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from backend.api.errors import JobError, bad_input
-from backend.api.feasibility import context_length
+from backend.core.errors import JobError, bad_input
+from backend.estimate.feasibility import context_length
 from backend.evaluation.generation import prompt_ids, stream_answer
 from backend.evaluation.run_models import RunModels
-from backend.api.protocol import AnswerFinished, MessageRefused, PhaseChanged, TokensGenerated
+from backend.core.protocol import AnswerFinished, MessageRefused, PhaseChanged, TokensGenerated
 from backend.training.phase import set_phase
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 
 class ChatRequest(Protocol):

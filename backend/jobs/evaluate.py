@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError, bad_input
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError, bad_input
 from backend.evaluation.exact_match import ExactMatchResult, exact_match, is_match
 from backend.evaluation.perplexity import PerplexityResult, perplexity
 from backend.evaluation.prompts import HeldOutPrompt, default_prompts_file, read_prompts, training_overlap
 from backend.evaluation.run_models import RunModels
-from backend.api.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged
+from backend.core.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged
 from backend.training.model.capabilities import probe_capabilities
-from backend.training.data.tokenized import build_datasets
+from backend.training.tokenized import build_datasets
 from backend.training.phase import set_phase
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 REPORT = "eval_report.json"

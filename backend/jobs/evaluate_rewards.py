@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
 from backend.evaluation.mean_reward import RewardResult, mean_reward
-from backend.api.protocol import JobFinished, PhaseChanged
+from backend.core.protocol import JobFinished, PhaseChanged
 from backend.training.objectives.rewards import reward_functions
 
 EXAMPLES = 5

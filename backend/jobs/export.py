@@ -24,20 +24,20 @@ from typing import Any
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
 from backend.export.checkpoint_files import CheckpointFiles
-from backend.api.export_formats import CALIBRATED, FORMATS, failure_hint, is_gguf, tolerance
+from backend.core.registries.export_formats import CALIBRATED, FORMATS, failure_hint, is_gguf, tolerance
 from backend.export.calibrated.support import refuse
 from backend.export.calibrated.writer import load_calibrated_export, write_calibrated
 from backend.export.memory import StagePeaks, release
 from backend.jobs.export_target import Export, estimate_bytes, human_bytes
 from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
-from backend.api.export_report import (FAILED, NOT_VERIFIED, PASSED, REPORT, ExportFacts, build_report, check_outcome,
+from backend.core.runs.export_report import (FAILED, NOT_VERIFIED, PASSED, REPORT, ExportFacts, build_report, check_outcome,
                                        figure, verdict)
-from backend.api.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 STAGES = ("check", "load_model", "measure", "write", "verify", "report")

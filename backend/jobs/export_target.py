@@ -10,11 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from backend.api.errors import JobError, bad_input
-from backend.api.export_formats import CALIBRATED, FORMATS, overwrite_refusal
-from backend.api.export_formats import DTYPES as DTYPE_NAMES
-from backend.api.processes import alive
-from backend.api.runs import fsync_tree
+from backend.core.errors import JobError, bad_input
+from backend.core.registries.export_formats import CALIBRATED, FORMATS, overwrite_refusal
+from backend.core.registries.export_formats import DTYPES as DTYPE_NAMES
+from backend.runtime.processes import alive
+from backend.core.runs.run_folder import fsync_tree
 from backend.export.calibrated.support import KNOWN_PARAMS, calibration_samples
 from backend.export.merge import TrainedRun
 

@@ -16,28 +16,28 @@ from pathlib import Path
 import torch
 from transformers import PrinterCallback, TrainerState, TrainingArguments
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
 from backend.evaluation.samples import SampleGenerator
-from backend.api.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
-from backend.api.run_continuation import resume_mismatch
-from backend.api.runs import RunFolder
+from backend.core.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
+from backend.core.runs.run_continuation import resume_mismatch
+from backend.core.runs.run_folder import RunFolder
 from backend.training.callbacks import ReportingCallback
 from backend.training.model.capabilities import probe_capabilities
 from backend.training.counting_trainer import PhaseCallback
-from backend.training.data.tokenized import PackingCollator, PadCollator
+from backend.training.tokenized import PackingCollator, PadCollator
 from backend.training.model.loading import add_adapters, adapter_config, check_model_folder, load_model, load_tokenizer
 from backend.training.memory_ledger import MemoryLedger
 from backend.training.mfu import forget_peak, peak_flops, token_flops
 from backend.training.model.model_facts import ModelFacts
 from backend.training.phase import is_out_of_memory, set_phase
-from backend.training.shortcuts.registry import SHORTCUTS
+from backend.core.registries.shortcuts import SHORTCUTS
 from backend.training.shortcuts.installer import choose_thread_count, install_for_job
 from backend.training.model.techniques import TechniquePlan, plan_techniques
-from backend.api.start_adapter import start_adapter_folder
+from backend.core.runs.start_adapter import start_adapter_folder
 from backend.training.objectives.registry import objective_method
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError, bad_input
-from backend.api.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError, bad_input
+from backend.core.protocol import Capabilities, JobFinished, JobStarted, PhaseChanged
 from backend.pruning.request import PruneRequest, Shape, kept_channels, out_problem
 from backend.pruning.report import HEAL, RANKING, REPORT, write_json
 from backend.pruning.source import DTYPES, PruneSource
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 STAGES = ("check", "merge", "rank", "measure", "prune", "write", "reload", "report")
@@ -85,7 +85,7 @@ def _prune(config: RunConfig, run_dir: Path, reporter: Reporter, hooks: tuple[An
     stage, on_batch = hooks
     from backend.pruning.importance import rank
     from backend.pruning.removal import parameter_count
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
     from backend.training.model.loading import load_tokenizer
 
     tokenizer = source.tokenizer()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from backend.training.data.tokenized import PadCollator
+from backend.training.tokenized import PadCollator
 
 LAYER_HOW = "Block Influence: 1 - mean cos(input, output) of the layer's hidden states over the calibration tokens"
 HEAD_HOW = ("mean over tokens of ||head output @ its o_proj columns||, summed over the query heads of each "

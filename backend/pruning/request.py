@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.api.errors import bad_input
+from backend.core.errors import bad_input
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
 """model_types whose decoder layers are self_attn.{q,k,v,o}_proj + mlp.{gate,up,down}_proj, one config for all."""

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
 from backend.export.checkpoint_files import CheckpointFiles
 from backend.pruning.request import PruneRequest, Shape
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.api.export_formats import group_size_for
+from backend.core.registries.export_formats import group_size_for
 from backend.serving.safetensors_header import safetensors_sum
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
 

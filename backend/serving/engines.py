@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.api.export_formats import CALIBRATED, is_gguf
-from backend.api.launch import module_command, worker_env
+from backend.core.registries.export_formats import CALIBRATED, is_gguf
+from backend.runtime.processes import module_command, worker_env
 from backend.serving import Card, estimate_serving
 from backend.serving.source import ServeSource, max_positions
 from backend.serving.tf_server import TOKEN_ENV

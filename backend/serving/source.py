@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from backend.estimate.families import ESTIMATE_FAMILIES, load_model_config, text_part
-from backend.api.export_formats import CALIBRATED, EXPORT_REPORT, is_gguf
-from backend.api.serving_options import SERVED_FORMATS
+from backend.core.registries.export_formats import CALIBRATED, EXPORT_REPORT, is_gguf
+from backend.core.registries.serving_options import SERVED_FORMATS
 from backend.serving import calibrated
 from backend.serving.calibrated import WeightFiles
 from backend.serving.safetensors_header import safetensors_sum
@@ -113,7 +113,7 @@ def _export(path: Path, fmt: str | None) -> ServeSource:
 
 
 def _run(path: Path, fmt: str | None) -> ServeSource:
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
 
     exports = path / "exports"
     chosen = fmt or next((f for f in ORDER if (exports / f / EXPORT_REPORT).is_file()), "merged")

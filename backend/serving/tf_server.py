@@ -73,7 +73,7 @@ def watch_client() -> None:
     raw = os.environ.get("FINETUNE_STUDIO_CLIENT_PID", "")
     if not raw.isdigit() or int(raw) == os.getpid():
         return
-    from backend.api.processes import alive
+    from backend.runtime.processes import alive
 
     def run() -> None:
         while alive(int(raw)):

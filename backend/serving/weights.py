@@ -4,7 +4,7 @@
 quantizes the decoder's nn.Linear weights only (backend.estimate.states says why the fused experts
 and routers stay 16-bit): LLM.int8 1 B plus one fp32 scale per output row; NF4 with double
 quantization as backend.estimate.quantization counts it. GGUF: the block sizes of the GGML types
-(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.api.export_formats states the same per
+(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights; backend.core.registries.export_formats states the same per
 parameter) for every matrix, F32 for 1-D tensors. The calibrated exports (gptq-int4, awq-int4, w8a8):
 the tensors their safetensors files hold when the export is there, else as calibrated.py predicts them
 (4-bit or 8-bit decoder linears with 16-bit scales, the rest 16-bit). Torch-free.
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.api.export_formats import CALIBRATED
+from backend.core.registries.export_formats import CALIBRATED
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
-from backend.api.serving_options import SERVED_FORMATS
+from backend.core.registries.serving_options import SERVED_FORMATS
 from backend.estimate.quantization import nf4_bytes
 from backend.serving.calibrated import WeightFiles, predicted
 

@@ -17,11 +17,11 @@ import psutil
 import torch
 from transformers import TrainerCallback
 
-from backend.api.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged, PhaseChanged
-from backend.api.runs import mark_checkpoint_complete
+from backend.core.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged, PhaseChanged
+from backend.core.runs.run_folder import mark_checkpoint_complete
 from backend.training.mfu import TokenFlops
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 

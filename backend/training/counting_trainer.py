@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from backend.training.data.tokenized import IGNORE  # one definition of the ignored label
+from backend.training.tokenized import IGNORE  # one definition of the ignored label
 from backend.training.shortcuts.last_layer_rows import LastLayerRows
 from backend.training.shortcuts.loss_positions import keep_loss_positions
 from backend.training.phase import set_phase

@@ -3,8 +3,8 @@
 The estimate is checked after every run, on the machine that ran it: before the model loads the
 ledger takes the worker's resident memory (its process baseline: Python, torch, transformers, the
 tokenizer and the tokenized data) and the estimate the studio showed for this config (the same
-backend.api.run_estimate call); when the run ends it adds the measured peak (VmHWM, and on CUDA
-torch's peak allocated and reserved) and writes backend.api.memory_record.MemoryRecord. It never
+backend.estimate.run_estimate call); when the run ends it adds the measured peak (VmHWM, and on CUDA
+torch's peak allocated and reserved) and writes backend.core.runs.memory_record.MemoryRecord. It never
 fails a run: a record that cannot be made is a line in worker.log.
 """
 
@@ -16,10 +16,10 @@ import resource
 import sys
 from pathlib import Path
 
-from backend.config.run_config import RunConfig
-from backend.api.memory_record import MemoryRecord
-from backend.api.protocol import Capabilities
-from backend.api.run_estimate import RunEstimate, estimate_here
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.memory_record import MemoryRecord
+from backend.core.protocol import Capabilities
+from backend.estimate.run_estimate import RunEstimate, estimate_here
 
 log = logging.getLogger(__name__)
 

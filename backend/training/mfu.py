@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import torch
 
-from backend.api.paths import studio_home
+from backend.core.paths import studio_home
 
 log = logging.getLogger(__name__)
 

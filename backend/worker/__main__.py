@@ -23,7 +23,7 @@ def _take_protocol_stream():
 
 def main() -> int:
     protocol_out = _take_protocol_stream()
-    from backend.api.launch import worker_env  # torch-free: one definition of the worker's environment
+    from backend.runtime.processes import worker_env  # torch-free: one definition of the worker's environment
 
     client = os.environ.get("FINETUNE_STUDIO_CLIENT_PID")  # who started us: kept, not replaced by our own pid
     os.environ.update(worker_env())  # a worker started by hand gets what launch gives the others

@@ -19,11 +19,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from backend.config.run_config import ConfigError, RunConfig
-from backend.api.errors import JobError
-from backend.api.memory_record import MemoryRecord
-from backend.api.protocol import JobFailed
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import ConfigError, RunConfig
+from backend.core.errors import JobError
+from backend.core.runs.memory_record import MemoryRecord
+from backend.core.protocol import JobFailed
+from backend.core.runs.run_folder import RunFolder
 from backend.training.phase import is_out_of_memory
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def peak_bytes() -> int:
 def predicted_bytes(config: RunConfig) -> int | None:
     """The estimate's total for this run: the same figure the studio and memory.json show."""
     try:
-        from backend.api.run_estimate import estimate_here
+        from backend.estimate.run_estimate import estimate_here
 
         device = "cpu"
         try:

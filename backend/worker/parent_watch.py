@@ -1,7 +1,7 @@
 """ParentWatch: a worker ends with its client (stop and save first), never runs on detached.
 
 A closed terminal or a killed CLI or studio would otherwise leave the worker training with no one to
-stop it. The client names itself in FINETUNE_STUDIO_CLIENT_PID (backend/api/launch.py); a thread checks
+stop it. The client names itself in FINETUNE_STUDIO_CLIENT_PID (backend/runtime/processes.py); a thread checks
 that it is alive every second, and SIGTERM (a terminal closing, `kill`) asks for the same stop. Both
 become a stop-and-save at the next step boundary; a second SIGTERM ends the worker at once.
 """
@@ -14,8 +14,8 @@ import signal
 import threading
 from typing import Any
 
-from backend.api.processes import alive
-from backend.api.stop_listener import StopListener
+from backend.runtime.processes import alive
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
 CLIENT_PID_ENV = "FINETUNE_STUDIO_CLIENT_PID"

@@ -15,12 +15,12 @@ import warnings
 from pathlib import Path
 from typing import IO
 
-from backend.config.run_config import RunConfig
-from backend.api.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
-from backend.api.reporter import Reporter
+from backend.core.config.run_config import RunConfig
+from backend.core.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
+from backend.runtime.reporter import Reporter
 from backend.worker.failures import classify_failure
 from backend.worker.parent_watch import ParentWatch
-from backend.api.stop_listener import StopListener
+from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger("backend.worker")
 

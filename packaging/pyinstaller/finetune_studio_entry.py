@@ -7,7 +7,7 @@ argument shapes back into what a Python interpreter would have run:
     finetune-studio                        the window (studio.__main__.main)
     finetune-studio train CONFIG.yaml ...  the headless CLI (studio.__main__.main -> backend.cli.app)
     finetune-studio --worker [--job-file F]  one worker process (backend.worker.__main__.main)
-    finetune-studio [-u ...] -m MODULE ...   `python -m MODULE ...`: what backend/api/launch.py asks for
+    finetune-studio [-u ...] -m MODULE ...   `python -m MODULE ...`: what backend/runtime/processes.py asks for
                                            today (`-m backend.worker`), and what `accelerate launch`
                                            / torchrun ask for when they start ranks
 

@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.api.protocol import AnswerFinished, ChatMessage, MessageRefused, PhaseChanged, StopAnswer, TokensGenerated
-from backend.api.runs import RunFolder
+from backend.core.protocol import AnswerFinished, ChatMessage, MessageRefused, PhaseChanged, StopAnswer, TokensGenerated
+from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_picker_widget import RunPickerWidget
@@ -46,7 +46,7 @@ def memory_warning(config: Any, device: str, limit_bytes: int | None, label: str
     `predicted`, the Train page's figure for the run, else the shared estimate of its config."""
     peak = predicted
     if not peak:
-        from backend.api.run_estimate import estimate_run
+        from backend.api.estimates import estimate_run
 
         try:
             peak = estimate_run(config, device).total_bytes

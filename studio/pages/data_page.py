@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.api.paths import resolve_resource
+from backend.core.paths import resolve_resource
 from studio.services.background_call import BackgroundCall
 from backend.api.previews import DatasetProfile
 from backend.api.previews import ObjectiveRecords, read_objective_records, reward_columns

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.api.export_formats import (
+from backend.core.registries.export_formats import (
     CALIBRATED,
     CALIBRATION_SAMPLES_DEFAULT,
     CALIBRATION_SAMPLES_MAX,
@@ -42,7 +42,7 @@ from backend.api.export_formats import (
     FORMATS,
     overwrite_refusal,
 )
-from backend.api.protocol import MetricsLogged, PhaseChanged
+from backend.core.protocol import MetricsLogged, PhaseChanged
 from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.services.open_folder import open_folder
 from studio.widgets.evaluation_widget import EvaluationWidget

@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.config.run_config import ConfigError, RunConfig
-from backend.api.paths import HUB_PREFIX, resolve_resource
+from backend.core.config.run_config import ConfigError, RunConfig
+from backend.core.paths import HUB_PREFIX, resolve_resource
 from studio.services.model_info import ModelInfo
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path

@@ -29,9 +29,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.api.memory_record import MemoryRecord
+from backend.core.runs.memory_record import MemoryRecord
 from backend.api.run_index import RunIndex
-from backend.api.runs import RunFolder, RunSummary
+from backend.core.runs.run_folder import RunFolder, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.config.run_config import TechniqueSection
+from backend.core.config.run_config import TechniqueSection
 from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
 from studio.widgets.column_flow_widget import ColumnFlowWidget

@@ -21,7 +21,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal
 
-from backend.api.paths import hub_folder, models_dir
+from backend.core.paths import hub_folder, models_dir
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 """organisation/name, as the Hub spells repository ids."""
@@ -46,7 +46,7 @@ def hub_available() -> tuple[bool, str]:
 
 
 def target_folder(repo_id: str) -> Path:
-    """Where a hub id lands (backend.api.paths.hub_folder, so that `hub:` model paths find it)."""
+    """Where a hub id lands (backend.core.paths.hub_folder, so that `hub:` model paths find it)."""
     return hub_folder(repo_id)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.api.paths import resolve_resource
+from backend.core.paths import resolve_resource
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ModelInfo:
         architectures = raw.get("architectures") or []
         parameters, warnings = None, []
         try:
-            from backend.estimate import count_params, read_dims
+            from backend.api.estimates import count_params, read_dims
 
             arch, dims, warnings = read_dims(raw)
             parameters = count_params(arch, dims).total

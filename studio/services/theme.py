@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
-from backend.api.paths import resources_dir
+from backend.core.paths import resources_dir
 
 STYLE_SHEET = "styles/studio.qss"
 STYLES_FOLDER = "@STYLES@"

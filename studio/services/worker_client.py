@@ -13,11 +13,11 @@ from typing import Any, Sequence
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.api.launch import job_argv, start_line, worker_env
-from backend.api.protocol import JobFailed, JobFinished, StopJob, encode
+from backend.core.protocol import JobFailed, JobFinished, StopJob, encode
 from backend.api.protocol_session import TAIL_LINES, ProtocolSession, describe_exit
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 from studio.services.line_buffer import LineBuffer
 from studio.services.log_filter import TracebackFilter
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.config.run_config import ConfigError, RunConfig, TrainSection, warmup_outlasts, yaml_scalar
+from backend.core.config.run_config import ConfigError, RunConfig, TrainSection, warmup_outlasts, yaml_scalar
 
 
 def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -2,7 +2,7 @@
 whether Start may go.
 
 Any change to the draft schedules one recomputation on the next turn of the event loop (several
-changes in a row cost one estimate). The estimate is backend.api.run_estimate's, the one the CLI and
+changes in a row cost one estimate). The estimate is backend.estimate.run_estimate's, the one the CLI and
 the worker use: the feasibility verdicts for this machine first (a choice that cannot run here is
 estimated as what will run), then the estimator with this machine's CPU calibration. It is pure
 Python and reads only config.json, so this stays in the GUI thread: a few milliseconds.
@@ -14,8 +14,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from backend.config.run_config import ConfigError
-from backend.api.protocol import Capabilities
+from backend.core.config.run_config import ConfigError
+from backend.core.protocol import Capabilities
 from studio.state.config_state import ConfigState
 
 FEASIBILITY_KEYS = ("technique.method", "technique.precision", "technique.attention", "technique.optimizer",
@@ -50,7 +50,7 @@ class EstimateState(QObject):
         self.config_problem = ""
         """Why the draft is not a valid config ("" when it is)."""
         self.verdicts: tuple[Any, ...] = ()
-        """backend.api.feasibility Verdicts of the draft on this machine: what does not run as asked."""
+        """backend.estimate.feasibility Verdicts of the draft on this machine: what does not run as asked."""
         self.start_verdicts: tuple[Any, ...] = ()
         """feasibility.before_start's: the verdicts plus the files (a model not downloaded) and the GPUs."""
         self.device = "cpu"
@@ -58,7 +58,7 @@ class EstimateState(QObject):
         self.limit_label = ""
         """What the limit is, e.g. "GPU 0 (NVIDIA H200): 139.8 GiB" or "System RAM: 15.6 GiB"."""
         self.calibration: Any = None
-        """backend.api.calibration.Calibration of this machine's runs (read once, again after each run)."""
+        """backend.estimate.calibration.Calibration of this machine's runs (read once, again after each run)."""
         self._confirmed: Capabilities | None = None
         self._caps: dict[str, Capabilities] = {}
         self._answers: tuple[str, int | None] = ("", None)
@@ -115,7 +115,7 @@ class EstimateState(QObject):
 
     def recalibrate(self) -> None:
         """Read this machine's runs again (a run just wrote its memory.json)."""
-        from backend.api.calibration import Calibration
+        from backend.api.estimates import Calibration
 
         self.calibration = Calibration.read()
         self._timer.start()
@@ -134,7 +134,7 @@ class EstimateState(QObject):
 
     def caps(self) -> Capabilities:
         """The machine as the verdicts see it: the worker's probe once one ran, else found torch-free."""
-        from backend.api.device_caps import device_caps
+        from backend.core.device_caps import device_caps
 
         if self._confirmed is not None:
             return self._confirmed.model_copy(update={"cuda": self.device == "cuda"})
@@ -147,13 +147,13 @@ class EstimateState(QObject):
             self._timer.start()
 
     def recompute(self) -> None:
-        from backend.api.run_estimate import estimate_run  # pure Python; imported when first needed
+        from backend.api.estimates import estimate_run  # pure Python; imported when first needed
 
         self._timer.stop()
         if self.calibration is None:
             self.recalibrate()
             self._timer.stop()
-        from backend.api.feasibility import before_start, verdicts
+        from backend.api.verdicts import before_start, verdicts
 
         self._model_config = None
         try:
@@ -182,8 +182,8 @@ class EstimateState(QObject):
     def recompute_answers(self) -> None:
         """The inverse questions of the estimate: the longest seq_len that fits this device's memory
         and the card sizes the run fits on CUDA (the same estimate_run, torch-free)."""
-        from backend.estimate.cards import cuda_cards
-        from backend.estimate.seq_len import longest_seq_len, run_total
+        from backend.api.estimates import cuda_cards
+        from backend.api.estimates import longest_seq_len, run_total
 
         self._answers_timer.stop()
         self.seq_len_answer, self.cards = None, {}
@@ -202,7 +202,7 @@ class EstimateState(QObject):
 
     def _draft(self) -> Any:
         """The form as a RunConfig, or (when it breaks a rule across sections) its sections alone."""
-        from backend.api.feasibility import lenient_config
+        from backend.api.verdicts import lenient_config
 
         try:
             return self._config.config()
@@ -238,14 +238,14 @@ class EstimateState(QObject):
     def start_blocker(self) -> str:
         """Why Start may not go, every reason at once, one line each ("" when it may): an invalid form,
         a model not downloaded or a file not there, and what this machine cannot run (the Data page's
-        problem included): backend.api.feasibility.before_start, the verdict `train` refuses with."""
+        problem included): backend.estimate.feasibility.before_start, the verdict `train` refuses with."""
         lines = [self.config_problem] if self.config_problem else []
         lines += [v.message() for v in self.start_verdicts if v.blocks and v.message() not in lines]
         return "\n".join(lines)
 
     def model_config(self, path: str) -> dict[str, Any] | None:
         """config.json of `path` (None when unreadable: the estimate says why), read once per recompute."""
-        from backend.estimate import load_model_config
+        from backend.api.estimates import load_model_config
 
         if self._model_config is None or self._model_config[0] != path:
             try:
@@ -256,7 +256,7 @@ class EstimateState(QObject):
 
     def would_refuse(self, key: str, value: Any) -> str:
         """Why `key` set to `value` could not run here ("" if it could): the Techniques page marks it."""
-        from backend.api.feasibility import verdicts
+        from backend.api.verdicts import verdicts
 
         config = self._draft()  # an invalid form still marks what could not run: no choice is clickable unsaid
         if config is None:

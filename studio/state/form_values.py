@@ -7,7 +7,7 @@ GUI saves exactly the file the CLI reads.
 
 from __future__ import annotations
 
-from backend.api.paths import BUNDLED_PREFIX
+from backend.core.paths import BUNDLED_PREFIX
 
 BUNDLED_LABELS = {
     "bundled:tiny": "Bundled tiny model",

@@ -12,7 +12,7 @@ import numpy as np
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.api.protocol import EvalFinished, MetricsLogged
+from backend.core.protocol import EvalFinished, MetricsLogged
 from studio.state.objective_store import ObjectiveStore
 from studio.state.series_buffer import SeriesBuffer
 

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
-from backend.api.protocol import CompletionScored, MetricsLogged
+from backend.core.protocol import CompletionScored, MetricsLogged
 from studio.state.series_buffer import SeriesBuffer
 
 MAX_COMPLETIONS = 50

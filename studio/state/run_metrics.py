@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 
 LOSS = "loss"
 STANDARD = ("eval_loss", "learning_rate", "grad_norm", "tokens_per_s")

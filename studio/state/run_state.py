@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.api.protocol import (
+from backend.core.protocol import (
     CheckpointSaved,
     EvalFinished,
     JobFailed,

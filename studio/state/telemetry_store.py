@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal
 
 import numpy as np
 
-from backend.api.protocol import CheckpointSaved, EvalFinished, MetricsLogged, TelemetrySampled
+from backend.core.protocol import CheckpointSaved, EvalFinished, MetricsLogged, TelemetrySampled
 from studio.services.nvml_sampler import TelemetrySample
 from studio.state.series_buffer import SeriesBuffer
 

@@ -15,12 +15,12 @@ from pydantic import ValidationError
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from backend.config.run_config import ConfigError, ModelSection, RunConfig, TechniqueSection
-from backend.api.errors import JobError
-from backend.api.paths import resolve_resource
+from backend.core.config.run_config import ConfigError, ModelSection, RunConfig, TechniqueSection
+from backend.core.errors import JobError
+from backend.core.paths import resolve_resource
 from backend.api.run_index import RunIndex
-from backend.api.runs import RunFolder
-from backend.api.start_adapter import start_adapter_folder
+from backend.core.runs.run_folder import RunFolder
+from backend.core.runs.start_adapter import start_adapter_folder
 from studio.state.config_state import ConfigState
 from studio.state.form_values import display_path
 from studio.widgets.field_editors import description

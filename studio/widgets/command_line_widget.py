@@ -13,7 +13,7 @@ from typing import Callable
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton, QWidget
 
-from backend.config.run_config import ConfigError
+from backend.core.config.run_config import ConfigError
 from studio.state.config_state import ConfigState
 
 

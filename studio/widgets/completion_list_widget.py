@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QWidget
 
-from backend.api.protocol import CompletionScored
+from backend.core.protocol import CompletionScored
 from studio.state.objective_store import MAX_COMPLETIONS, ObjectiveStore
 
 

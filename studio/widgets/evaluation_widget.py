@@ -27,8 +27,8 @@ from PySide6.QtWidgets import (
 )
 
 from backend.api.evaluation_rows import report_note, report_rows
-from backend.api.protocol import PhaseChanged
-from backend.api.runs import RunFolder
+from backend.core.protocol import PhaseChanged
+from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 REPORT = "eval_report.json"

@@ -1,7 +1,7 @@
 """ExportReportWidget: the verification of an export, one row per check, a failed check in red.
 
 Reads export_report.json (backend/jobs/export.py): each check has a name, what it measures, the
-measured figure, the tolerance and its outcome (backend/api/export_report.py: passed, failed or not
+measured figure, the tolerance and its outcome (backend/core/runs/export_report.py: passed, failed or not
 verified). Nothing is hidden: a failed check is shown with its figure, in red, above the verdict; a
 check no independent reader could run is "not verified", in amber, with how to run it elsewhere,
 never "pass" nor "FAIL".
@@ -16,7 +16,7 @@ from typing import Any
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
-from backend.api.export_report import FAILED, NOT_VERIFIED, check_outcome, report_outcome
+from backend.core.runs.export_report import FAILED, NOT_VERIFIED, check_outcome, report_outcome
 from studio.widgets.units import human_bytes
 
 COLUMNS = ("Check", "Measured", "Tolerance", "Result", "What it measures")

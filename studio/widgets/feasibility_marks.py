@@ -1,6 +1,6 @@
 """FeasibilityMarks: the Techniques page's options that cannot run on this machine, marked with why.
 
-The worker's plan refuses what this machine cannot run (backend.api.feasibility); the page says so
+The worker's plan refuses what this machine cannot run (backend.estimate.feasibility); the page says so
 before Start instead of ten seconds after it. A choice that is set and cannot run turns its label
 red (amber where the worker runs a faithful fallback instead) with the sentence as its tooltip;
 an option not chosen that could not run here is disabled (a combo's item, an unticked check box)

@@ -14,7 +14,7 @@ from typing import Any
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox, QWidget
 
-from backend.config.run_config import RunConfig, section_models
+from backend.core.config.run_config import RunConfig, section_models
 from studio.state.config_state import ConfigState
 
 SECTIONS: dict[str, type] = section_models()
@@ -37,7 +37,7 @@ def description(key: str) -> str:
 
 def _bounds(info: Any) -> tuple[float | None, float | None, bool, bool]:
     """(low, high, low_is_exclusive, high_is_exclusive) from the field's constraints."""
-    from backend.config.help import field_bounds
+    from backend.core.config.help import field_bounds
 
     return field_bounds(info)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
-from backend.api.memory_record import MemoryRecord
+from backend.core.runs.memory_record import MemoryRecord
 from studio.services.nvml_sampler import TelemetrySample
 from studio.state.telemetry_store import TelemetryStore
 from studio.widgets.memory_chart import ElapsedAxis, MemoryChart

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.config.run_config import ConfigError
+from backend.core.config.run_config import ConfigError
 from studio.state.config_state import ConfigState
 from studio.widgets.field_editors import FieldEditors
 

@@ -19,8 +19,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.estimate.cuda import ALLOCATOR_RESERVE, CONTEXT_NOTE, CUDA_CONTEXT_BYTES, RESERVE_NOTE
-from backend.estimate.objectives import PART_NOTES
+from backend.api.estimates import ALLOCATOR_RESERVE, CONTEXT_NOTE, CUDA_CONTEXT_BYTES, RESERVE_NOTE
+from backend.api.estimates import PART_NOTES
 from studio.state.estimate_state import EstimateState
 from studio.widgets.units import human_bytes
 

@@ -27,11 +27,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.api.errors import JobError
-from backend.api.protocol import PhaseChanged
-from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
-from backend.pruning.request import PruneRequest, Shape, out_problem
-from backend.api.runs import RunFolder
+from backend.core.errors import JobError
+from backend.core.protocol import PhaseChanged
+from backend.api.pruning import RANKING, REPORT, format_ranking, format_report, read_json
+from backend.api.pruning import PruneRequest, Shape, out_problem
+from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backend.config.objectives import REWARD_KINDS, RewardSpec
+from backend.core.config.objectives import REWARD_KINDS, RewardSpec
 from studio.state.config_state import ConfigState
 
 KEY = "grpo.rewards"

@@ -15,8 +15,8 @@ from typing import Callable
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
-from backend.api.paths import runs_dir
-from backend.api.runs import RunFolder, RunSummary
+from backend.core.paths import runs_dir
+from backend.core.runs.run_folder import RunFolder, RunSummary
 
 
 _SUMMARIES: dict[str, tuple[tuple[int, int], RunSummary]] = {}

@@ -10,7 +10,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QWidget
 
-from backend.api.protocol import JobStarted, PhaseChanged, TokensGenerated
+from backend.core.protocol import JobStarted, PhaseChanged, TokensGenerated
 
 MAX_SAMPLES = 50
 

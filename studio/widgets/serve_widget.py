@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from backend.api.launch import module_command, worker_env
-from backend.api.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
+from backend.core.registries.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
 from studio.services.line_buffer import LineBuffer
 
 STOP_GRACE_MS = 20_000

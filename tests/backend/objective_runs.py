@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from backend.config.run_config import RunConfig
-from backend.api.protocol import Capabilities, decode_event
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.config.run_config import RunConfig
+from backend.core.protocol import Capabilities, decode_event
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 
 CPU = Capabilities(cuda=False)
 

@@ -9,12 +9,12 @@ import weakref
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig, apply_overrides
+from backend.core.config.run_config import RunConfig, apply_overrides
 from backend.estimate import estimate
-from backend.api.protocol import Capabilities
+from backend.core.protocol import Capabilities
 from backend.training.shortcuts import activation_offload
 from backend.training.shortcuts.activation_offload import ActivationOffload
-from backend.training.data.tokenized import PackingCollator
+from backend.training.tokenized import PackingCollator
 from backend.training.model.model_facts import ModelFacts
 from backend.training.shortcuts.installer import install
 from backend.training.model.techniques import plan_techniques

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from backend.api.hub_kernels import LOAD_KWARGS
+from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.export.calibrated import gptq, grid, layers, pack
 from backend.export.calibrated.collect import calibrate
 from backend.export.memory import anonymous_bytes, release

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from backend.api.calibration import DEFAULT_BASELINE_BYTES, NEWEST, Calibration
-from backend.config.run_config import RunConfig
+from backend.estimate.calibration import DEFAULT_BASELINE_BYTES, NEWEST, Calibration
+from backend.core.config.run_config import RunConfig
 from backend.estimate import MIB, estimate
-from backend.api.memory_record import FILE_NAME, MemoryRecord
+from backend.core.runs.memory_record import FILE_NAME, MemoryRecord
 from tests.conftest import PRESET
 
 

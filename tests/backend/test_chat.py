@@ -14,12 +14,13 @@ import time
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.launch import start_line, worker_command, worker_env
-from backend.api.protocol import ChatMessage, StopJob, encode
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.api.launch import start_line
+from backend.runtime.processes import worker_command, worker_env
+from backend.core.protocol import ChatMessage, StopJob, encode
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 
 torch.set_num_threads(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from backend.training.data.chat_template_text import template_renderer
+from backend.core.data.chat_template_text import template_renderer
 from tests.conftest import ROOT
 
 TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},

@@ -6,7 +6,7 @@ import pytest
 
 import backend.cli.app
 from backend.cli.app import main
-from backend.config.run_config import ConfigError, RunConfig
+from backend.core.config.run_config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = str(ROOT / "resources/presets/tiny_lora.yaml")
@@ -120,13 +120,13 @@ def test_cross_field_checks_name_fields_not_the_config(sets, fields, capsys):
 
 
 def test_every_cross_field_check_is_covered():
-    """Each case above trips a different check, one per `raise ValueError` in backend/config/run_config.py:
+    """Each case above trips a different check, one per `raise ValueError` in backend/core/config/run_config.py:
     a new check with no case here fails this test."""
     import inspect
 
-    import backend.config.run_config
+    import backend.core.config.run_config
 
-    assert inspect.getsource(backend.config.run_config).count("raise ValueError(") == len(CROSS_FIELD)
+    assert inspect.getsource(backend.core.config.run_config).count("raise ValueError(") == len(CROSS_FIELD)
     messages = set()
     for sets, _ in CROSS_FIELD:
         with pytest.raises(ConfigError) as caught:

@@ -22,7 +22,7 @@ def test_json_contract_on_cpu():
     data = json.loads(done.stdout)
     assert set(data["breakdown"]) == PARTS
     assert data["sum_of_parts_bytes"] == sum(data["breakdown"].values()) >= data["total_bytes"] > 0
-    from backend.api.calibration import DEFAULT_BASELINE_BYTES
+    from backend.estimate.calibration import DEFAULT_BASELINE_BYTES
 
     # A fresh studio home has no runs: the CPU runtime is the stated default process baseline.
     assert data["breakdown"]["runtime"] == DEFAULT_BASELINE_BYTES and "not calibrated yet" in data["calibration"]
@@ -44,9 +44,9 @@ def test_table_for_a_config_only_folder(tmp_path):
 
 def test_logits_follow_the_data_as_in_the_studio():
     """The CLI reads the data like the Data page: the same longest answer, the same estimate."""
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
     from backend.estimate import estimate
-    from backend.training.data.dataset_profile import DatasetProfile
+    from backend.core.data.dataset_profile import DatasetProfile
 
     measured = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu").stdout)
     worst = json.loads(run("estimate", str(PRESET), "--json", "--device", "cpu", "--worst-case").stdout)
@@ -59,7 +59,7 @@ def test_logits_follow_the_data_as_in_the_studio():
 
 
 def test_the_device_defaults_to_this_machines_and_is_said():
-    from backend.api.device_caps import detected_device
+    from backend.core.device_caps import detected_device
 
     here = detected_device()
     done = run("estimate", str(PRESET))
@@ -69,7 +69,7 @@ def test_the_device_defaults_to_this_machines_and_is_said():
 
 
 def test_nvml_decides_the_device_without_torch():
-    from backend.api.device_caps import detected_device
+    from backend.core.device_caps import detected_device
     from tests.fakes.fake_nvml import fake_pynvml
 
     gpu = fake_pynvml()

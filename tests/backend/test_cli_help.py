@@ -3,8 +3,8 @@
 import pytest
 
 from backend.cli.app import main
-from backend.config.run_config import RunConfig, field_paths, section_models
-from backend.config.help import fields_epilog
+from backend.core.config.run_config import RunConfig, field_paths, section_models
+from backend.core.config.help import fields_epilog
 
 
 def help_text(command: str, capsys) -> str:
@@ -59,7 +59,7 @@ def test_a_new_field_shows_up_by_itself(monkeypatch):
     """The help is generated: a field added to a model is listed with no other change."""
     from pydantic import Field, create_model
 
-    from backend.config.run_config import TrainSection
+    from backend.core.config.run_config import TrainSection
 
     Extra = create_model("Extra", __base__=TrainSection,
                          brand_new=(int, Field(default=3, ge=0, description="A field nobody listed.")))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.run_config import ConfigError, RunConfig, apply_overrides
+from backend.core.config.run_config import ConfigError, RunConfig, apply_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from backend.api.cpu_features import native_bf16
+from backend.core.cpu_features import native_bf16
 
 FLAGS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {extra}\nbugs\t\t: spectre_v1\n"
 
@@ -26,14 +26,14 @@ def test_unreadable_means_no(tmp_path):
 
 
 def test_torch_free():
-    code = "import sys, backend.api.cpu_features as c; c.native_bf16(); print('torch' in sys.modules)"
+    code = "import sys, backend.core.cpu_features as c; c.native_bf16(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def test_worker_env_sets_the_runtime_settings_and_the_user_wins():
-    from backend.api.cpu_features import RUNTIME_ENV
-    from backend.api.launch import worker_env
+    from backend.core.cpu_features import RUNTIME_ENV
+    from backend.runtime.processes import worker_env
 
     env = worker_env({"PATH": "/usr/bin"})
     assert all(env[name] == value for name, value in RUNTIME_ENV.items())
@@ -60,7 +60,7 @@ print(rss() - before)
 def test_bf16_products_of_every_row_length_do_not_grow_the_worker():
     """On a CPU with native bf16, measured without the bounds: +368 MB over these 300 lengths (one
     compiled kernel kept per shape, in two caches of 1,024); with the worker's environment, tens of MB."""
-    from backend.api.launch import worker_env
+    from backend.runtime.processes import worker_env
 
     out = subprocess.run([sys.executable, "-c", GROWTH], capture_output=True, text=True, check=True,
                          env=worker_env()).stdout

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.api.errors import JobError
-from backend.training.data.dataset_profile import DatasetProfile
-from backend.training.data.examples import DatasetReader
+from backend.core.errors import JobError
+from backend.core.data.dataset_profile import DatasetProfile
+from backend.core.data.examples import DatasetReader
 from tests.conftest import ROOT
 
 ALPACA = [{"instruction": "Say hi", "input": "", "output": "hi"},
@@ -253,7 +253,7 @@ def test_profile_of_a_csv_says_what_training_will(tmp_path):
 def test_reading_tables_keeps_the_studio_torch_free(tmp_path):
     write(tmp_path / "a.parquet", ALPACA)
     write(tmp_path / "b.csv", ALPACA)
-    code = ("import sys\nfrom backend.training.data.dataset_profile import DatasetProfile\n"
+    code = ("import sys\nfrom backend.core.data.dataset_profile import DatasetProfile\n"
             f"for name in ('a.parquet', 'b.csv'):\n"
             f"    assert DatasetProfile.read({str(tmp_path)!r} + '/' + name).count == 3\n"
             "heavy = [m for m in ('torch', 'transformers', 'peft', 'accelerate') if m in sys.modules]\n"

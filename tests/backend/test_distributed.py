@@ -8,10 +8,10 @@ import subprocess
 import pytest
 import yaml
 
-from backend.config.run_config import ConfigError, RunConfig
+from backend.core.config.run_config import ConfigError, RunConfig
 from backend.api.distributed import accelerate_config, multinode_commands, slurm_script
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET
 
 

@@ -9,7 +9,7 @@ import pytest
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend.config.run_config import RunConfig, TechniqueSection
+from backend.core.config.run_config import RunConfig, TechniqueSection
 from backend.training.objectives import dpo as preference
 from tests.conftest import ROOT
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.run_config import ConfigError, RunConfig
+from backend.core.config.run_config import ConfigError, RunConfig
 from backend.estimate import PARTS, Breakdown, estimate, human_bytes, nf4_bytes
 
 ROOT = Path(__file__).resolve().parents[2]

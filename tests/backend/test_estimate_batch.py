@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import estimate
 from tests.backend.test_estimate_families import GPT2_XL
 from tests.conftest import ROOT

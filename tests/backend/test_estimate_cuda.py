@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import CUDA_CONTEXT_BYTES, GIB, estimate
 from backend.estimate.cards import CARD_SIZES_GB, cards_sentence, fitting_cards, usable_bytes
 from tests.conftest import ROOT
@@ -53,7 +53,7 @@ def test_cards_of_a_cpu_estimate_use_the_config_json_given():
     """The studio estimates a preset before its download from config.json alone: so do its cards."""
     from backend.estimate import load_model_config
     from backend.estimate.cards import cuda_cards
-    from backend.api.run_estimate import estimate_run
+    from backend.estimate.run_estimate import estimate_run
 
     config = _preset("llama-3.2-1b_lora_12gb")  # model.path hub:..., not downloaded here
     raw = load_model_config(ROOT / "tests" / "fixtures" / "model_configs" / "meta-llama--Llama-3.2-1B-Instruct")

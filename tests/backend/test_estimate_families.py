@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import ESTIMATE_FAMILIES as FAMILIES, count_params, estimate, read_dims
 from tests.backend.test_estimate import _bench
 from tests.conftest import PRESET, ROOT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import ESTIMATE_FAMILIES as FAMILIES, count_params, estimate, read_dims
 from backend.estimate.families import ATTRIBUTE_MAPS
 from tests.families import FAMILIES as TINY

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import OBJECTIVE_PARTS, PARTS, estimate
 from backend.estimate.objectives import PART_NOTES
 

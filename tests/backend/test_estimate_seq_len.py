@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import GIB, estimate, load_model_config
 from backend.estimate.cards import usable_bytes
 from backend.estimate.seq_len import longest_seq_len, run_total, with_seq_len

@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 
 torch.set_num_threads(1)
@@ -129,7 +129,7 @@ def test_prompt_files_in_training_formats(tmp_path):
 
 
 def test_evaluate_after_the_runs_data_was_deleted_says_so_in_one_line(trained, tmp_path):
-    from backend.api.errors import JobError
+    from backend.core.errors import JobError
     from backend.jobs.evaluate import run_evaluate
 
     folder, config, _ = trained

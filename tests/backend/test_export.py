@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.runs import RunFolder
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.runs.run_folder import RunFolder
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from tests.conftest import BUNDLED_MODEL, PRESET, ROOT
 
 torch.set_num_threads(1)
@@ -139,7 +139,7 @@ def test_adapter_export_loads_with_plain_peft(lora_run):
 def test_merged_export_loads_with_plain_transformers(lora_run, dtype, bound, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from backend.api.export_formats import tolerance
+    from backend.core.registries.export_formats import tolerance
 
     out = tmp_path / f"merged-{dtype}"
     events, report = export(lora_run, "merged", out=str(out), **({"dtype": dtype} if dtype else {}))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from backend.api.errors import JobError
+from backend.core.errors import JobError
 from backend.export.calibrated import grid, gptq, layers, scaling
 from backend.export.calibrated.collect import calibrate, passes
 from backend.export.calibrated.support import MAX_SAMPLES, refusal, refuse
@@ -296,7 +296,7 @@ def test_cli_passes_calibration_samples_to_the_worker(runs, tmp_path):
 
 def test_stop_while_calibrating_cancels_and_leaves_nothing(runs, tmp_path, monkeypatch):
     from backend.export.calibrated import writer
-    from backend.api.stop_listener import StopListener
+    from backend.runtime.stop_listener import StopListener
 
     stop = StopListener(io.StringIO())
     original = writer.calibrate

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.api.errors import JobError
+from backend.core.errors import JobError
 from tests.families import build_tiny_model
 
 torch.set_num_threads(1)
@@ -243,7 +243,7 @@ def test_an_adapter_of_another_model_is_refused(tmp_path):
 
 
 def test_a_failed_check_never_suggests_the_format_that_failed():
-    from backend.api.export_formats import ALTERNATIVES, DTYPES, FORMATS, failure_hint
+    from backend.core.registries.export_formats import ALTERNATIVES, DTYPES, FORMATS, failure_hint
 
     for fmt in FORMATS:
         for dtype in DTYPES:

@@ -1,6 +1,6 @@
 """The three outcomes of an export's checks (passed, failed, not verified) and the precision a GGUF is read in.
 
-Torch-free report helpers (backend/api/export_report.py) read old and new reports alike; the CLI's
+Torch-free report helpers (backend/core/runs/export_report.py) read old and new reports alike; the CLI's
 report printer uses them. `read_dtype` is the GPU's configuration too, so it is checked here on
 the CPU for both devices.
 """
@@ -12,7 +12,7 @@ import io
 import pytest
 import torch
 
-from backend.api.export_report import check_outcome, figure, outcome_of, report_outcome
+from backend.core.runs.export_report import check_outcome, figure, outcome_of, report_outcome
 
 PASSED_PPL = {"name": "perplexity", "measured": 0.004, "tolerance": 0.03, "outcome": "passed", "passed": True}
 FAILED_TOP1 = {"name": "top1", "measured": 0.5, "tolerance": 0.98, "outcome": "failed", "passed": False}

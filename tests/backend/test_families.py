@@ -13,11 +13,11 @@ import logging
 
 import pytest
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.protocol import Capabilities, decode_event
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.protocol import Capabilities, decode_event
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from tests.conftest import PRESET
 from tests.families import FAMILIES, MOE, build_tiny_model
 
@@ -101,7 +101,7 @@ def test_family_trains_with_technique(models, tmp_path, caplog, family, method):
     applied = plan.split("shortcuts ", 1)[1].split(" (not used", 1)[0].split(";")[0].split(", ")
     assert applied == installed  # the plan line names what ran
     if method == "lora":
-        from backend.api.cpu_features import native_bf16
+        from backend.core.cpu_features import native_bf16
 
         bf16 = ["bf16_base"] if native_bf16() and family != "gpt2" else []  # a CPU with bf16 products
         assert applied == EXPECTED_SHORTCUTS[family] + bf16
@@ -155,7 +155,7 @@ def test_qlora_keeps_moe_experts_in_their_dtype(models):
 def test_a_moe_run_on_all_linear_exports_merged(models, tmp_path, caplog):
     """all-linear on Mixtral leaves the fused experts out (peft would wrap them, and a merged export of
     such adapters is refused): the default run trains, and its adapter merges and passes its check."""
-    from backend.api.runs import RunFolder
+    from backend.core.runs.run_folder import RunFolder
     from tests.backend.test_export import export
 
     events, _ = run_family(tmp_path, models["mixtral"], [], caplog)

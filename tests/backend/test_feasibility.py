@@ -1,16 +1,16 @@
-"""backend.api.feasibility: each rule on a CPU machine, the same sentence the worker's plan refuses with,
+"""backend.estimate.feasibility: each rule on a CPU machine, the same sentence the worker's plan refuses with,
 and the estimate computed for what will run."""
 
 from __future__ import annotations
 
 import pytest
 
-from backend.api.calibration import Calibration
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.feasibility import blocker, context_length, runnable, verdicts
-from backend.api.protocol import Capabilities
-from backend.api.run_estimate import estimate_run
+from backend.estimate.calibration import Calibration
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.estimate.feasibility import blocker, context_length, runnable, verdicts
+from backend.core.protocol import Capabilities
+from backend.estimate.run_estimate import estimate_run
 from backend.training.model.techniques import plan_techniques
 from tests.conftest import PRESET
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from backend.api.launch import ISOLATED, module_command, worker_command
+from backend.runtime.processes import ISOLATED, module_command, worker_command
 from tests.conftest import ROOT
 
 BUNDLE = "/opt/finetune-studio/finetune-studio"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.api.errors import JobError
+from backend.core.errors import JobError
 from tests.families import BUNDLED, FAMILIES, build_tiny_model, tiny_config
 
 torch.set_num_threads(1)

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.runs import RunFolder
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import RunFolder
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from tests import model_configs
 from tests.conftest import PRESET, ROOT
 from tests.families import BUNDLED, SPECIAL, TOKENIZER_FILES, VOCAB

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from backend.api.errors import JobError
+from backend.core.errors import JobError
 from tests.families import BUNDLED, tiny_config
 
 torch.set_num_threads(1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config.run_config import RunConfig
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET
 
 pytestmark = pytest.mark.gpu
@@ -98,8 +98,8 @@ def test_shortcuts_on_and_off_agree_in_bf16_on_cuda(family):
     path, both bf16 on CUDA: losses and gradients within bf16 rounding, not merely finite."""
     import torch
 
-    from backend.api.protocol import Capabilities
-    from backend.training.data.tokenized import PackingCollator, PadCollator
+    from backend.core.protocol import Capabilities
+    from backend.training.tokenized import PackingCollator, PadCollator
     from tests.backend.test_shortcut_exactness import build, features, loss_and_grads, plans
 
     on, off = plans(family, Capabilities(cuda=True, bf16=True), ["technique.precision=bf16"])
@@ -121,7 +121,7 @@ def test_counts_are_reduced_as_cuda_tensors_under_nccl(tmp_path):
     import torch.distributed as dist
 
     from backend.training.callbacks import ReportingCallback
-    from backend.api.stop_listener import StopListener
+    from backend.runtime.stop_listener import StopListener
 
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:

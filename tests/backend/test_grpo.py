@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.api.errors import JobError
-from backend.api.protocol import Capabilities
+from backend.core.errors import JobError
+from backend.core.protocol import Capabilities
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
 

@@ -9,8 +9,8 @@ import pytest
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from backend.config.run_config import RunConfig
-from backend.config.objectives import GrpoSection
+from backend.core.config.run_config import RunConfig
+from backend.core.config.objectives import GrpoSection
 from backend.training.objectives import grpo
 from tests.conftest import ROOT
 

@@ -12,11 +12,11 @@ import io
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.hub_kernels import LOAD_KWARGS, OFF_ENV
-from backend.api.launch import worker_env
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.config.run_config import RunConfig
+from backend.runtime.hub_kernels import LOAD_KWARGS, OFF_ENV
+from backend.runtime.processes import worker_env
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from tests.backend.objective_runs import CPU, evaluate_run, run_preset
 from tests.conftest import PRESET, ROOT
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.config.errors import ConfigError
-from backend.api.errors import JobError
-from backend.api.protocol import Capabilities
+from backend.core.config.run_config import RunConfig
+from backend.core.config.errors import ConfigError
+from backend.core.errors import JobError
+from backend.core.protocol import Capabilities
 from tests.backend.test_preference import answer_logp, base_and_tuned_accuracy, held_out_pairs
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
@@ -141,7 +141,7 @@ def test_a_batch_of_one_is_refused_for_kto_in_one_line():
 
 
 def test_kto_data_under_sft_points_at_the_objective(bundled_model, tmp_path):
-    from backend.training.data.examples import DatasetReader
+    from backend.core.data.examples import DatasetReader
 
     with pytest.raises(JobError) as caught:
         DatasetReader(ROOT / "resources" / "datasets" / "demo_kto.jsonl")

@@ -7,9 +7,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from backend.config.run_config import RunConfig
-from backend.training.data.lengths import MAX_CHARS_PER_TOKEN
-from backend.training.data.long_fields import cut_long_fields
+from backend.core.config.run_config import RunConfig
+from backend.core.data.lengths import MAX_CHARS_PER_TOKEN
+from backend.core.data.long_fields import cut_long_fields
 from backend.training.objectives import dpo, grpo, kto
 from tests.conftest import ROOT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.training.data.tokenized import PackingCollator, PadCollator
+from backend.training.tokenized import PackingCollator, PadCollator
 from backend.training.shortcuts.last_layer_rows import LastLayerRows
 from backend.training.shortcuts.loss_positions import keep_loss_positions, supports_loss_positions
 

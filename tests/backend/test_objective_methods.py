@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.run_config import RunConfig
-from backend.config.errors import ConfigError
-from backend.api.protocol import Capabilities
+from backend.core.config.run_config import RunConfig
+from backend.core.config.errors import ConfigError
+from backend.core.protocol import Capabilities
 from tests.backend.objective_runs import run_preset
 from tests.conftest import ROOT
 
@@ -78,7 +78,7 @@ def test_a_start_adapter_with_full_tuning_is_refused_in_one_line():
 
 
 def test_a_dpo_run_from_a_start_adapter_exports_its_one_tuned_adapter(tmp_path):
-    from backend.api.runs import RunFolder
+    from backend.core.runs.run_folder import RunFolder
     from tests.backend.test_export import export
 
     events = run(tmp_path, "tiny_dpo.yaml", ["model.adapter=bundled:adapters/tiny-yes-no", "train.max_steps=2",

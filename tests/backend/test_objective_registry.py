@@ -5,7 +5,7 @@ import typing
 
 import pytest
 
-from backend.config.objectives import Objective
+from backend.core.config.objectives import Objective
 from backend.training.objectives.registry import OBJECTIVES, ObjectiveMethod, objective_method, register_objective
 
 

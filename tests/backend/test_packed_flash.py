@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.training.data.tokenized import PackingCollator
+from backend.training.tokenized import PackingCollator
 from tests.backend.test_shortcut_exactness import features
 from tests.families import tiny_config
 

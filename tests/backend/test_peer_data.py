@@ -13,9 +13,9 @@ import shutil
 
 import pytest
 
-from backend.api.errors import JobError
-from backend.training.data.examples import DatasetReader
-from backend.training.data.records import detect_format, read_records, to_conversation
+from backend.core.errors import JobError
+from backend.core.data.examples import DatasetReader
+from backend.core.data.records import detect_format, read_records, to_conversation
 from tests.conftest import ROOT
 
 PEER = ROOT / "tests" / "fixtures" / "peer-data"
@@ -78,7 +78,7 @@ def test_fine_tunes_the_bundled_model(bundled_model, tmp_path, name, fmt, count)
 def test_tool_call_conversation_is_masked_to_the_assistant(bundled_model):
     from transformers import AutoTokenizer
 
-    from backend.training.data.tokenized import IGNORE, encode_conversation
+    from backend.training.tokenized import IGNORE, encode_conversation
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model)
     record = read_records(PEER / "glaive_toolcall_en_demo.json")[0]

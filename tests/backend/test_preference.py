@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.protocol import Capabilities, decode_event
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.protocol import Capabilities, decode_event
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from backend.cli.eval import format_report
 from tests.backend.objective_runs import evaluate_run, run_preset
 from tests.conftest import ROOT
@@ -126,7 +126,7 @@ def test_instruction_data_is_refused_for_dpo_naming_the_fields(bundled_model, tm
 
 
 def test_preference_data_under_sft_points_at_the_objective(bundled_model, tmp_path):
-    from backend.training.data.examples import DatasetReader
+    from backend.core.data.examples import DatasetReader
 
     with pytest.raises(JobError) as caught:
         DatasetReader(ROOT / "resources" / "datasets" / "demo_dpo.jsonl")
@@ -151,7 +151,7 @@ def test_cli_trains_the_dpo_preset_through_the_worker(bundled_model, studio_home
 
 def test_stop_and_save_keeps_a_complete_checkpoint_and_the_adapter(bundled_model, tmp_path):
     from backend.jobs.finetune import run_finetune
-    from backend.api.runs import CHECKPOINT_MARKER, RunFolder
+    from backend.core.runs.run_folder import CHECKPOINT_MARKER, RunFolder
 
     stop = StopListener(io.StringIO())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backend.training.data.preference_info import entry_mapper
+from backend.core.data.preference_info import entry_mapper
 
 DPO_ENTRY = {"file_name": "dpo_en_demo.json", "ranking": True, "formatting": "sharegpt",
              "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"}}
@@ -62,7 +62,7 @@ def test_an_sft_entry_or_no_entry_gives_none(tmp_path):
 
 
 def test_the_readers_follow_the_entry_renamed_columns_included(tmp_path):
-    from backend.training.data.preference_shapes import read_pairs, read_unpaired
+    from backend.core.data.preference_shapes import read_pairs, read_unpaired
 
     write_info(tmp_path, {
         "pairs": {"file_name": "pairs.jsonl", "ranking": True, "columns": {
@@ -82,8 +82,8 @@ def test_the_readers_follow_the_entry_renamed_columns_included(tmp_path):
 def test_a_kto_record_that_ends_on_the_user_is_refused_with_its_line(tmp_path):
     import pytest
 
-    from backend.api.errors import JobError
-    from backend.training.data.preference_shapes import read_unpaired
+    from backend.core.errors import JobError
+    from backend.core.data.preference_shapes import read_unpaired
 
     write_info(tmp_path, {"feedback": KTO_ENTRY | {"file_name": "feedback.jsonl"}})
     (tmp_path / "feedback.jsonl").write_text(json.dumps(
@@ -94,7 +94,7 @@ def test_a_kto_record_that_ends_on_the_user_is_refused_with_its_line(tmp_path):
 
 
 def test_the_data_page_preview_reads_what_the_trainer_reads(tmp_path):
-    from backend.training.data.objective_records import read_objective_records
+    from backend.core.data.objective_records import read_objective_records
 
     write_info(tmp_path, {"dpo_en_demo": DPO_ENTRY})
     record = {"conversations": [{"from": "human", "value": "Hi?"}], "chosen": {"from": "gpt", "value": "Hello."},

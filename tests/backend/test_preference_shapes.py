@@ -1,4 +1,4 @@
-"""backend.training.data.preference_shapes: every accepted pair and labelled-answer shape comes out as TRL's
+"""backend.core.data.preference_shapes: every accepted pair and labelled-answer shape comes out as TRL's
 fields, and every malformed record is refused in one line naming its file, line and field."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.api.errors import JobError
-from backend.training.data.preference_shapes import as_trl_row, read_pairs, read_unpaired
+from backend.core.errors import JobError
+from backend.core.data.preference_shapes import as_trl_row, read_pairs, read_unpaired
 
 USER = [{"role": "user", "content": "Is it?"}]
 YES, NO = [{"role": "assistant", "content": "yes"}], [{"role": "assistant", "content": "no"}]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import GIB, estimate
-from backend.api.paths import HUB_PREFIX
+from backend.core.paths import HUB_PREFIX
 from backend.api.presets import list_presets, load_preset, parse_card
 from tests import model_configs
 from tests.conftest import ROOT
@@ -55,8 +55,8 @@ def test_header_parsing(tmp_path):
 def test_a_preset_before_its_download_is_one_line_and_after_it_estimates(studio_home):
     import shutil
 
-    from backend.api.errors import JobError
-    from backend.api.paths import hub_folder
+    from backend.core.errors import JobError
+    from backend.core.paths import hub_folder
     from backend.training.model.loading import check_model_folder
 
     preset = next(p for p in PRESETS if p.hub_id == "Qwen/Qwen2.5-0.5B-Instruct")

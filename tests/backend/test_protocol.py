@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from backend.api import protocol as p
+from backend.core import protocol as p
 
 EVENTS = [
     p.WorkerReady(pid=1, capabilities=p.Capabilities(cuda=True, devices=[p.DeviceInfo(index=0, name="H200", total_bytes=1)])),

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.runs import RunFolder
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.runs.run_folder import RunFolder
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from tests.conftest import BUNDLED_MODEL, PRESET, ROOT
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""The one verdict before anything starts (backend.api.feasibility.before_start): `train` says every
+"""The one verdict before anything starts (backend.estimate.feasibility.before_start): `train` says every
 problem at once, exits 2, makes no run folder and starts no worker; strategies, GPUs and a model
 that is not downloaded are verdicts like the techniques."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 import backend.cli.app
-import backend.api.device_caps
+import backend.core.device_caps
 from backend.cli.app import main
-from backend.config.run_config import RunConfig
-from backend.api.device_caps import DetectedDevice
-from backend.api.feasibility import before_start, blocking_lines, input_verdicts, lenient_config, verdicts
-from backend.api.protocol import Capabilities, DeviceInfo
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.device_caps import DetectedDevice
+from backend.estimate.feasibility import before_start, blocking_lines, input_verdicts, lenient_config, verdicts
+from backend.core.protocol import Capabilities, DeviceInfo
+from backend.core.runs.run_folder import RunFolder
 from tests.conftest import PRESET
 
 CPU = Capabilities(cuda=False)
@@ -65,9 +65,9 @@ def test_deepspeed_on_the_cpu_is_one_line_naming_the_field_and_the_fix(nothing_s
 
 def test_deepspeed_not_installed_on_a_gpu_machine(nothing_starts, capsys, monkeypatch):
     """NVML finds a GPU; DeepSpeed is looked up with find_spec (not imported) and is absent here."""
-    monkeypatch.setattr(backend.api.device_caps, "detected_device",
+    monkeypatch.setattr(backend.core.device_caps, "detected_device",
                         lambda: DetectedDevice("cuda", "NVML found 1 GPU(s): fake", tuple(GPU.devices), True))
-    monkeypatch.setattr(backend.api.device_caps, "_installed", lambda module: module != "deepspeed")
+    monkeypatch.setattr(backend.core.device_caps, "_installed", lambda module: module != "deepspeed")
     code, lines = train(["hardware.strategy=deepspeed_zero2"], capsys)
     assert code == 2, lines
     assert lines[0].startswith("error: hardware.strategy: deepspeed_zero2 needs the DeepSpeed package, which is "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.api import paths
+from backend.core import paths
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.run_config import RunConfig
-from backend.config.errors import ConfigError
-from backend.api.errors import JobError
-from backend.config.objectives import RewardSpec
+from backend.core.config.run_config import RunConfig
+from backend.core.config.errors import ConfigError
+from backend.core.errors import JobError
+from backend.core.config.objectives import RewardSpec
 from backend.training.objectives.rewards import final_answer, reward_functions
 
 

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from backend.config.run_config import RunConfig
-from backend.api.run_continuation import ORIGIN, continue_run
-from backend.api.runs import CHECKPOINT_MARKER, RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_continuation import ORIGIN, continue_run
+from backend.core.runs.run_folder import CHECKPOINT_MARKER, RunFolder
 
 
 def _finished(tmp_path) -> RunFolder:
@@ -55,9 +55,9 @@ def test_continue_run_refuses_what_it_cannot_do(tmp_path):
 
 
 def test_a_run_without_a_tuned_model_is_sent_to_resume_only_when_it_can(tmp_path):
-    from backend.api.errors import JobError
+    from backend.core.errors import JobError
     from backend.export.merge import TrainedRun
-    from backend.api.run_continuation import how_to_finish
+    from backend.core.runs.run_continuation import how_to_finish
 
     cancelled = RunFolder.create(RunConfig(name="cancelled-early"), root=tmp_path)
     assert "left no checkpoint to resume from: train it again with `finetune-studio train " in how_to_finish(cancelled)
@@ -85,7 +85,7 @@ def test_a_run_folder_stores_relative_model_and_data_paths_absolute(tmp_path, mo
 
 def test_a_checkpoint_resumes_only_at_its_own_rank_and_method(tmp_path, capsys):
     from backend.cli.app import main
-    from backend.api.run_continuation import resume_mismatch
+    from backend.core.runs.run_continuation import resume_mismatch
 
     source = _finished(tmp_path)
     checkpoint = source.latest_checkpoint()

@@ -3,9 +3,9 @@
 import json
 import shutil
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.api.run_index import RunIndex
-from backend.api.runs import CHECKPOINT_MARKER, RunFolder
+from backend.core.runs.run_folder import CHECKPOINT_MARKER, RunFolder
 
 
 def finish(folder: RunFolder, loss: float, job: str = "finetune") -> None:

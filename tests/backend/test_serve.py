@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from backend.cli.app import main
-from backend.api.launch import module_command, worker_env
+from backend.runtime.processes import module_command, worker_env
 from backend.serving import Card, resolve
 from backend.serving import engines
 from backend.serving.engines import (HIDDEN, choose_engine, llama_cpp_launch, transformers_launch,
@@ -112,8 +112,8 @@ def test_a_run_without_its_merged_export_names_the_export_to_make(tmp_path):
 def test_a_run_is_served_from_its_merged_export_or_told_to_make_it(tmp_path, bundled_model, capsys):
     import shutil
 
-    from backend.config.run_config import RunConfig
-    from backend.api.runs import RunFolder
+    from backend.core.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
     from tests.conftest import PRESET
 
     folder = RunFolder.create(RunConfig.load(PRESET, ["name=to-serve"]), root=tmp_path)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.api.export_formats import CALIBRATED
-from backend.api.serving_options import SERVED_FORMATS
+from backend.core.registries.export_formats import CALIBRATED
+from backend.core.registries.serving_options import SERVED_FORMATS
 from backend.cli.app import main
 from backend.estimate.families import read_dims
 from backend.serving import Card, engines, estimate_serving, resolve
@@ -60,8 +60,8 @@ def test_a_run_serves_its_calibrated_export_first_when_it_has_no_merged_one(run)
 
 
 def test_a_run_without_the_calibrated_export_names_the_command_that_makes_it(tmp_path, capsys):
-    from backend.api.runs import RunFolder
-    from backend.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
+    from backend.core.config.run_config import RunConfig
     from tests.conftest import PRESET
 
     folder = RunFolder.create(RunConfig.load(PRESET, ["name=no-export"]), root=tmp_path)

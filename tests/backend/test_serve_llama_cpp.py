@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from backend.api.launch import module_command, worker_env
+from backend.runtime.processes import module_command, worker_env
 from backend.serving.engines import LLAMA_CPP_SERVER, installed
 from tests.backend.test_serve import start_cli
 from tests.conftest import PRESET, ROOT

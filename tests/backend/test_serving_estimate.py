@@ -199,8 +199,8 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def _run_folder(tmp_path, adapter_params: int = 0):
-    from backend.config.run_config import RunConfig
-    from backend.api.runs import RunFolder
+    from backend.core.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
 
     config = RunConfig(name="serve", model={"path": _fixture("meta-llama--Llama-3.2-1B-Instruct")})
     folder = RunFolder.create(config, root=tmp_path)

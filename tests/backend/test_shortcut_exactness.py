@@ -10,15 +10,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.protocol import Capabilities
-from backend.training.data.tokenized import PackingCollator, PadCollator
+from backend.core.config.run_config import RunConfig
+from backend.core.protocol import Capabilities
+from backend.training.tokenized import PackingCollator, PadCollator
 from backend.training.model.loading import attention_implementation
 from backend.training.shortcuts.loss_positions import keep_loss_positions
 from backend.training.model.model_facts import ModelFacts
 from backend.training.model.moe import enable_aux_loss
 from backend.training.shortcuts.installer import install
-from backend.training.shortcuts.registry import SHORTCUTS
+from backend.core.registries.shortcuts import SHORTCUTS
 from backend.training.model.techniques import plan_techniques
 from tests.conftest import PRESET
 from tests.families import FAMILIES, tiny_config
@@ -112,7 +112,7 @@ def chunk_calls(monkeypatch):
     """Chunks of 16 rows (several per batch at the tiny vocabulary), and a count of chunked losses."""
     from backend.training.shortcuts import chunked_loss
 
-    monkeypatch.setattr("backend.training.shortcuts.registry.LOSS_CHUNK_ELEMENTS", 16 * 4096)
+    monkeypatch.setattr("backend.core.registries.shortcuts.LOSS_CHUNK_ELEMENTS", 16 * 4096)
     calls = []
     plain = chunked_loss.chunked_causal_loss
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config.run_config import RunConfig, apply_overrides
+from backend.core.config.run_config import RunConfig, apply_overrides
 from backend.estimate import estimate
-from backend.training.shortcuts.registry import loss_chunk_rows
+from backend.core.registries.shortcuts import loss_chunk_rows
 from tests import model_configs
 
 LLAMA_8B = model_configs.CONFIGS_DIR / "meta-llama--Llama-3.1-8B-Instruct"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.protocol import Capabilities
-from backend.training.shortcuts import registry as shortcuts
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.protocol import Capabilities
+from backend.core.registries import shortcuts
 from backend.training.model.loading import attention_implementation
 from backend.training.model.model_facts import ModelFacts
 from backend.training.model.techniques import plan_techniques
@@ -174,7 +174,7 @@ def test_counts_are_reduced_on_the_process_groups_device(monkeypatch):
     import io
 
     from backend.training.callbacks import ReportingCallback, collective_device
-    from backend.api.stop_listener import StopListener
+    from backend.runtime.stop_listener import StopListener
 
     assert collective_device("gloo") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)

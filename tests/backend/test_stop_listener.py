@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from backend.api.protocol import ChatMessage, StopAnswer, StopJob, encode
-from backend.api.stop_listener import StopListener
+from backend.core.protocol import ChatMessage, StopAnswer, StopJob, encode
+from backend.runtime.stop_listener import StopListener
 
 HI = [{"role": "user", "content": "hi"}]
 

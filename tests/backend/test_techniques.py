@@ -8,13 +8,13 @@ import io
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.protocol import Capabilities
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.protocol import Capabilities
 from backend.training.model import techniques
 from backend.training.model.techniques import plan_techniques
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from tests.conftest import PRESET
 
 CPU = Capabilities(cuda=False, bitsandbytes="0.50.2")
@@ -24,7 +24,7 @@ GPU_NO_FLASH = Capabilities(cuda=True, bf16=True, flash_attn=False)
 def run_job(tmp_path, overrides: list[str], name: str = "run") -> list:
     """Run the fine-tune job in-process for 3 small steps; returns every event it wrote."""
     from backend.jobs.finetune import run_finetune
-    from backend.api.protocol import decode_event
+    from backend.core.protocol import decode_event
 
     config = RunConfig.load(PRESET, ["train.max_steps=3", "train.save_steps=100", "data.max_examples=48",
                                      "train.seq_len=128", "train.micro_batch_size=4", "data.validation_split=0",
@@ -164,7 +164,7 @@ def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, bounds
     sdpa_packed, what training loads for sdpa)."""
     from transformers import AutoModelForCausalLM
 
-    from backend.training.data.tokenized import PackingCollator, PadCollator
+    from backend.training.tokenized import PackingCollator, PadCollator
     from backend.training.shortcuts.packed_attention import register
 
     register()
@@ -199,7 +199,7 @@ def test_packing_gives_the_same_loss_as_padding(bundled_model, attention, bounds
 
 
 def test_offload_needs_the_deepspeed_strategy():
-    from backend.config.run_config import ConfigError
+    from backend.core.config.run_config import ConfigError
 
     with pytest.raises(ConfigError, match="technique.offload runs through DeepSpeed"):
         RunConfig.load(PRESET, ["technique.offload=zero2_optimizer"])
@@ -208,7 +208,7 @@ def test_offload_needs_the_deepspeed_strategy():
 def test_tokenization_is_cached_and_reused(bundled_model, tmp_path):
     from transformers import AutoTokenizer
 
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model)
     config = RunConfig.load(PRESET, ["data.max_examples=40"])
@@ -243,7 +243,7 @@ def test_training_shortcuts_change_no_loss(bundled_model, tmp_path, monkeypatch)
 def test_bf16_base_products_train_as_fp32_does(bundled_model, tmp_path, monkeypatch):
     """The CPU's bf16 base products (forced on here, so that a CPU without native bf16 tests them too):
     the same losses as exact fp32 within bf16 rounding, and the base's products really ran in bf16."""
-    from backend.api.cpu_features import native_bf16
+    from backend.core.cpu_features import native_bf16
     from backend.training.shortcuts import lora_matmul
 
     native = native_bf16()

@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.api.run_index import RunIndex
-from backend.api.runs import CHECKPOINT_MARKER, RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.runs.run_folder import CHECKPOINT_MARKER, RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 
 
@@ -41,9 +41,9 @@ def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(bundled_model):
     assert folder.status() == "finished"
 
     # memory.json: the estimate the studio shows for this config beside the worker's measured peak
-    from backend.api.calibration import Calibration
-    from backend.api.memory_record import MemoryRecord
-    from backend.api.run_estimate import estimate_run, longest_answer
+    from backend.estimate.calibration import Calibration
+    from backend.core.runs.memory_record import MemoryRecord
+    from backend.estimate.run_estimate import estimate_run, longest_answer
 
     record = MemoryRecord.read(folder.path)
     assert record is not None and (record.device, record.outcome) == ("cpu", "finished")
@@ -74,7 +74,7 @@ def test_stop_and_save_mid_run_leaves_a_complete_checkpoint(bundled_model):
     assert (latest / "optimizer.pt").is_file() and (latest / "trainer_state.json").is_file()
     assert (folder.adapter_dir / "adapter_model.safetensors").is_file()
     assert folder.status() == "stopped"
-    from backend.api.memory_record import MemoryRecord
+    from backend.core.runs.memory_record import MemoryRecord
 
     assert MemoryRecord.read(folder.path).outcome == "stopped"
 

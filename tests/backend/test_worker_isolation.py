@@ -1,5 +1,5 @@
 """The worker never imports from the folder its client was started in: a `backend/` (or `accelerate/`)
-package there must not change what runs (backend/api/launch.py module_command, distributed.launch_argv)."""
+package there must not change what runs (backend/runtime/processes.py module_command, distributed.launch_argv)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.api.distributed import launch_argv
-from backend.api.launch import WORKER_SCRIPT, module_command, worker_command, worker_env
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.runtime.processes import WORKER_SCRIPT, module_command, worker_command, worker_env
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET
 
 POISON = 'import sys\nsys.stderr.write("POISONED: imported from the current folder\\n")\nsys.exit(97)\n'

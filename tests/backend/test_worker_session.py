@@ -11,11 +11,11 @@ import pytest
 
 import backend.cli.app
 from backend.cli.app import main
-from backend.config.run_config import RunConfig
-from backend.api.protocol import PROTOCOL_VERSION, JobStarted, WorkerReady, encode
+from backend.core.config.run_config import RunConfig
+from backend.core.protocol import PROTOCOL_VERSION, JobStarted, WorkerReady, encode
 from backend.api.protocol_session import ProtocolSession
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET
 from tests.fakes import FAKE_WORKER
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from backend.api.protocol import JobStarted, MetricsLogged, WorkerReady, decode_command, encode  # noqa: E402
+from backend.core.protocol import JobStarted, MetricsLogged, WorkerReady, decode_command, encode  # noqa: E402
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.api.protocol import (
+from backend.core.protocol import (
     AnswerFinished,
     JobFailed,
     JobFinished,

@@ -15,7 +15,7 @@ import math
 import time
 from typing import Any
 
-from backend.api.protocol import CompletionScored, JobFinished, JobStarted, MetricsLogged, PhaseChanged
+from backend.core.protocol import CompletionScored, JobFinished, JobStarted, MetricsLogged, PhaseChanged
 
 PROMPTS = ("Is this a question? Answer yes or no.\n\nDoes the model learn?",
            "Is this a question? Answer yes or no.\n\nThe loss goes down.")

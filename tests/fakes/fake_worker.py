@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from backend.api.protocol import (  # noqa: E402 (after the sys.path line, so the script runs anywhere)
+from backend.core.protocol import (  # noqa: E402 (after the sys.path line, so the script runs anywhere)
     Capabilities,
     ChatMessage,
     CheckpointSaved,
@@ -61,7 +61,7 @@ from backend.api.protocol import (  # noqa: E402 (after the sys.path line, so th
 SCENARIOS = ("normal", "malformed", "crash", "sigkill", "slow", "stream", "oom", "disk_full", "export_fail",
              "objectives")
 MIB = 1 << 20
-MARKER = "checkpoint_complete.json"  # backend.api.runs.CHECKPOINT_MARKER, without importing the runs module
+MARKER = "checkpoint_complete.json"  # backend.core.runs.run_folder.CHECKPOINT_MARKER, without importing the runs module
 
 
 def memory(step: int) -> MemorySample:

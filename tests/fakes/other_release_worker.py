@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from backend.api.protocol import PROTOCOL_VERSION  # noqa: E402
+from backend.core.protocol import PROTOCOL_VERSION  # noqa: E402
 
 
 def main() -> int:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 
-from backend.config.run_config import RunConfig
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "resources" / "presets" / "tiny_lora.yaml"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config.run_config import ConfigError, RunConfig
-from backend.api.errors import JobError
+from backend.core.config.run_config import ConfigError, RunConfig
+from backend.core.errors import JobError
 from tests.conftest import PRESET, ROOT
 
 BAD = Path(__file__).resolve().parents[1] / "fixtures" / "bad_inputs"
@@ -26,7 +26,7 @@ def tokenizer(bundled_model):
 
 
 def data_error(tokenizer, name: str, *overrides: str) -> JobError:
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     config = RunConfig.load(PRESET, [f"data.path={BAD / name}", *overrides])
     with pytest.raises(JobError) as caught:
@@ -62,7 +62,7 @@ def test_too_long_is_refused_with_the_fix(tokenizer):
 
 
 def test_too_long_is_truncated_and_counted(tokenizer):
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     config = RunConfig.load(PRESET, [f"data.path={BAD / 'too_long.jsonl'}", "train.seq_len=64",
                                      "data.validation_split=0"])

@@ -17,10 +17,10 @@ import pytest
 
 import backend.cli.app
 import backend.cli.eval
-import backend.api.worker_process
+import backend.cli.worker_process
 from backend.cli.app import main
-from backend.config.run_config import RunConfig
-from backend.api.runs import CHECKPOINT_MARKER, RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import CHECKPOINT_MARKER, RunFolder
 from tests.conftest import PRESET
 
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -38,7 +38,7 @@ class RefusedWorker:
 
 @pytest.fixture(autouse=True)
 def no_worker(monkeypatch):
-    for module in (backend.cli.app, backend.cli.eval, backend.api.worker_process):
+    for module in (backend.cli.app, backend.cli.eval, backend.cli.worker_process):
         monkeypatch.setattr(module, "WorkerProcess", RefusedWorker)
 
 

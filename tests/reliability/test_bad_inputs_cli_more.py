@@ -16,8 +16,8 @@ import pytest
 import backend.cli.app
 import backend.cli.eval
 from backend.cli.app import main
-from backend.config.run_config import RunConfig
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import RunFolder
 from tests.conftest import PRESET
 from tests.reliability.test_bad_inputs_cli import one_line, run_folder
 

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import pytest
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
 from tests.conftest import BUNDLED_MODEL, PRESET
 
 Body = str | bytes | dict | list
@@ -176,7 +176,7 @@ def one_line(error: JobError, words: tuple[str, ...], where: tuple[str, ...], fi
 
 @pytest.mark.parametrize("case", DATA_CASES, ids=[c.id for c in DATA_CASES])
 def test_bad_data(case: DataCase, tokenizer, tmp_path):
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     path = write(tmp_path, case.files)
     config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0", *case.overrides])
@@ -200,7 +200,7 @@ def test_bad_data(case: DataCase, tokenizer, tmp_path):
 
 def test_the_token_cache_keeps_the_notes(tokenizer, tmp_path):
     """A second run on the same data reads the tokens from the cache, and must say the same notes."""
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     path = write(tmp_path, {"long.jsonl": jsonl(*FOUR, {"instruction": LONG, "output": "x"})})
     config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0", "train.seq_len=32"])

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.protocol import Capabilities
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.protocol import Capabilities
+from backend.core.runs.run_folder import RunFolder
 from backend.worker.failures import classify_failure
-from backend.api.reporter import Reporter
-from backend.api.stop_listener import StopListener
+from backend.runtime.reporter import Reporter
+from backend.runtime.stop_listener import StopListener
 from tests.conftest import PRESET, ROOT
 
 SMALL = ["data.max_examples=64", "train.seq_len=128", "train.micro_batch_size=4", "train.max_steps=10",
@@ -53,7 +53,7 @@ def test_injected_out_of_memory_names_phase_peak_prediction_and_fix(bundled_mode
     assert failure.predicted_bytes and failure.predicted_bytes > 0
     assert failure.fix == {"train.micro_batch_size": 2, "train.gradient_accumulation_steps": 2}
     assert "same effective batch" in failure.hint
-    from backend.api.memory_record import MemoryRecord
+    from backend.core.runs.memory_record import MemoryRecord
 
     record = MemoryRecord.read(tmp_path / "run")  # the peak that did not fit, beside the prediction
     if phase == "load":
@@ -116,8 +116,8 @@ def test_no_listening_port_and_no_network_env(bundled_model):
     """Security defaults: the worker runs offline and opens no listening socket."""
     import psutil
 
-    from backend.api.launch import worker_env
-    from backend.api.worker_process import WorkerProcess
+    from backend.runtime.processes import worker_env
+    from backend.cli.worker_process import WorkerProcess
 
     env = worker_env({})
     assert env["HF_HUB_OFFLINE"] == "1"

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import backend.cli.app
-import backend.api.worker_process
+import backend.cli.worker_process
 from backend.cli.app import main
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
+from backend.core.runs.run_folder import RunFolder
 from tests.conftest import BUNDLED_MODEL, PRESET
 from tests.reliability.test_bad_inputs_cli import RefusedWorker, one_line
 
@@ -25,7 +25,7 @@ from tests.reliability.test_bad_inputs_cli import RefusedWorker, one_line
 @pytest.fixture
 def no_worker(monkeypatch):
     """A bad input must be refused before a worker starts or a run folder is made."""
-    for module in (backend.cli.app, backend.api.worker_process):
+    for module in (backend.cli.app, backend.cli.worker_process):
         monkeypatch.setattr(module, "WorkerProcess", RefusedWorker)
     monkeypatch.setattr(RunFolder, "create", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(
         AssertionError("a bad input was accepted and a run folder was about to be made"))))
@@ -34,19 +34,19 @@ def no_worker(monkeypatch):
 # --- a config file of 52 MB ----------------------------------------------------------------------
 
 def test_a_huge_config_file_is_refused_unread(tmp_path, capsys, no_worker, monkeypatch):
-    import backend.config.run_config
+    import backend.core.config.run_config
 
     path = tmp_path / "huge.yaml"
     with path.open("w") as handle:  # valid YAML all through: only its size is wrong
         handle.write("train:\n  max_steps: 3\n")
         handle.write("# padding\n" * 5_200_000)
-    parse = backend.config.run_config.parse_config_yaml
+    parse = backend.core.config.run_config.parse_config_yaml
 
     def parse_unless_huge(text, source):
         assert "huge.yaml" not in str(source), "the huge file was parsed"
         return parse(text, source)
 
-    monkeypatch.setattr(backend.config.run_config, "parse_config_yaml", parse_unless_huge)
+    monkeypatch.setattr(backend.core.config.run_config, "parse_config_yaml", parse_unless_huge)
     began = time.monotonic()
     code = main(["train", str(path)])
     line = one_line(*capsys.readouterr())
@@ -55,7 +55,7 @@ def test_a_huge_config_file_is_refused_unread(tmp_path, capsys, no_worker, monke
 
 
 def test_a_config_just_under_the_limit_still_loads(tmp_path):
-    from backend.config.file import MAX_CONFIG_BYTES
+    from backend.core.config.file import MAX_CONFIG_BYTES
 
     path = tmp_path / "padded.yaml"
     head = "train:\n  max_steps: 3\n"
@@ -157,7 +157,7 @@ def test_a_full_disk_inside_safetensors_names_the_checkpoints_and_the_resume(bun
 def test_a_full_disk_before_any_checkpoint_says_none_is_left(tmp_path):
     from safetensors import SafetensorError
 
-    from backend.api.runs import CHECKPOINT_MARKER
+    from backend.core.runs.run_folder import CHECKPOINT_MARKER
     from backend.worker.failures import classify_failure
 
     torn = tmp_path / "run" / "checkpoints" / "checkpoint-2"
@@ -199,7 +199,7 @@ def tokenizer():
 
 def test_a_50_mb_answer_is_cut_before_tokenizing_and_said(tokenizer, tmp_path):
     """Tokenized whole, the answer took minutes; cut to 32 characters a token of seq_len, seconds."""
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 4_200_000)
     assert path.stat().st_size > 50_000_000
@@ -214,8 +214,8 @@ def test_a_50_mb_answer_is_cut_before_tokenizing_and_said(tokenizer, tmp_path):
 
 
 def test_the_cut_trains_on_the_same_tokens_as_the_whole_answer(tokenizer, tmp_path):
-    from backend.training.data.tokenized import build_datasets, encode_conversation
-    from backend.training.data.records import read_records, to_conversation
+    from backend.training.tokenized import build_datasets, encode_conversation
+    from backend.core.data.records import read_records, to_conversation
 
     answer = "".join(f"Word {i} of a long answer, with punctuation; and numbers {i * 7}.\n" for i in range(3000))
     path = alpaca_file(tmp_path / "long.jsonl", answer, before=0)
@@ -228,7 +228,7 @@ def test_the_cut_trains_on_the_same_tokens_as_the_whole_answer(tokenizer, tmp_pa
 
 
 def test_truncation_off_refuses_a_cut_example_by_its_characters(tokenizer, tmp_path):
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 100_000)
     config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0", "data.truncate=false"])
@@ -260,8 +260,8 @@ def test_the_cli_trains_on_a_50_mb_answer_and_says_it_was_cut(bundled_model, tmp
 def test_the_data_profile_and_the_estimate_measure_a_huge_answer_as_training_cuts_it(tmp_path):
     """The Data page and the worker's memory estimate read the data through DatasetProfile: it measures
     the cut text too (tokenizing 50 MB there took minutes and gigabytes after the data was loaded)."""
-    from backend.api.run_estimate import longest_answer
-    from backend.training.data.dataset_profile import MAX_TEXT_CHARS, DatasetProfile
+    from backend.estimate.run_estimate import longest_answer
+    from backend.core.data.dataset_profile import MAX_TEXT_CHARS, DatasetProfile
 
     path = alpaca_file(tmp_path / "big.jsonl", "lorem ipsum " * 500_000)
     profile = DatasetProfile.read(str(path), str(BUNDLED_MODEL), seq_len=256)
@@ -275,7 +275,7 @@ def test_the_data_profile_and_the_estimate_measure_a_huge_answer_as_training_cut
 
 
 def test_a_huge_prompt_is_cut_then_dropped_with_its_size_a_lower_bound(tokenizer, tmp_path):
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     path = tmp_path / "prompt.jsonl"
     records = [{"instruction": f"Say {i}.", "output": str(i)} for i in range(4)]
@@ -299,7 +299,7 @@ def test_torch_saves_errno_less_failure_is_a_full_disk_only_when_the_disk_is_ful
     from collections import namedtuple
 
     import backend.worker.failures as failures
-    from backend.api.runs import CHECKPOINT_MARKER
+    from backend.core.runs.run_folder import CHECKPOINT_MARKER
 
     run_dir = tmp_path / "run"
     for step, complete in ((4, True), (6, False)):
@@ -320,7 +320,7 @@ def test_torch_saves_errno_less_failure_is_a_full_disk_only_when_the_disk_is_ful
 
 
 def test_the_token_cache_keeps_the_cut_note(tokenizer, tmp_path):
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     path = alpaca_file(tmp_path / "long.jsonl", "lorem ipsum " * 10_000)
     config = RunConfig.load(PRESET, [f"data.path={path}", "data.validation_split=0"])

@@ -3,9 +3,9 @@ never interrupted (model, optimizer, scheduler, RNG and data order all restored)
 
 from __future__ import annotations
 
-from backend.config.run_config import RunConfig
-from backend.api.runs import RunFolder
-from backend.api.worker_process import WorkerProcess
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import RunFolder
+from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET
 
 OVERRIDES = ["train.max_steps=12", "train.save_steps=4", "data.max_examples=120", "train.seq_len=128",

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from backend.config.run_config import RunConfig
-from backend.api.runs import RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import RunFolder
 from studio.services.worker_client import WorkerClient
 from tests.conftest import PRESET, ROOT
 

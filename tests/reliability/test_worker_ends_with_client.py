@@ -11,9 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 from backend.worker.parent_watch import ParentWatch, alive
-from backend.api.stop_listener import StopListener
+from backend.runtime.stop_listener import StopListener
 from tests.fakes import fake_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,9 +70,9 @@ def test_sigterm_to_the_cli_stops_and_saves_before_it_exits(tmp_path):
     folder_root = tmp_path / "runs"
     script = textwrap.dedent(f"""
         import sys
-        from backend.config.run_config import RunConfig
-        from backend.api.runs import RunFolder
-        from backend.api.worker_process import WorkerProcess
+        from backend.core.config.run_config import RunConfig
+        from backend.core.runs.run_folder import RunFolder
+        from backend.cli.worker_process import WorkerProcess
         folder = RunFolder.create(RunConfig(name="term"), root=__import__("pathlib").Path({str(folder_root)!r}))
         print(folder.path, flush=True)
         terminal = WorkerProcess(command={fake_command("slow", 0.05)!r}).run(folder, RunConfig(name="term"))
@@ -101,8 +101,8 @@ def test_sigterm_asks_for_a_stop_with_a_checkpoint_and_a_gone_client_does_too():
 
 
 def test_a_multi_node_run_says_whom_it_waits_for_and_gives_up(tmp_path, capsys):
-    from backend.config.run_config import RunConfig
-    from backend.api.worker_process import WorkerProcess
+    from backend.core.config.run_config import RunConfig
+    from backend.cli.worker_process import WorkerProcess
 
     config = RunConfig.from_dict({"name": "two", "hardware": {
         "strategy": "ddp", "num_machines": 2, "main_process_ip": "10.0.0.7", "main_process_port": 29511,

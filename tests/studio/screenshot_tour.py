@@ -95,7 +95,7 @@ def fill(app: QApplication, studio) -> None:
 
 def fill_grpo(app: QApplication, studio) -> None:
     """The tiny_grpo preset with a second reward, trained by the fake worker's objectives scenario."""
-    from backend.api.paths import resources_dir
+    from backend.core.paths import resources_dir
 
     studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_grpo.yaml")
     studio.config.set("grpo.rewards", [{"kind": "exact_match", "column": "answer", "weight": 1.0},

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from backend.cli.app import build_parser
-from backend.config.run_config import ConfigError, RunConfig
+from backend.core.config.run_config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "resources" / "presets" / "tiny_lora.yaml"

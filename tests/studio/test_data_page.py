@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.training.data.dataset_profile import DatasetProfile
+from backend.core.data.dataset_profile import DatasetProfile
 
 LONG = " ".join(["word"] * 400)
 FILES = {

@@ -4,7 +4,7 @@ the activations carry their why in a hover."""
 
 from __future__ import annotations
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from backend.estimate import estimate
 from backend.estimate.seq_len import with_seq_len
 from studio.widgets.memory_breakdown_widget import CUDA_NOTES, activations_note

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 from tests.fakes import fake_command
 
 WAIT_MS = 30_000

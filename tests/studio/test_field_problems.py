@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.api.paths import runs_dir
+from backend.core.paths import runs_dir
 from tests.fakes import fake_command
 
 

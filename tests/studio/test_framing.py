@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.api.protocol import (
+from backend.core.protocol import (
     PROTOCOL_VERSION,
     JobFinished,
     JobStarted,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from backend.api.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged
+from backend.core.protocol import CheckpointSaved, EvalFinished, MemorySample, MetricsLogged
 from studio.services.gpu_monitor import GpuMonitor
 from studio.services.nvml_sampler import NvmlSampler, TelemetrySample
 from studio.state.telemetry_store import TelemetryStore

@@ -41,8 +41,8 @@ def test_each_job_ends_once_with_its_outcome_and_pages_see_only_their_own(qtbot,
 
 def test_a_worker_that_cannot_start_ends_crashed_once(qtbot):
     jobs = JobController(worker_command=["/nonexistent/python", "-m", "backend.worker"])
-    from backend.config.run_config import RunConfig
-    from backend.api.runs import RunFolder
+    from backend.core.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
 
     folder = RunFolder.create(RunConfig(name="nostart"))
     ended = []

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backend.config.run_config import RunConfig
-from backend.api.runs import RunFolder
-from backend.training.data.objective_records import read_objective_records
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import RunFolder
+from backend.core.data.objective_records import read_objective_records
 from studio.state.run_metrics import RunMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_the_objective_reader_stays_torch_free_and_reads_json_conversations(tmp_
                                  "rejected": "go away"}]), encoding="utf-8")
     records = read_objective_records(str(data), "dpo")
     assert records.problem == "" and records.rows[0]["prompt"] == "user: hi" and records.count == 1
-    probe = ("import sys, backend.training.data.objective_records, studio.widgets.adapter_picker_widget, "
+    probe = ("import sys, backend.core.data.objective_records, studio.widgets.adapter_picker_widget, "
              "studio.state.run_metrics; print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.stdout.strip() == "False", result.stderr[-2000:]

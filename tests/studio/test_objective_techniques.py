@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItemModel
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 from studio.pages.techniques_page import OBJECTIVE_ONLY, OBJECTIVE_TIPS
 from tests.studio.test_command_line_parity import assert_same_run, cli_config
 
@@ -103,7 +103,7 @@ def test_reward_editor_add_edit_remove_round_trip_into_the_config(qtbot, make_st
 
 
 def test_a_loaded_grpo_preset_fills_the_editor(qtbot, make_studio):
-    from backend.api.paths import resources_dir
+    from backend.core.paths import resources_dir
 
     studio = make_studio()
     studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_grpo.yaml")
@@ -115,7 +115,7 @@ def test_a_loaded_grpo_preset_fills_the_editor(qtbot, make_studio):
 
 
 def test_yaml_scalar_writes_reward_dicts_that_parse_back():
-    from backend.config.run_config import apply_overrides, yaml_scalar
+    from backend.core.config.run_config import apply_overrides, yaml_scalar
 
     rewards = [{"kind": "regex", "pattern": "^(yes|no)$, a: b {x} #c", "weight": 0.5},
                {"kind": "banned", "strings": ["a,b", "it's", " padded", "123", "off"], "weight": 1.0},
@@ -123,7 +123,7 @@ def test_yaml_scalar_writes_reward_dicts_that_parse_back():
     raw: dict = {}
     apply_overrides(raw, [f"grpo.rewards={yaml_scalar(rewards)}"])
     assert raw["grpo"]["rewards"] == rewards
-    from backend.config.help import fields_epilog
+    from backend.core.config.help import fields_epilog
 
     assert "grpo.rewards  (list of RewardSpec, default [{kind: exact_match}])" in fields_epilog(100)
 

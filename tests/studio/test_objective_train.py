@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.api.protocol import CompletionScored, MetricsLogged
+from backend.core.protocol import CompletionScored, MetricsLogged
 from studio.state.objective_store import MAX_COMPLETIONS, ObjectiveStore
 from tests.fakes import fake_command
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from backend.api.calibration import Calibration
-from backend.config.run_config import RunConfig
+from backend.estimate.calibration import Calibration
+from backend.core.config.run_config import RunConfig
 from backend.estimate import MIB, human_bytes
-from backend.api.memory_record import MemoryRecord
-from backend.api.runs import RunFolder
+from backend.core.runs.memory_record import MemoryRecord
+from backend.core.runs.run_folder import RunFolder
 from tests.conftest import PRESET
 from tests.fakes.fake_nvml import FakeSampler
 
@@ -139,7 +139,7 @@ def test_a_dataset_the_data_page_cannot_read_blocks_start(qtbot, make_studio, tm
 
 def test_the_run_records_what_was_predicted_here(qtbot, make_studio):
     """memory.json's prediction is the one the window showed before Start (the worker computes it the same way)."""
-    from backend.api.run_estimate import estimate_here
+    from backend.estimate.run_estimate import estimate_here
 
     studio = make_studio(sampler=NO_GPU)
     qtbot.waitUntil(lambda: studio.estimate.longest_answer is not None, timeout=5000)

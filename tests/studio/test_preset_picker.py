@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.api.paths import hub_folder, resolve_resource
+from backend.core.paths import hub_folder, resolve_resource
 from backend.api.presets import list_presets
 from studio.widgets.preset_picker_widget import GIB, PresetPickerWidget
 
@@ -52,7 +52,7 @@ def test_hub_paths_name_the_download_folder(studio_home):
 
 
 def test_the_list_first_shows_the_preset_the_draft_was_loaded_from(qtbot, make_studio):
-    from backend.api.paths import resources_dir
+    from backend.core.paths import resources_dir
 
     studio = make_studio()
     picker = studio.pages["model"].presets

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobOutcome
 from tests.fakes import fake_command
 from tests.studio.test_export_page import finished_run

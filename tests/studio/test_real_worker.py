@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = [p for p in ("resources/tiny/config.json", "backend/worker/__main__.py") if not (ROOT / p).exists()]
@@ -44,7 +44,7 @@ def test_real_worker_stops_resumes_and_finishes_from_the_window(qtbot, make_stud
     assert folder.status() == "finished"
     assert studio.window.resume_action.text() == "Train real-resume more…"
     # memory.json: the worker's measured peak beside the estimate the window showed before Start
-    from backend.api.memory_record import MemoryRecord
+    from backend.core.runs.memory_record import MemoryRecord
 
     record = MemoryRecord.read(folder.path)
     assert record is not None and record.predicted_total_bytes == predicted

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 from tests.fakes import fake_command
 from tests.studio.test_export_page import WAIT_MS, finished_run
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.api.run_continuation import ORIGIN
-from backend.api.runs import RunFolder
+from backend.core.runs.run_continuation import ORIGIN
+from backend.core.runs.run_folder import RunFolder
 from tests.fakes import fake_command
 
 WAIT_MS = 30_000

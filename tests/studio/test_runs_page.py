@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from backend.config.run_config import RunConfig
-from backend.api.runs import CHECKPOINT_MARKER, RunFolder
+from backend.core.config.run_config import RunConfig
+from backend.core.runs.run_folder import CHECKPOINT_MARKER, RunFolder
 
 
 def _run(name: str, rank: int, losses: list[float], checkpoint: bool = False) -> RunFolder:

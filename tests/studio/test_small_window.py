@@ -58,7 +58,7 @@ def test_the_window_opens_inside_a_small_screens_available_area(qtbot):
 
 
 def test_at_1280x800_the_kto_and_grpo_forms_fit_in_two_columns(qtbot, make_studio):
-    from backend.api.paths import resources_dir
+    from backend.core.paths import resources_dir
 
     studio = make_studio(sampler=FakeSampler())
     for preset in ("tiny_kto", "tiny_grpo"):
@@ -74,7 +74,7 @@ def test_at_1280x800_the_kto_and_grpo_forms_fit_in_two_columns(qtbot, make_studi
 
 
 def test_the_estimates_notes_never_draw_over_its_parts_table_once_resized(qtbot, make_studio):
-    from backend.api.paths import resources_dir
+    from backend.core.paths import resources_dir
 
     studio = make_studio(sampler=FakeSampler())
     studio.pages["model"].use_preset(resources_dir() / "presets" / "tiny_kto.yaml")  # the longest notes

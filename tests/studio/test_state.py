@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.api.protocol import (
+from backend.core.protocol import (
     CheckpointSaved,
     EvalFinished,
     JobFailed,
@@ -73,7 +73,7 @@ def test_bundled_paths_read_as_words_and_round_trip():
 
 
 def test_config_state_applies_the_form_over_the_preset(qtbot):
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
     from studio.state.config_state import ConfigState
 
     base = RunConfig()
@@ -92,7 +92,7 @@ def test_config_state_applies_the_form_over_the_preset(qtbot):
 
 
 def test_window_defaults_and_tooltips(qtbot):
-    from backend.config.run_config import TechniqueSection
+    from backend.core.config.run_config import TechniqueSection
     from studio.app import build_studio
 
     studio = build_studio(synchronous_data=True)
@@ -112,7 +112,7 @@ def test_window_defaults_and_tooltips(qtbot):
 
 
 def test_file_open_config_loads_a_yaml_and_says_what_is_wrong_in_one_line(qtbot, make_studio, tmp_path):
-    from backend.config.run_config import RunConfig
+    from backend.core.config.run_config import RunConfig
 
     studio = make_studio()
     window = studio.window

@@ -6,7 +6,7 @@ import shlex
 
 from PySide6.QtWidgets import QApplication, QComboBox
 
-from backend.config.run_config import RunConfig, TechniqueSection
+from backend.core.config.run_config import RunConfig, TechniqueSection
 from studio.widgets.field_editors import description
 from tests.fakes.fake_nvml import FakeSampler
 
@@ -44,7 +44,7 @@ def test_the_breakdown_follows_every_change(qtbot, make_studio):
 
 def test_logits_follow_the_longest_answer_the_data_page_measured(qtbot, make_studio, tmp_path):
     """The bundled demo answers are a few tokens: the logits part counts those, not all 8 x 256 positions."""
-    from backend.training.data.dataset_profile import DatasetProfile
+    from backend.core.data.dataset_profile import DatasetProfile
 
     studio = make_studio(sampler=FakeSampler())
     page, estimate = studio.pages["techniques"], studio.estimate
@@ -112,11 +112,11 @@ def test_an_impossible_combination_is_named_and_refused(qtbot, make_studio):
 def test_cpu_weights_follow_native_bf16(qtbot, make_studio, monkeypatch):
     """On a CPU run the estimate asks the CPU's flags: native bf16 halves the adapted linears'
     weights (as the worker holds them) and the weights row says so; without it, all fp32."""
-    import backend.api.cpu_features
+    import backend.core.cpu_features
 
     sizes = {}
     for native in (False, True):
-        monkeypatch.setattr(backend.api.cpu_features, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(backend.core.cpu_features, "native_bf16", lambda native=native: native)
         studio = make_studio()
         page, estimate = studio.pages["techniques"], studio.estimate
         assert estimate.device == "cpu"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 from tests.fakes import fake_command
 from tests.fakes.fake_nvml import FakeSampler
 
@@ -106,7 +106,7 @@ def test_stop_is_off_once_the_run_ended_while_the_worker_is_still_exiting(qtbot,
 
 
 def test_another_preset_clears_the_last_runs_charts_plan_and_resume_target(qtbot, make_studio):
-    from backend.api.paths import resources_dir
+    from backend.core.paths import resources_dir
 
     studio = make_studio(fake_command("normal"))
     window, page = studio.window, studio.train_page

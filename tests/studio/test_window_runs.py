@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.api.runs import RunFolder
+from backend.core.runs.run_folder import RunFolder
 from tests.fakes import fake_command
 
 WAIT_MS = 30_000  # generous: two shared cores, and each fake worker imports pydantic

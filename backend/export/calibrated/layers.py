@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from backend.api.export_formats import group_size_for
+from backend.core.registries.export_formats import group_size_for
 
 ATTENTION_INPUTS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.qkv_proj",))
 MLP_INPUTS = (("mlp.gate_proj", "mlp.up_proj"), ("mlp.gate_up_proj",))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from backend.config.run_config import RunConfig
+from backend.core.config.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 MAX_TOKENS = 512
@@ -18,7 +18,7 @@ MAX_TOKENS = 512
 
 def calibration_rows(config: RunConfig, tokenizer: Any, samples: int) -> tuple[list[list[int]], str]:
     """(token id lists, where they came from in words): `samples` rows spread evenly over the training data."""
-    from backend.training.data.tokenized import build_datasets
+    from backend.training.tokenized import build_datasets
 
     try:
         train, _, _ = build_datasets(config, tokenizer)

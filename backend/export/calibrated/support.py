@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from backend.api.export_formats import CALIBRATED, CALIBRATION_SAMPLES_DEFAULT, CALIBRATION_SAMPLES_MAX
+from backend.core.registries.export_formats import CALIBRATED, CALIBRATION_SAMPLES_DEFAULT, CALIBRATION_SAMPLES_MAX
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 """model_types whose decoder layers are plain nn.Linear layers behind named norms (layers.py); tested on
@@ -40,7 +40,7 @@ MAX_SAMPLES = CALIBRATION_SAMPLES_MAX
 
 def calibration_samples(value: object) -> int:
     """The export option `calibration_samples` (rows of training data to calibrate on), checked."""
-    from backend.api.errors import bad_input
+    from backend.core.errors import bad_input
 
     if value is None:
         return DEFAULT_SAMPLES
@@ -52,7 +52,7 @@ def calibration_samples(value: object) -> int:
 
 def refuse(fmt: str, run: Any) -> None:
     """JobError in one line when `fmt` cannot be written for this run's model (nothing is loaded)."""
-    from backend.api.errors import JobError
+    from backend.core.errors import JobError
     from backend.export.checkpoint_files import read_config
 
     if fmt not in CALIBRATED:

@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 import torch
 
-from backend.api.errors import JobError
+from backend.core.errors import JobError
 from backend.export.calibrated import gptq, grid, layers, pack, samples, scaling
 from backend.export.calibrated.collect import calibrate
 from backend.export.memory import release
 from backend.export.merge import DTYPES, TrainedRun, placement
 from backend.export.verify import _fp32_linear as verify_fp32_linear
-from backend.api.hub_kernels import LOAD_KWARGS
+from backend.runtime.hub_kernels import LOAD_KWARGS
 
 log = logging.getLogger(__name__)
 STATISTICS_SHARE = 0.25

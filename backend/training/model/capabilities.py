@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from backend.api.protocol import Capabilities, DeviceInfo
+from backend.core.protocol import Capabilities, DeviceInfo
 
 
 def _version(dist: str) -> str | None:

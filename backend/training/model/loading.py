@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
-from backend.api.hub_kernels import LOAD_KWARGS
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
+from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.training.model.model_check import check_model_folder  # noqa: F401 (re-exported: the jobs import it here)
 from backend.training.model.moe import enable_aux_loss, keep_experts_dtype, peft_targets
 from backend.training.model.techniques import TechniquePlan
@@ -96,7 +96,7 @@ def add_adapters(model: Any, config: RunConfig, plan: TechniquePlan) -> Any:
         return model
     from peft import get_peft_model
 
-    from backend.api.start_adapter import start_adapter_folder
+    from backend.core.runs.start_adapter import start_adapter_folder
     from backend.training.model.start_adapter import load_start_adapter
 
     model, lora = adapter_config(model, config, plan)

@@ -17,9 +17,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
-from backend.api.paths import not_downloaded
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
+from backend.core.paths import not_downloaded
 
 FIX_CONFIG = "copy config.json unchanged from the model's Hugging Face repository"
 FIX_DOWNLOAD = "download the file again (an interrupted download leaves it short)"
@@ -86,7 +86,7 @@ def check_files(path: Path, config: dict[str, Any], trust_remote_code: bool, all
 def known_families() -> list[str]:
     """The model types the studio measures (memory estimate) or writes (GGUF export)."""
     from backend.estimate.families import ESTIMATE_FAMILIES
-    from backend.api.export_formats import GGUF_ARCHITECTURES
+    from backend.core.registries.export_formats import GGUF_ARCHITECTURES
 
     return sorted(set(ESTIMATE_FAMILIES) | set(GGUF_ARCHITECTURES))
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import JobError
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import JobError
 from backend.training.model.model_facts import ModelFacts
 
 ATTENTION_TARGETS = "q_proj,k_proj,v_proj,o_proj"

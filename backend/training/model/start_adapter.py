@@ -1,6 +1,6 @@
 """model.adapter's loader: an earlier run's LoRA/DoRA adapter on the loaded base, trainable (needs peft).
 
-The torch-free check of the folder against technique is backend.api.start_adapter.start_adapter_folder.
+The torch-free check of the folder against technique is backend.core.runs.start_adapter.start_adapter_folder.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from backend.api.errors import bad_input
+from backend.core.errors import bad_input
 
 
 def load_start_adapter(model: Any, folder: Path) -> Any:

@@ -2,7 +2,7 @@
 
 A combination that cannot run here is refused with one sentence naming the option, why, and what
 to pick instead; where a faithful fallback exists (paged 8-bit Adam without CUDA pages) it is used
-and reported. The rules are backend.api.feasibility's, the same the studio shows before Start; here
+and reported. The rules are backend.estimate.feasibility's, the same the studio shows before Start; here
 bitsandbytes is probed by quantizing a small tensor, not assumed from its version.
 """
 
@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backend.config.run_config import RunConfig
-from backend.api.cpu_features import bf16_base as cpu_bf16_base
-from backend.api.cpu_features import native_bf16
-from backend.api.errors import JobError
+from backend.core.config.run_config import RunConfig
+from backend.core.cpu_features import bf16_base as cpu_bf16_base
+from backend.core.cpu_features import native_bf16
+from backend.core.errors import JobError
 from backend.estimate.families import load_model_config
-from backend.api.feasibility import blocker, resolved_precision, verdicts
-from backend.api.protocol import Capabilities
-from backend.training.shortcuts.registry import ShortcutChoice, Situation, choose
+from backend.estimate.feasibility import blocker, resolved_precision, verdicts
+from backend.core.protocol import Capabilities
+from backend.core.registries.shortcuts import ShortcutChoice, Situation, choose
 from backend.training.model.model_facts import ModelFacts
 from backend.training.model.moe import moe_notes
 
@@ -95,7 +95,7 @@ def _attention(config: RunConfig, caps: Capabilities, device: str, precision: st
                notes: list[str]) -> str:
     """The attention kernel for `auto`, asking the model's class what it supports; "" leaves it to
     transformers (a class that cannot be resolved before loading: remote code). An explicit choice
-    that cannot run was refused by backend.api.feasibility already."""
+    that cannot run was refused by backend.estimate.feasibility already."""
     asked = config.technique.attention
     flash_ok = device == "cuda" and caps.flash_attn and precision in ("bf16", "fp16")
     if asked == "auto":
@@ -133,7 +133,7 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
     if facts is None:
         facts = ModelFacts.read(config.resolved_model_path(), config.model.trust_remote_code)
     notes: list[str] = []
-    # The rules the studio shows before Start (backend.api.feasibility), with the real bitsandbytes probe.
+    # The rules the studio shows before Start (backend.estimate.feasibility), with the real bitsandbytes probe.
     found = verdicts(config, _model_config(config), caps, probe=bnb_can, facts=facts)
     first = blocker(found)
     if first is not None:

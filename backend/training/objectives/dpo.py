@@ -1,7 +1,7 @@
 """DPO: preference pairs read and checked, and TRL's DPOTrainer built on any method.
 
 The door of `technique.objective: dpo` (backend.training.objectives.registry: build_datasets, make_trainer). Data:
-preference pairs in any shape backend.training.data.preference_shapes reads (prompt, chosen and rejected as
+preference pairs in any shape backend.core.data.preference_shapes reads (prompt, chosen and rejected as
 text or chat messages; LLaMA-Factory's ranking format), from JSONL, JSON, CSV, Parquet, ... as for SFT,
 a malformed one refused with its line and the missing field. Where the tokenizer has a chat template
 the pair goes to TRL as a conversation (the prompt a user turn, each answer an assistant turn), so the
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.config.run_config import RunConfig
-from backend.training.data import preference_shapes
-from backend.training.data.long_fields import cut_long_fields
-from backend.training.data.tokenized import split_rows
+from backend.core.config.run_config import RunConfig
+from backend.core.data import preference_shapes
+from backend.core.data.long_fields import cut_long_fields
+from backend.training.tokenized import split_rows
 from backend.training.objectives.trl_counting import build_trl_trainer
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class PreferenceStats:
 
 def read_pairs(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     """Every record as {prompt, chosen, rejected} (text, or chat messages), in order; the first malformed
-    one is refused in one line that names the file, the line and the field (backend.training.data.preference_shapes)."""
+    one is refused in one line that names the file, the line and the field (backend.core.data.preference_shapes)."""
     return preference_shapes.read_pairs(path, limit)
 
 

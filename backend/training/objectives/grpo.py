@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
-from backend.api.protocol import CompletionScored
-from backend.training.data.long_fields import cut_long_fields
-from backend.training.data.tokenized import split_rows
-from backend.training.data.prompt_records import read_prompts
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
+from backend.core.protocol import CompletionScored
+from backend.core.data.long_fields import cut_long_fields
+from backend.training.tokenized import split_rows
+from backend.core.data.prompt_records import read_prompts
 from backend.training.objectives.rewards import RewardFn, completion_text, reward_functions
 from backend.training.objectives.trl_counting import build_trl_trainer
 

@@ -2,7 +2,7 @@
 
 The door of `technique.objective: kto` (backend.training.objectives.registry: build_datasets, make_trainer). Data:
 unpaired examples, a prompt, one answer and a label saying whether the answer is desirable, in any
-shape backend.training.data.preference_shapes reads (prompt/completion/label as text or chat messages,
+shape backend.core.data.preference_shapes reads (prompt/completion/label as text or chat messages,
 LLaMA-Factory's messages or conversations with label or kto_tag); preference pairs are accepted too,
 each unpaired into its chosen answer (desirable) and its rejected one (undesirable), and a note says so.
 The training rows are shuffled with train.seed: TRL reads them in order (its KL estimate pairs each
@@ -17,12 +17,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from backend.config.run_config import RunConfig
-from backend.api.errors import bad_input
-from backend.training.data.tokenized import split_rows
+from backend.core.config.run_config import RunConfig
+from backend.core.errors import bad_input
+from backend.training.tokenized import split_rows
 from backend.training.objectives.dpo import PreferenceStats
-from backend.training.data.long_fields import cut_long_fields
-from backend.training.data.preference_shapes import as_trl_row, read_unpaired
+from backend.core.data.long_fields import cut_long_fields
+from backend.core.data.preference_shapes import as_trl_row, read_unpaired
 from backend.training.objectives.trl_counting import build_trl_trainer
 
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from backend.api.errors import bad_input
-from backend.config.objectives import RewardSpec
+from backend.core.errors import bad_input
+from backend.core.config.objectives import RewardSpec
 
 RewardFn = Callable[..., list[float]]
 PUNCTUATION = " \t\r\n.,;:!?\"'`*()[]"

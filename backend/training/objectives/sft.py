@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.training.counting_trainer import SupervisedCountingTrainer
-from backend.training.data.tokenized import build_datasets
+from backend.training.tokenized import build_datasets
 
 __all__ = ["build_datasets", "make_trainer"]
 

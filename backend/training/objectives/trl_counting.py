@@ -64,11 +64,11 @@ def build_trl_trainer(trainer_class: type, config: Any, base: Any, lora: Any, to
     `base` with the peft config `lora` (None for full tuning) and the objective's `own` arguments (its
     args, ref_model, reward_funcs). TRL's refusal of LoRA targets the model lacks becomes a one-line
     technique.lora_targets error, and the adapters are checked against the config as the SFT job checks them."""
-    from backend.api.errors import bad_input
+    from backend.core.errors import bad_input
     from backend.training.model.loading import check_adapters
 
     if lora is None and own.get("ref_model") is None and "args" in own:
-        from backend.api.hub_kernels import LOAD_KWARGS
+        from backend.runtime.hub_kernels import LOAD_KWARGS
 
         own["args"].model_init_kwargs = dict(LOAD_KWARGS)  # TRL loads its frozen reference copy from the path
     try:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from backend.training.shortcuts import registry as shortcuts  # the chunk size, read at call time (the estimate reads it too)
+from backend.core.registries import shortcuts  # the chunk size, read at call time (the estimate reads it too)
 
 IGNORE_INDEX = -100
 

@@ -1,6 +1,6 @@
 """The one installer of every speed shortcut: attention at load, the model and trainer tricks, the threads.
 
-backend.training.shortcuts.registry decides (torch-free, the estimate asks it too); this module
+backend.core.registries.shortcuts decides (torch-free, the estimate asks it too); this module
 puts the decision in place on the loaded model and trainer, so the job has one place to call.
 """
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from backend.api.protocol import PhaseChanged
-from backend.training.shortcuts.registry import ShortcutChoice
+from backend.core.protocol import PhaseChanged
+from backend.core.registries.shortcuts import ShortcutChoice
 from backend.training.shortcuts.thread_choice import choose_threads, training_pass
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from backend.training.data.tokenized import IGNORE  # one definition of the ignored label
+from backend.training.tokenized import IGNORE  # one definition of the ignored label
 
 
 def supports_loss_positions(model: Any) -> bool:

@@ -1,0 +1,11 @@
+"""The prune job's request and report as the Prune tab reads them (torch-free parts of backend.pruning).
+
+The picks are checked against config.json before a worker starts (request.py) and the report is read
+back from the pruned folder (report.py); neither imports torch, which import-linter holds.
+"""
+
+from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
+from backend.pruning.request import PruneRequest, Shape, out_problem
+
+__all__ = ["RANKING", "REPORT", "PruneRequest", "Shape", "format_ranking", "format_report", "out_problem",
+           "read_json"]

@@ -1,0 +1,127 @@
+"""DatasetProfile: a dataset file read the way the worker reads it, plus approximate token lengths.
+
+The records, the format detection, the conversion to conversations and the checks are the worker's
+own (backend.core.data.examples, torch-free), so the preview shows what training will see. Token counts
+use the model's tokenizer.json through the `tokenizers` package (Rust, no torch); the chat template
+is not applied, so each message is counted as "role: content" and the figure is approximate (a
+template adds a few tokens per message). Without a tokenizer.json, words x 1.3 stands in. A text longer
+than training could use (MAX_CHARS_PER_TOKEN characters a token of seq_len) is measured on that much, as
+training tokenizes it: a 50 MB answer costs no minutes and gigabytes, and its length is a lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from backend.core.errors import JobError
+from backend.core.paths import resolve_resource
+from backend.core.data.examples import DatasetReader
+from backend.core.data.lengths import MAX_CHARS_PER_TOKEN
+
+PREVIEW_COUNT = 5
+MAX_MEASURED = 5000
+"""Token lengths are measured on at most this many examples (evenly spread) to stay quick."""
+WORDS_TO_TOKENS = 1.3
+"""Rough tokens per whitespace word of English text, used only when no tokenizer is found."""
+MAX_TEXT_CHARS = 1_000_000
+"""Without a seq_len, texts are measured on at most this many characters (a lower bound past it)."""
+TURN_END_TOKENS = 8
+"""Allowance per assistant turn for what the chat template adds to the trained tokens (an end of
+turn and a newline: 1-2 tokens in Llama 3, Qwen, Gemma and the bundled template; 8 to be safe)."""
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(path: str) -> Any:
+    from tokenizers import Tokenizer  # Rust tokenizers: no torch, no transformers
+
+    return Tokenizer.from_file(path)
+
+
+@dataclass(frozen=True)
+class DatasetProfile:
+    """Format, size, a preview and token lengths of one dataset file; `problem` when unreadable."""
+
+    path: str
+    format: str = ""
+    count: int = 0
+    preview: tuple[tuple[dict[str, str], ...], ...] = ()
+    lengths: tuple[int, ...] = ()
+    measured: int = 0
+    tokenizer: str = ""
+    """Where token counts came from: a tokenizer.json path, or "" for the word-count estimate."""
+    targets: tuple[int, ...] = ()
+    """Per measured example, the tokens the loss is taken on: the answers plus TURN_END_TOKENS per
+    assistant turn (every token of raw text)."""
+    problem: str = ""
+    hint: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def read(cls, data_path: str, model_path: str = "", fmt: str = "auto",
+             limit: int | None = MAX_MEASURED, skip_invalid: bool = False,
+             seq_len: int | None = None) -> "DatasetProfile":
+        """Never raises: a file the worker would refuse comes back with its sentence in `problem`.
+        limit: measure at most this many examples, evenly spread (None: all of them).
+        skip_invalid: as data.skip_invalid (invalid examples are left out and counted in `notes`).
+        seq_len: train.seq_len; each text is measured on its first MAX_CHARS_PER_TOKEN x seq_len characters
+        (MAX_TEXT_CHARS without it)."""
+        if not data_path:
+            return cls(data_path, problem="Choose a dataset file.")
+        path = resolve_resource(data_path)
+        try:
+            reader = DatasetReader(path, fmt, skip_invalid)
+            limit = limit or max(1, reader.total)
+            stride = max(1, reader.total // limit)
+            # Every record is converted and checked (as training does); only these are kept.
+            examples = reader.examples(keep=lambda i: i < PREVIEW_COUNT or i % stride == 0)
+        except JobError as exc:
+            return cls(data_path, problem=exc.message, hint=exc.hint)
+        except OSError as exc:
+            return cls(data_path, problem=f"{path}: {exc.strerror or exc}")
+        preview = tuple(tuple(e.messages) for e in examples if e.index < PREVIEW_COUNT)
+        sample = [e.messages for e in examples if e.index % stride == 0][:limit]
+        texts = ["\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"] for m in messages)
+                 for messages in sample]
+        answers = [[m["content"] for m in messages if m["role"] in ("assistant", "text")] for messages in sample]
+        cap = seq_len * MAX_CHARS_PER_TOKEN if seq_len else MAX_TEXT_CHARS
+        cut = sum(len(text) > cap for text in texts)
+        lengths, source = _token_lengths([text[:cap] for text in texts], model_path)
+        flat, _ = _token_lengths([a[:cap] for turns in answers for a in turns], model_path)
+        targets, at = [], 0
+        for turns in answers:
+            targets.append(sum(flat[at:at + len(turns)]) + TURN_END_TOKENS * len(turns))
+            at += len(turns)
+        notes = list(reader.notes)
+        if cut:
+            notes.append(f"{path}: {cut} {'example is' if cut == 1 else 'examples are'} over {cap:,} characters, "
+                         f"measured on {'its' if cut == 1 else 'their'} first {cap:,}: the lengths shown for "
+                         f"{'it are lower bounds' if cut == 1 else 'them are lower bounds'}")
+        return cls(data_path, reader.format, reader.total - reader.skipped, preview, tuple(lengths), len(texts),
+                   source, targets=tuple(targets), notes=tuple(notes))
+
+    def longest_answer(self) -> int | None:
+        """The most loss tokens one example holds, for the memory estimate; None unless every example
+        was measured with the model's tokenizer (a sample could miss the longest, a word count guesses)."""
+        if not self.targets or not self.tokenizer or self.measured != self.count:
+            return None
+        return max(self.targets)
+
+    def truncated_share(self, seq_len: int) -> float:
+        """Share of the measured examples longer than seq_len tokens."""
+        if not self.lengths:
+            return 0.0
+        return sum(1 for n in self.lengths if n > seq_len) / len(self.lengths)
+
+
+def _token_lengths(texts: list[str], model_path: str) -> tuple[list[int], str]:
+    if model_path:
+        tokenizer_file = resolve_resource(model_path) / "tokenizer.json"
+        if tokenizer_file.is_file():
+            try:
+                tokenizer = _load_tokenizer(str(tokenizer_file))
+                return [len(e.ids) for e in tokenizer.encode_batch(texts)], str(tokenizer_file)
+            except Exception:  # a tokenizer.json this version of `tokenizers` cannot read
+                pass
+    return [max(1, round(len(t.split()) * WORDS_TO_TOKENS)) for t in texts], ""
