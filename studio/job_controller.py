@@ -14,7 +14,7 @@ from typing import Any, Literal, Sequence
 from PySide6.QtCore import QObject, Signal
 
 from backend.core.config.run_config import RunConfig
-from backend.core.protocol import JobFailed, JobFinished, JobKind, _Message
+from backend.core.protocol import JobFailed, JobFinished, JobKind, Message
 from backend.core.runs.run_folder import RunFolder
 from studio.services.worker_client import WorkerClient
 
@@ -108,7 +108,7 @@ class JobController(QObject):
         """End the job as failed (bad input) with `message`: the studio's own verdict, not the worker's."""
         self.client.give_up("bad_input", message, hint)
 
-    def send(self, command: _Message) -> bool:
+    def send(self, command: Message) -> bool:
         """Write one more command to the running worker (a chat message); False when none runs."""
         return self.client.send(command)
 

@@ -29,7 +29,9 @@ class ProtocolError(ValueError):
     """A line that is not a message this version of the protocol understands."""
 
 
-class _Message(BaseModel):
+class Message(BaseModel):
+    """Every command and event: frozen, no unknown field, and the protocol version it was written in."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     v: int = PROTOCOL_VERSION
 
@@ -37,7 +39,7 @@ class _Message(BaseModel):
 # --- commands (imperative) -------------------------------------------------------------------
 
 
-class StartJob(_Message):
+class StartJob(Message):
     """Start one job; a worker runs exactly one job and then exits (a chat session once it is ended)."""
 
     type: Literal["StartJob"] = "StartJob"
@@ -48,14 +50,14 @@ class StartJob(_Message):
     params: dict[str, Any] = Field(default_factory=dict, description="Job-specific options (export format, ...).")
 
 
-class StopJob(_Message):
+class StopJob(Message):
     """Stop at the next step boundary; with ``save`` a complete checkpoint is written first."""
 
     type: Literal["StopJob"] = "StopJob"
     save: bool = True
 
 
-class ChatMessage(_Message):
+class ChatMessage(Message):
     """The next message of a chat session: the whole conversation and how to sample its answer.
 
     Ranges are checked by the worker, which refuses a bad message with MessageRefused and goes on."""
@@ -73,7 +75,7 @@ class ChatMessage(_Message):
         return self.model_dump(exclude={"type", "v", "seed"} if self.seed is None else {"type", "v"})
 
 
-class StopAnswer(_Message):
+class StopAnswer(Message):
     """Cut the chat answer being generated at the next token; the session and its model stay."""
 
     type: Literal["StopAnswer"] = "StopAnswer"
@@ -107,14 +109,14 @@ class Capabilities(BaseModel):
     cpu_threads: int = 1
 
 
-class WorkerReady(_Message):
+class WorkerReady(Message):
     type: Literal["WorkerReady"] = "WorkerReady"
     protocol_version: int = PROTOCOL_VERSION
     pid: int = 0
     capabilities: Capabilities = Field(default_factory=Capabilities)
 
 
-class JobStarted(_Message):
+class JobStarted(Message):
     type: Literal["JobStarted"] = "JobStarted"
     job: JobKind = "finetune"
     run_dir: str
@@ -122,7 +124,7 @@ class JobStarted(_Message):
     resumed_from: str | None = None
 
 
-class PhaseChanged(_Message):
+class PhaseChanged(Message):
     type: Literal["PhaseChanged"] = "PhaseChanged"
     phase: str = Field(description="load_model, load_data, tokenize, train, save, ...")
     detail: str = ""
@@ -136,7 +138,7 @@ class MemorySample(BaseModel):
     rss_bytes: int | None = None
 
 
-class MetricsLogged(_Message):
+class MetricsLogged(Message):
     type: Literal["MetricsLogged"] = "MetricsLogged"
     step: int
     max_steps: int
@@ -157,7 +159,7 @@ class MetricsLogged(_Message):
                     "kl, completions/mean_length, clip_ratio/region_mean. Empty for supervised fine-tuning.")
 
 
-class CompletionScored(_Message):
+class CompletionScored(Message):
     """GRPO: one sampled completion and what each reward function gave it, as training generates them."""
 
     type: Literal["CompletionScored"] = "CompletionScored"
@@ -168,32 +170,32 @@ class CompletionScored(_Message):
     reward: float = Field(description="The weighted sum GRPO ranks the prompt's completions by.")
 
 
-class TelemetrySampled(_Message):
+class TelemetrySampled(Message):
     type: Literal["TelemetrySampled"] = "TelemetrySampled"
     time: float
     memory: MemorySample = Field(default_factory=MemorySample)
     cpu_percent: float | None = None
 
 
-class CheckpointSaved(_Message):
+class CheckpointSaved(Message):
     type: Literal["CheckpointSaved"] = "CheckpointSaved"
     step: int
     path: str
 
 
-class EvalFinished(_Message):
+class EvalFinished(Message):
     type: Literal["EvalFinished"] = "EvalFinished"
     step: int
     eval_loss: float | None = None
 
 
-class TokensGenerated(_Message):
+class TokensGenerated(Message):
     type: Literal["TokensGenerated"] = "TokensGenerated"
     text: str
     done: bool = False
 
 
-class AnswerFinished(_Message):
+class AnswerFinished(Message):
     """One chat answer is complete (every model asked has answered); a session waits for the next message."""
 
     type: Literal["AnswerFinished"] = "AnswerFinished"
@@ -202,7 +204,7 @@ class AnswerFinished(_Message):
     seconds: float = Field(default=0.0, description="From the message to its last token, loading included.")
 
 
-class MessageRefused(_Message):
+class MessageRefused(Message):
     """A chat message the session cannot answer (bad options, no tuned model); the session goes on."""
 
     type: Literal["MessageRefused"] = "MessageRefused"
@@ -210,7 +212,7 @@ class MessageRefused(_Message):
     hint: str = ""
 
 
-class JobFinished(_Message):
+class JobFinished(Message):
     type: Literal["JobFinished"] = "JobFinished"
     run_dir: str
     stopped: bool = Field(default=False, description="True when a StopJob ended the run early.")
@@ -225,7 +227,7 @@ class JobFinished(_Message):
     checkpoint_path: str | None = None
 
 
-class JobFailed(_Message):
+class JobFailed(Message):
     type: Literal["JobFailed"] = "JobFailed"
     kind: FailureKind
     message: str = Field(description="One line a person can act on.")
@@ -267,7 +269,7 @@ _EVENT_TYPES = {
 }
 
 
-def encode(message: _Message) -> str:
+def encode(message: Message) -> str:
     """One message as one line, newline included."""
     return message.model_dump_json() + "\n"
 

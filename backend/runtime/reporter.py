@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from backend.core.protocol import MetricsLogged, TelemetrySampled, _Message, encode
+from backend.core.protocol import MetricsLogged, TelemetrySampled, Message, encode
 
 MIN_INTERVAL_S = 0.1
 
@@ -24,12 +24,12 @@ class Reporter:
         self._file: IO[str] | None = None
         self._lock = threading.Lock()
         self._last_metric_at = 0.0
-        self._pending: _Message | None = None
+        self._pending: Message | None = None
 
     def attach_run(self, run_dir: Path) -> None:
         self._file = (run_dir / "events.jsonl").open("a", encoding="utf-8")
 
-    def emit(self, event: _Message) -> None:
+    def emit(self, event: Message) -> None:
         line = encode(event)
         with self._lock:
             if self._file is not None:

@@ -126,23 +126,23 @@ def entry_layout(path: Path, folder: Path | None = None) -> Layout | None:
     dataset_info.json beside it, else (for a file inside the folder data.path names) the folder's
     entry in the one beside the folder. None when neither describes it."""
     for info, target in ((path.parent / INFO_NAME, path), *(((folder.parent / INFO_NAME, folder),) if folder else ())):
-        for name, entry in _entries(info).items():
+        for name, entry in info_entries(info).items():
             file_name = entry.get("file_name")
             if any(key in entry for key in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")):
                 continue  # LLaMA-Factory loads those from a hub or script, not from file_name
-            if isinstance(file_name, str) and _same(info.parent / file_name, target):
+            if isinstance(file_name, str) and same_file(info.parent / file_name, target):
                 return _layout(info, name, entry)
     return None
 
 
-def _same(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve()
     except OSError:
         return False
 
 
-def _entries(info: Path) -> dict[str, dict[str, Any]]:
+def info_entries(info: Path) -> dict[str, dict[str, Any]]:
     try:
         stamp = info.stat().st_mtime_ns
     except OSError:
@@ -187,7 +187,7 @@ def _layout(info: Path, name: str, entry: dict[str, Any]) -> Layout:
     if formatting == "alpaca":
         return _alpaca(name, columns)
     if formatting == "sharegpt":
-        return _sharegpt(name, columns, entry.get("tags"), where)
+        return sharegpt_layout(name, columns, entry.get("tags"), where)
     raise bad_input(f"{where}: unknown formatting {formatting!r}", "use alpaca or sharegpt")
 
 
@@ -203,7 +203,7 @@ def _alpaca(name: str, columns: dict[str, Any] | None) -> Layout:
                   response=get("response"), history=get("history"), system=get("system"), tools=get("tools"))
 
 
-def _sharegpt(name: str, columns: dict[str, Any] | None, tags: Any, where: str) -> Layout:
+def sharegpt_layout(name: str, columns: dict[str, Any] | None, tags: Any, where: str) -> Layout:
     get = {key: value for key, value in (columns or {}).items() if isinstance(value, str)}.get
     defaults = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
                 "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}

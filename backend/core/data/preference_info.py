@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from backend.core.errors import bad_input
-from backend.core.data.layouts import INFO_NAME, _entries, _same, _sharegpt
+from backend.core.data.layouts import INFO_NAME, info_entries, same_file, sharegpt_layout
 
 Mapper = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -23,9 +23,9 @@ def entry_mapper(path: Path, folder: Path | None = None) -> tuple[str, Mapper] |
     """(label, record -> canonical record) for the preference or KTO entry describing `path` in the
     dataset_info.json beside it (or beside `folder`); None when no such entry names it."""
     for info, target in ((path.parent / INFO_NAME, path), *(((folder.parent / INFO_NAME, folder),) if folder else ())):
-        for name, entry in _entries(info).items():
+        for name, entry in info_entries(info).items():
             file_name = entry.get("file_name")
-            if isinstance(file_name, str) and _same(info.parent / file_name, target):
+            if isinstance(file_name, str) and same_file(info.parent / file_name, target):
                 return _mapper(info, name, entry)
     return None
 
@@ -50,7 +50,7 @@ def _mapper(info: Path, name: str, entry: dict[str, Any]) -> tuple[str, Mapper] 
     if formatting == "alpaca":
         return label, _alpaca(get, kto, defaults="columns" not in entry)
     if formatting == "sharegpt":
-        return label, _conversation(_sharegpt(name, columns, entry.get("tags"), where), get, kto)
+        return label, _conversation(sharegpt_layout(name, columns, entry.get("tags"), where), get, kto)
     raise bad_input(f"{where}: unknown formatting {formatting!r}", "use alpaca or sharegpt")
 
 
