@@ -1,6 +1,6 @@
 """ServeWidget: the Serve panel, a run's export behind an OpenAI-compatible server on 127.0.0.1.
 
-Start runs `finetune-studio serve` (backend/cli_serve_run.py) in a QProcess, so the window and the
+Start runs `finetune-studio serve` (backend/cli/serve_run.py) in a QProcess, so the window and the
 terminal serve the same way and the studio never imports torch or transformers. The panel makes the
 token and hands it over in the environment, shows it once with the URL and the model name, and shows
 the exact command the CLI runs. Stop sends SIGTERM, which the CLI turns into the same clean stop as

@@ -24,7 +24,7 @@ def no_runs(monkeypatch):
 def cli_error(argv: list[str], capsys) -> str:
     """Run the CLI; it must refuse with exit code 2 and one line of stderr, which is returned. A config
     problem that also has choices this machine cannot run says those too (one `error:` line each, then
-    one hint: backend/cli_checks.load_for_train)."""
+    one hint: backend.cli.checks.load_for_train)."""
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "{'" not in err, err
