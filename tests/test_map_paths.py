@@ -16,6 +16,10 @@ SLASHED = re.compile(r"(?<![\w./~-])((?:%s)/[\w./-]*[\w/])(?![\w<{*])" % "|".joi
 """A repository path; one that goes on with a placeholder (`tests/backend/test_<name>.py`) is not checked."""
 DOTTED = re.compile(r"(?<![\w./-])((?:backend|studio)(?:\.\w+)+)(?![\w<{*])")
 DOCUMENTS = [ROOT / "README.md", ROOT / "packaging" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PACKAGES = sorted({d.name for d in (ROOT / "backend").rglob("*") if d.is_dir() and (d / "__init__.py").is_file()}
+              | {d.name for d in (ROOT / "studio").rglob("*") if d.is_dir() and (d / "__init__.py").is_file()})
+SHORT = re.compile(r"(?<![\w./~-])((?:%s)/[\w/]+\.py)\b" % "|".join(PACKAGES))
+"""A path inside a package named from the package down (`config/run_config.py`, `shortcuts/installer.py`)."""
 NOT_A_PATH = {
     # named as gone on purpose ("there is no backend/telemetry.py")
     "backend/telemetry.py",
@@ -78,6 +82,13 @@ def _dotted_problem(name: str) -> str | None:
     return "no such module"
 
 
+def _short_problem(path: str) -> str | None:
+    """None when some package of backend/ or studio/ holds `path` (its first folder is that package's name)."""
+    if any(next((ROOT / top).glob(f"**/{path}"), None) for top in ("backend", "studio")):
+        return None
+    return "no package holds it"
+
+
 def _slashed_problem(path: str) -> str | None:
     if path in NOT_A_PATH or (ROOT / path).exists():
         return None
@@ -91,6 +102,9 @@ def test_every_named_path_exists():
             path = path.rstrip(".")
             if (problem := _slashed_problem(path)):
                 problems.append(f"{where}: {path}: {problem}")
+        for path in set(SHORT.findall(text)):
+            if not path.startswith(TOP) and (problem := _short_problem(path)):
+                problems.append(f"{where}: {path}: {problem}")
         for name in set(DOTTED.findall(text)):
             if (problem := _dotted_problem(name.rstrip("."))):
                 problems.append(f"{where}: {name}: {problem}")
@@ -100,6 +114,7 @@ def test_every_named_path_exists():
 def test_the_check_catches_a_stale_name():
     assert _slashed_problem("backend/cli_serve_run.py")
     assert _slashed_problem("backend/core/protocol.py") is None
+    assert _short_problem("api/reporter.py") and _short_problem("config/run_config.py") is None
     assert _dotted_problem("backend.api.runs.RunFolder") == "backend.api has no runs"
     assert _dotted_problem("backend.core.runs.run_folder.RunFolder.path") is None
     assert _dotted_problem("backend.core.protocol") is None

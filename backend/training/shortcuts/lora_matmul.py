@@ -7,7 +7,7 @@ a backward that keeps the rank as the rows), with the same parameters and saved 
 adapters save, merge and export as before and the memory estimate is unchanged; the loss and
 gradients match peft's to float rounding (tests hold 1e-5).
 
-Installed where the registry chose it (shortcuts/registry.py: CPU, fp32, LoRA, hidden up to
+Installed where the registry chose it (backend/core/registries/shortcuts.py: CPU, fp32, LoRA, hidden up to
 `RANK_FIRST_MAX_HIDDEN`), and used per call only in the plain case: peft's dense `lora.Linear` over
 an `nn.Linear`, one active adapter, not merged, no DoRA or LoRA bias, on the CPU in fp32 with
 autocast off. Everything else runs peft's forward unchanged.
