@@ -21,6 +21,7 @@ import torch
 
 from backend.core.config.run_config import RunConfig
 from backend.core.errors import bad_input
+from backend.core.registries.export_formats import export_format
 from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.core.runs.run_continuation import how_to_finish
 from backend.export.adapter_weights import AdapterWeights
@@ -64,7 +65,8 @@ class TrainedRun:
 
     @classmethod
     def check(cls, run_dir: Path, config: RunConfig, fmt: str) -> "TrainedRun":
-        """Refuse, in one sentence each, what cannot be exported; nothing is loaded yet."""
+        """Refuse, in one sentence each, what cannot be exported as the format `fmt`; nothing is loaded yet."""
+        merged = export_format(fmt).merged
         folder = RunFolder(run_dir)
         full = config.technique.method == "full"
         weights = folder.path / "model" if full else folder.adapter_dir
@@ -76,7 +78,7 @@ class TrainedRun:
                 how_to_finish(folder, "export"),
             )
         if full:
-            if fmt == "adapter":
+            if not merged:
                 raise bad_input(f"{folder.path} is a full fine-tune: it has no adapter to export",
                                 "export merged, bnb-* or gguf-* instead")
             if not any(weights.glob("*.safetensors")) or not (weights / "config.json").is_file():
@@ -95,7 +97,7 @@ class TrainedRun:
                 raise bad_input(f"{weights / 'adapter_config.json'} is not valid JSON: the adapter is damaged",
                                 f"resume the run with `{resume}` to write it again") from None
         base = config.resolved_model_path()
-        if fmt != "adapter" and not full and (base / "config.json").is_file() \
+        if merged and not full and (base / "config.json").is_file() \
                 and read_config(base).get("quantization_config"):
             raise bad_input(f"{base}/config.json has a quantization_config: the base is stored pre-quantized, and a "
                             f"{fmt} export needs its 16-bit weights to merge into",

@@ -26,16 +26,15 @@ import torch
 
 from backend.core.config.run_config import RunConfig
 from backend.core.errors import JobError
-from backend.export.checkpoint_files import CheckpointFiles
-from backend.core.registries.export_formats import CALIBRATED, FORMATS, failure_hint, is_gguf, tolerance
-from backend.export.calibrated.support import refuse
-from backend.export.calibrated.writer import load_calibrated_export, write_calibrated
-from backend.export.memory import StagePeaks, release
-from backend.jobs.export_target import Export, estimate_bytes, human_bytes
-from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
-from backend.core.runs.export_report import (FAILED, NOT_VERIFIED, PASSED, REPORT, ExportFacts, build_report, check_outcome,
-                                       figure, verdict)
 from backend.core.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
+from backend.core.registries.export_formats import failure_hint, tolerance
+from backend.core.runs.export_report import (FAILED, NOT_VERIFIED, PASSED, REPORT, ExportFacts, build_report,
+                                             check_outcome, figure, verdict)
+from backend.export.checkpoint_files import CheckpointFiles
+from backend.export.doors.work import ExportWork, FormatWriter
+from backend.export.memory import StagePeaks, release
+from backend.export.merge import DTYPES, TrainedRun, check_device, default_dtype, load_tokenizer, load_trained, merged_source
+from backend.jobs.export_target import Export, estimate_bytes, human_bytes
 from backend.runtime.reporter import Reporter
 from backend.runtime.stop_listener import StopListener
 
@@ -69,23 +68,22 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
             raise JobError("cancelled", f"export cancelled before {name}; nothing was written")
         reporter.emit(PhaseChanged(phase=name, detail=detail))
 
-    stage("check", f"{job.fmt} -> {job.out}")
+    fmt = job.fmt
+    stage("check", f"{fmt.name} -> {job.out}")
     peaks.start("setup")
-    run = TrainedRun.check(Path(run_dir), config, job.fmt)
+    run = TrainedRun.check(Path(run_dir), config, fmt.name)
     job.dtype = job.dtype or default_dtype(run)
     job.check_target(run)
-    _refuse_unsupported(job, run)
+    fmt.refuse(run)  # a missing package or probe, before anything large is loaded
     tokenizer = load_tokenizer(run)
     dtype, device = DTYPES[job.dtype], check_device()
-    source = gguf_export = None
-    if job.fmt != "adapter":
-        # GGUF writers take fp32 merged tensors and round them once, to their own type.
-        source = merged_source(run, torch.float32 if is_gguf(job.fmt) else dtype)
-    if is_gguf(job.fmt):
-        from backend.export.gguf_writer import GgufExport
-
-        gguf_export = GgufExport(source, tokenizer, job.fmt, config.name)
-    needed = estimate_bytes(job.fmt, source, run, gguf_export.tensor_bytes if gguf_export else None)
+    # A GGUF writer takes fp32 merged tensors and rounds them once, to its own types (merge_precision).
+    source = merged_source(run, DTYPES[fmt.merge_precision or job.dtype]) if fmt.merged else None
+    work = ExportWork(fmt, run, tokenizer, source, job.dtype, device, job.calibration_samples,
+                      progress=lambda step, total: reporter.emit(MetricsLogged(step=step, max_steps=total)),
+                      should_stop=lambda: stop.requested)
+    writer: FormatWriter = fmt.writer().Writer(work)
+    needed = estimate_bytes(fmt, source, writer.planned_bytes)
     if job.free_bytes() < needed:
         raise job.disk_full(needed)
 
@@ -106,26 +104,26 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
     log.info("trained model: perplexity %.4f over %d tokens in %.1f s", expected.perplexity, expected.tokens,
              timings["reference"])
 
-    stage("write", f"{FORMATS[job.fmt]} (about {human_bytes(needed)}) into {job.tmp.name}")
+    stage("write", f"{fmt.description} (about {human_bytes(needed)}) into {job.tmp.name}")
     peaks.start("write")
     clock = time.monotonic()
     job.out.parent.mkdir(parents=True, exist_ok=True)
     try:
         job.tmp.mkdir()
-        notes = _write(job, run, source, tokenizer, gguf_export, reporter, stop)
+        notes = _write(work, writer, job.tmp, reporter)
         timings["write"] = time.monotonic() - clock
-        read_as = "in the precision it holds," if is_gguf(job.fmt) else job.dtype
+        read_as = f"in {fmt.read_back_in}," if fmt.read_back_in else job.dtype
         stage("verify", f"reloading {job.tmp.name} as its loader would, {read_as} on {device}, and measuring it")
         peaks.start("check")
         clock = time.monotonic()
-        checks, figures, loaded_as, check_dtype = _verify(job, run, tokenizer, probe, expected, device, stop)
+        checks, figures, loaded_as, check_dtype = _verify(work, job.tmp, probe, expected, stop)
         for check in checks:  # name the file where it will be once the folder is in place
             if check.get("how_to_verify"):
                 check["how_to_verify"] = check["how_to_verify"].replace(str(job.tmp), str(job.out))
         timings["check"] = time.monotonic() - clock
         peaks.stop()
         rounding = _rounding(job, source, notes)
-        report = build_report(ExportFacts(fmt=job.fmt, dtype=job.dtype, out=job.out, tmp=job.tmp, run=run,
+        report = build_report(ExportFacts(fmt=fmt.name, dtype=job.dtype, out=job.out, tmp=job.tmp, run=run,
                                           checks=checks, figures=figures, reference=expected, probe=probe,
                                           device=device, notes=notes, loaded_as=loaded_as,
                                           seconds=time.monotonic() - began, timings=timings, peaks=peaks.peaks,
@@ -148,9 +146,9 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         first = failed[0]
         raise JobError(
             "bad_input",
-            f"{job.fmt} export failed its {first['name']} check: {figure(first)}; "
+            f"{fmt.name} export failed its {first['name']} check: {figure(first)}; "
             f"the files are kept in {job.out} with {REPORT} marked failed",
-            failure_hint(job.fmt, job.dtype, run.method),
+            failure_hint(fmt.name, job.dtype, run.method),
         )
     summary = "; ".join(f"{c['name']} {figure(c)}" for c in checks if check_outcome(c) == PASSED)
     if report["outcome"] == NOT_VERIFIED:
@@ -160,32 +158,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
     else:
         reporter.emit(PhaseChanged(phase="verified", detail=f"{job.out}: {summary}"))
     reporter.emit(JobFinished(run_dir=str(run_dir), seconds=time.monotonic() - began,
-                              adapter_path=str(job.out) if job.fmt == "adapter" else None))
-
-
-def _refuse_unsupported(job: Export, run: TrainedRun) -> None:
-    """Refusals that need a package or a probe, before anything large is loaded."""
-    refuse(job.fmt, run)
-    if is_gguf(job.fmt):
-        import importlib.util
-
-        if importlib.util.find_spec("gguf") is None:
-            raise JobError("missing_dependency", f"{job.fmt}: GGUF export needs the gguf package, which is not installed",
-                           "pip install gguf (or reinstall with the README's command)")
-        from transformers import AutoConfig
-
-        from backend.export.gguf_writer import check_architecture
-
-        check_architecture(AutoConfig.from_pretrained(run.weights_dir if run.full else run.base_path,
-                                                      trust_remote_code=run.config.model.trust_remote_code))
-    if job.fmt.startswith("bnb-"):
-        from backend.export.hf_writer import bnb_device, bnb_serialization_problem
-
-        bits = 4 if job.fmt == "bnb-4bit" else 8
-        problem = bnb_serialization_problem(bits, bnb_device())
-        if problem:
-            raise JobError("missing_dependency", f"{job.fmt}: this machine's bitsandbytes cannot save {bits}-bit "
-                           f"models that reload correctly ({problem})", "export merged or a gguf format instead")
+                              adapter_path=None if fmt.merged else str(job.out)))
 
 
 def _model_bytes(source: Any, run: TrainedRun) -> int:
@@ -209,41 +182,15 @@ def _rounding(job: Export, source: Any, notes: list[str]) -> dict[str, Any] | No
                     f"change, over the {stats.tensors} adapted tensors", "relative_error": error}
 
 
-def _write(job: Export, run: TrainedRun, source: Any, tokenizer: Any, gguf_export: Any,
-           reporter: Reporter, stop: StopListener) -> list[str]:
-    from backend.export import hf_writer
-
-    def progress(step: int, total: int) -> None:
-        reporter.emit(MetricsLogged(step=step, max_steps=total))
-
-    def should_stop() -> bool:
-        return stop.requested
-
-    notes: list[str] = []
+def _write(work: ExportWork, writer: FormatWriter, folder: Path, reporter: Reporter) -> list[str]:
+    """The format's writer fills `folder`; returns the report's notes (a Stop while writing cancels)."""
     try:
-        if job.fmt == "adapter":
-            hf_writer.write_adapter(run, job.tmp)
-        elif job.fmt == "merged":
-            hf_writer.write_merged(source, run, tokenizer, job.tmp, job.dtype, progress, should_stop)
-        elif job.fmt.startswith("bnb-"):
-            bits = 4 if job.fmt == "bnb-4bit" else 8
-            hf_writer.write_bnb(source, run, tokenizer, job.tmp, bits, job.dtype, progress, should_stop)
-        elif job.fmt in CALIBRATED:
-            notes += write_calibrated(job.fmt, source, run, tokenizer, job.tmp, job.dtype, job.calibration_samples,
-                                      check_device(), progress, should_stop)
-        else:
-            from backend.export.modelfile import modelfile
-
-            gguf_export.write(job.tmp / "model.gguf", progress=progress, should_stop=should_stop)
-            text, note = modelfile(tokenizer)
-            (job.tmp / "Modelfile").write_text(text, encoding="utf-8")
-            notes.append(f"tensor types: {gguf_export.type_counts()}")
-            if note:
-                notes.append(note)
+        notes = writer.write(folder)
     except InterruptedError:
         raise JobError("cancelled", "export cancelled while writing; nothing was left behind") from None
     reporter.flush()
-    if run.quantization and job.fmt != "adapter":
+    run = work.run
+    if run.quantization and work.fmt.merged:
         notes.append(f"the base was dequantized from the run's {run.quantization} weights before merging")
     if run.quantization and run.device == "cuda" and not torch.cuda.is_available():
         notes.append(f"the run quantized its base on cuda and this export did it again on the cpu, which can "
@@ -261,54 +208,23 @@ def _measure(model: Any, probe: Any, stop: StopListener, when: str) -> Any:
         raise JobError("cancelled", f"export cancelled while {when}") from None
 
 
-def _verify(job: Export, run: TrainedRun, tokenizer: Any, probe: Any, expected: Any,
-            device: str, stop: StopListener) -> tuple[list[dict], dict, str, str]:
-    """Load what was written with the loader that owns the format, measure it, free it, compare:
-    (checks, figures, how it was loaded, the dtype it was measured in)."""
-    from transformers import AutoTokenizer
+def _verify(work: ExportWork, folder: Path, probe: Any, expected: Any,
+            stop: StopListener) -> tuple[list[dict], dict, str, str]:
+    """Load what was written with the loader that owns the format (the format's verifier), measure it, free
+    it, compare: (checks, figures, how it was loaded, the dtype it was measured in)."""
+    from backend.export import verify
 
-    from backend.export import hf_writer, verify
-
-    trust = run.config.model.trust_remote_code
-    dtype = DTYPES[job.dtype]
-    check_dtype = job.dtype  # a GGUF file is read back in the precision it holds (gguf_check.read_dtype)
-    if job.fmt == "adapter":
-        model = load_trained(run, dtype, device, adapter_dir=job.tmp)
-        loaded_as = f"peft PeftModel.from_pretrained on the base as trained, {job.dtype} on {device}"
-    elif is_gguf(job.fmt):
-        from transformers import AutoConfig
-
-        from backend.export import gguf_check
-
-        path = job.tmp / "model.gguf"
-        config = AutoConfig.from_pretrained(run.weights_dir if run.full else run.base_path, trust_remote_code=trust)
-        model, loaded_as, reason = gguf_check.read_back(path, config, device)
-        if model is None:  # no independent reader for this file here: say so, never fall back to our own code
-            checks = [gguf_check.not_verified("perplexity", tolerance(job.fmt, job.dtype)[0], reason, path),
-                      gguf_check.tokenizer_check(path, tokenizer)]
-            return checks, {}, f"not verified by transformers: {reason}", "none"
-        check_dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
-    elif job.fmt == "merged":
-        model, loaded_as = hf_writer.load_merged_export(job.tmp, job.dtype, device, trust)
-    elif job.fmt in CALIBRATED:
-        model, loaded_as, check_dtype = load_calibrated_export(job.tmp, job.dtype, device, trust)
-    else:
-        model, loaded_as = hf_writer.load_bnb_export(job.tmp, 4 if job.fmt == "bnb-4bit" else 8, job.dtype, device,
-                                                     trust)
+    verifier = work.fmt.verifier()
+    max_increase, min_top1 = tolerance(work.fmt.name, work.dtype)  # the trained model's dtype bounds the difference
+    model, loaded_as, check_dtype, reason = verifier.read_back(work, folder)
+    if model is None:  # no independent reader for this file here: say so, never fall back to our own code
+        return verifier.not_verified(work, folder, max_increase, reason), {}, loaded_as, check_dtype
     got = _measure(model, probe, stop, "checking it; nothing was left behind")
     del model
     release()
     figures = verify.compare(expected, got)
-    max_increase, min_top1 = tolerance(job.fmt, job.dtype)  # the trained model's dtype bounds the difference
-    checks = [verify.perplexity_check(figures, max_increase, probe.source), verify.top1_check(figures, min_top1)]
-    if is_gguf(job.fmt):
-        from backend.export import gguf_check
-
-        for check in checks:
-            check["verified"] = True
-        checks.append(gguf_check.tokenizer_check(job.tmp / "model.gguf", tokenizer))
-    else:
-        checks.append(verify.tokenizer_check(tokenizer, AutoTokenizer.from_pretrained(job.tmp, trust_remote_code=trust)))
+    measured = [verify.perplexity_check(figures, max_increase, probe.source), verify.top1_check(figures, min_top1)]
+    checks = verifier.checks(work, folder, measured)
     summary = (f"top-1 agreement {figures['top1_agreement']:.1%} ({figures['positions']} positions), perplexity "
                f"{figures['export_perplexity']:.4g} vs {figures['reference_perplexity']:.4g}, max |logit diff| "
                f"{figures['max_abs_logit_diff']:.3g} on the prompts")

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.errors import JobError, bad_input
-from backend.core.registries.export_formats import CALIBRATED, FORMATS, overwrite_refusal
+from backend.core.registries.export_formats import (EXPORT_FORMATS, EXPORT_OPTIONS, FORMATS, ExportFormat,
+                                                    calibration_samples, overwrite_refusal)
 from backend.core.registries.export_formats import DTYPES as DTYPE_NAMES
 from backend.runtime.processes import alive
 from backend.core.runs.run_folder import fsync_tree
-from backend.export.calibrated.support import KNOWN_PARAMS, calibration_samples
 from backend.export.merge import TrainedRun
+from backend.export.merged_source import MergedSource
 
 
 def human_bytes(n: float) -> str:
@@ -31,18 +32,19 @@ class Export:
     """The options of one export, parsed from StartJob.params, and its folders."""
 
     def __init__(self, run_dir: Path, params: dict[str, Any]):
-        unknown = set(params) - set(KNOWN_PARAMS)
+        unknown = set(params) - set(EXPORT_OPTIONS)
         if unknown:
-            raise bad_input(f"unknown export option(s) {sorted(unknown)}; known: {', '.join(KNOWN_PARAMS)}")
-        self.fmt = params.get("format")
-        if self.fmt not in FORMATS:
-            raise bad_input(f"export format {self.fmt!r} is not one of {', '.join(FORMATS)}")
+            raise bad_input(f"unknown export option(s) {sorted(unknown)}; known: {', '.join(EXPORT_OPTIONS)}")
+        name = params.get("format")
+        if name not in EXPORT_FORMATS:
+            raise bad_input(f"export format {name!r} is not one of {', '.join(FORMATS)}")
+        self.fmt: ExportFormat = EXPORT_FORMATS[name]
         self.dtype = params.get("dtype") or None  # None: the base's own 16-bit dtype, decided once it is read
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
             raise bad_input(f"export dtype {self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
         self.overwrite = bool(params.get("overwrite", False))
         self.calibration_samples = calibration_samples(params.get("calibration_samples"))  # calibrated formats
-        self.out = Path(params.get("out") or run_dir / "exports" / self.fmt).expanduser().absolute()
+        self.out = Path(params.get("out") or run_dir / "exports" / self.fmt.name).expanduser().absolute()
         self.tmp = self.out.with_name(f".{self.out.name}.partial-{os.getpid()}")
 
     def check_target(self, run: TrainedRun) -> None:
@@ -74,7 +76,7 @@ class Export:
     def disk_full(self, needed: int) -> JobError:
         return JobError(
             "disk_full",
-            f"the disk holding {self.out.parent} is full: this {self.fmt} export needs about {human_bytes(needed)} free "
+            f"the disk holding {self.out.parent} is full: this {self.fmt.name} export needs about {human_bytes(needed)} free "
             f"and {human_bytes(self.free_bytes())} is free now; nothing was left behind",
             "free some space there, or pass --out on a disk with more room",
         )
@@ -91,20 +93,15 @@ class Export:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def estimate_bytes(fmt: str, source: Any, run: TrainedRun, gguf_bytes: int | None = None) -> int:
-    """Disk the export needs while it is written (the bnb formats also hold a 16-bit scratch copy)."""
-    if fmt == "adapter":
-        size = sum(p.stat().st_size for p in run.weights_dir.iterdir() if p.is_file())
-        return int(size * 1.05) + 1024 * 1024
-    params = source.parameter_count()
-    linear = source.linear_parameter_count()
-    sixteen = params * 2
-    if fmt == "merged":
-        size = sixteen
-    elif fmt == "bnb-8bit":
-        size = sixteen + linear * 1 + (params - linear) * 2
-    elif fmt == "bnb-4bit" or fmt in CALIBRATED:  # w8a8 holds 8-bit weights: less than bnb-8bit's 16-bit copy
-        size = sixteen + int(linear * (1.0 if fmt == "w8a8" else 0.53)) + (params - linear) * 2
+def estimate_bytes(fmt: ExportFormat, source: MergedSource | None, planned: int | None) -> int:
+    """Disk the export needs while it is written: what its writer planned (the adapter's files, a GGUF's
+    tensors), else the format's rule per weight of the merged model (the bnb and calibrated formats also
+    hold a 16-bit scratch copy meanwhile)."""
+    rule = fmt.disk
+    if rule is None:
+        size = planned
     else:
-        size = gguf_bytes or sixteen
+        params = source.parameter_count()
+        linear = source.linear_parameter_count()
+        size = (params * 2 if rule.scratch else 0) + int(linear * rule.linear_bytes) + (params - linear) * 2
     return int(size * 1.05) + 1024 * 1024  # tokenizer, metadata, report

@@ -19,7 +19,8 @@ from safetensors import safe_open
 from backend.core.errors import JobError
 from backend.export.calibrated import grid, gptq, layers, scaling
 from backend.export.calibrated.collect import calibrate, passes
-from backend.export.calibrated.support import MAX_SAMPLES, refusal, refuse
+from backend.core.registries.export_formats import CALIBRATION_SAMPLES_MAX as MAX_SAMPLES
+from backend.export.calibrated.support import refusal, refuse
 from tests.backend.test_export import _train, export
 from tests.families import FAMILIES, build_tiny_model, tiny_config
 

@@ -208,7 +208,7 @@ def test_open_folder_without_a_file_manager_says_so_in_the_status_line(qtbot, ma
 
 
 def test_calibrated_formats_ask_how_many_rows_to_calibrate_on_and_pass_it_to_the_job(qtbot, make_studio):
-    from backend.export.calibrated.support import calibration_samples
+    from backend.core.registries.export_formats import calibration_samples
 
     studio = make_studio(fake_command("normal"))
     finished_run(studio)

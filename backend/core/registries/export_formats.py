@@ -1,47 +1,255 @@
-"""The export formats, their loaders and the tolerances their checks use. Torch-free.
+"""Every export format in one typed registry: what it is, who loads it, how it is checked, sized and
+served, and the modules (its "doors") that refuse, write and read it back. Torch-free at every depth.
 
-The CLI builds its `--format` choices from FORMATS and the studio can list them without importing
-torch; backend/jobs/export.py and backend/export/verify.py read the tolerances from here so that the
-report, the docs and the code state the same numbers (docs/export.md explains how they were chosen).
+The CLI's `--format` choices, the Export page's list, the serving choices and the tolerances the
+report states all come from here, so the code, the report and docs/export.md (which says how the
+tolerances were chosen) state the same numbers. The doors import torch and the format's own library,
+so they are named as dotted strings and load on first use, as backend/training/objectives/registry.py
+does. A new format is one `register_format` line, plus its door module when it is a new family
+(docs/architecture.md, "An export format"). FORMATS, CALIBRATED, GGUF_TYPES, TOLERANCES and
+ALTERNATIVES are views of the registry for the callers that want a plain table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
 
-FORMATS: dict[str, str] = {
-    "adapter": "the PEFT adapter folder; load it with peft on top of the base model",
-    "merged": "adapter merged into a 16-bit copy of the base (safetensors); load it with transformers",
-    "bnb-8bit": "merged model quantized with bitsandbytes LLM.int8; transformers loads it 8-bit",
-    "bnb-4bit": "merged model quantized with bitsandbytes NF4; transformers loads it 4-bit",
-    "gguf-f16": "GGUF, 16-bit weights, for llama.cpp and Ollama",
-    "gguf-q8_0": "GGUF, 8-bit Q8_0 weights (about 1.06 bytes/parameter), for llama.cpp and Ollama",
-    "gguf-q5_0": "GGUF, 5-bit Q5_0 weights (about 0.69 bytes/parameter), for llama.cpp and Ollama",
-    "gguf-q4_0": "GGUF, 4-bit Q4_0 weights (about 0.56 bytes/parameter), for llama.cpp and Ollama",
-    "gptq-int4": "merged model, 4-bit GPTQ weights calibrated on the run's data (compressed-tensors; vLLM, transformers)",
-    "awq-int4": "merged model, 4-bit AWQ-scaled weights calibrated on the run's data (compressed-tensors; vLLM, transformers)",
-    "w8a8": "merged model, SmoothQuant then 8-bit weights and activations (compressed-tensors; vLLM, transformers)",
-}
+from backend.core.errors import bad_input
 
-CALIBRATED = ("gptq-int4", "awq-int4", "w8a8")
+Family = Literal["adapter", "hf", "bnb", "gguf", "calibrated"]
+"""adapter: the PEFT folder as trained; hf: the merged 16-bit folder; bnb: bitsandbytes-quantized folders;
+gguf: one GGUF file for llama.cpp; calibrated: compressed-tensors folders fitted on the run's data."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A check's tolerance against the trained model measured in one 16-bit dtype, and what to try when an
+    export fails it (never the format and dtype that failed)."""
+
+    max_increase: float  # largest relative perplexity increase
+    min_top1: float  # smallest top-1 agreement at decided positions
+    alternatives: tuple[tuple[str, str | None], ...]  # (format, dtype or None: any)
+    why: str = "see export_report.json for the figures"  # the failure hint's reason
+
+
+@dataclass(frozen=True)
+class DiskRule:
+    """The disk a format needs while it is written, per weight of the merged model (export_target.py adds
+    5% and 1 MB for the tokenizer, metadata and report)."""
+
+    linear_bytes: float  # bytes per linear-layer weight as written; every other weight stays 16-bit
+    scratch: bool = False  # a 16-bit merged copy is written first, beside the result, and removed at the end
+
+
+@dataclass(frozen=True)
+class Doors:
+    """The modules holding a format's code, imported on first use (each imports torch or the format's library).
+
+    refusal: `refuse(name, run)` raises JobError for what is missing before anything loads (None: nothing
+    beyond the run folder's own checks). writer: `Writer(work)` with `planned_bytes` and `write(folder) ->
+    notes`. verifier: `read_back(work, folder) -> (model or None, loaded as, dtype held, why unread)`,
+    `checks(work, folder, measured)` adding its tokenizer check, and `not_verified(...)` where read_back can
+    decline. `work` is backend/export/doors/work.py's ExportWork."""
+
+    writer: str
+    verifier: str
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One `--format`: its declarative facts and its doors."""
+
+    name: str
+    description: str  # what is written and who loads it (the CLI's help, the Export page's tooltip)
+    family: Family
+    doors: Doors
+    bounds: Mapping[str | None, Bounds] = field(hash=False)  # by the export's 16-bit dtype; None: any dtype
+    disk: DiskRule | None  # None: the writer plans its bytes exactly (the adapter's files, a GGUF's tensors)
+    merged: bool = True  # written from the merged model; False: the adapter folder as trained
+    merge_precision: str | None = None  # the merged tensors' dtype handed to the writer (None: the export's)
+    read_back_in: str | None = None  # what the check reads it back in, when not the export's 16-bit dtype
+    offers_dtype: bool = False  # the Export page offers the 16-bit dtype (the CLI's --dtype takes any format)
+    ggml_type: str | None = None  # GGUF: the GGML type of its 2-D weights (1-D tensors stay F32, odd rows F16)
+    bits: int | None = None  # bnb and calibrated: the bits of each quantized linear weight
+    activation_bits: int | None = None  # calibrated: linear inputs rounded per token at run time (None: 16-bit)
+    algorithm: str | None = None  # calibrated: what fits the weights to the run's data
+    served_by: tuple[str, ...] = ()  # the `serve` engines that load it as it is, in the order `auto` prefers
+    serve_order: int | None = None  # where it stands in SERVED_FORMATS (None: not served as it is)
+    vllm_quantization: str | None = None  # vLLM's --quantization for it (None: vLLM reads config.json)
+    method_hints: Mapping[str, str] = field(default_factory=dict, hash=False)  # a failure hint per run method
+
+    @property
+    def calibrated(self) -> bool:
+        """Calibrated on the run's training data (backend/export/calibrated/)."""
+        return self.family == "calibrated"
+
+    @property
+    def holds_dtype(self) -> bool:
+        """Its files hold tensors in the export's 16-bit dtype (the report records it; a GGUF holds its GGML types)."""
+        return self.merged and self.ggml_type is None
+
+    @property
+    def scheme(self) -> str | None:
+        """The compressed-tensors preset of a calibrated format (W4A16, W8A8)."""
+        return f"W{self.bits}A{self.activation_bits or 16}" if self.calibrated else None
+
+    def bounds_for(self, dtype: str) -> Bounds:
+        return self.bounds.get(dtype) or self.bounds[None]
+
+    def refuse(self, run: Any) -> None:
+        """Raise JobError in one line for what is missing before anything loads (a package, a probe, the model)."""
+        if self.doors.refusal:
+            importlib.import_module(self.doors.refusal).refuse(self.name, run)
+
+    def writer(self) -> ModuleType:
+        return importlib.import_module(self.doors.writer)
+
+    def verifier(self) -> ModuleType:
+        return importlib.import_module(self.doors.verifier)
+
+
+EXPORT_FORMATS: dict[str, ExportFormat] = {}
+
+
+def register_format(fmt: ExportFormat) -> None:
+    """Add a format; a name registered twice is a programming error."""
+    if fmt.name in EXPORT_FORMATS:
+        raise ValueError(f"export format {fmt.name!r} is registered twice")
+    EXPORT_FORMATS[fmt.name] = fmt
+
+
+def export_format(name: str) -> ExportFormat:
+    """The registered format `name` (KeyError for another name: callers check against FORMATS first)."""
+    return EXPORT_FORMATS[name]
+
+
+# --- the formats (tolerances: the reasoning and the measured figures are in docs/export.md) --------
+
+ADAPTER_DOORS = Doors("backend.export.doors.adapter", "backend.export.doors.adapter")
+HF_DOORS = Doors("backend.export.doors.hf", "backend.export.doors.hf")
+BNB_DOORS = Doors("backend.export.doors.bnb", "backend.export.doors.bnb", refusal="backend.export.doors.bnb")
+GGUF_DOORS = Doors("backend.export.doors.gguf", "backend.export.doors.gguf", refusal="backend.export.doors.gguf")
+CALIBRATED_DOORS = Doors("backend.export.doors.calibrated", "backend.export.doors.calibrated",
+                         refusal="backend.export.calibrated.support")
+SERVERS = ("vllm", "transformers")  # vLLM where it runs (a GPU), else transformers
+FP16_RANGE = "fp16 holds values only up to 65504, which some models' activations exceed"
+
+register_format(ExportFormat(
+    "adapter", "the PEFT adapter folder; load it with peft on top of the base model", "adapter", ADAPTER_DOORS,
+    {None: Bounds(1e-3, 0.999, (("merged", "fp16"),))},  # the same tensors reloaded and computed the same way
+    disk=None, merged=False))
+register_format(ExportFormat(
+    "merged", "adapter merged into a 16-bit copy of the base (safetensors); load it with transformers", "hf", HF_DOORS,
+    {"bf16": Bounds(0.03, 0.98, (("merged", "fp16"), ("adapter", None)),
+                    "bf16 keeps 8 significant bits, so an adapter change below half a bf16 step of its weight is "
+                    "rounded away; fp16 keeps 11 (8x finer) and the adapter keeps everything"),
+     "fp16": Bounds(0.01, 0.99, (("merged", "bf16"), ("adapter", None)), FP16_RANGE)},
+    disk=DiskRule(2.0), offers_dtype=True, served_by=SERVERS, serve_order=0))
+register_format(ExportFormat(
+    "bnb-8bit", "merged model quantized with bitsandbytes LLM.int8; transformers loads it 8-bit", "bnb", BNB_DOORS,
+    {None: Bounds(0.05, 0.95, (("merged", None), ("gguf-q8_0", None)))},
+    disk=DiskRule(1.0, scratch=True), offers_dtype=True, bits=8, served_by=SERVERS, serve_order=4,
+    vllm_quantization="bitsandbytes"))
+register_format(ExportFormat(
+    "bnb-4bit", "merged model quantized with bitsandbytes NF4; transformers loads it 4-bit", "bnb", BNB_DOORS,
+    {None: Bounds(0.25, 0.85, (("bnb-8bit", None), ("gguf-q8_0", None), ("adapter", None)))},
+    disk=DiskRule(0.53, scratch=True), offers_dtype=True, bits=4, served_by=SERVERS, serve_order=5,
+    vllm_quantization="bitsandbytes",
+    method_hints={"qlora": "a QLoRA adapter's changes are finer than the NF4 grid its base was trained on, so "
+                           "quantizing the merged model to NF4 again rounds most of them away; serve the adapter on "
+                           "the 4-bit base (--format adapter) or export --format bnb-8bit, gguf-q8_0 or gguf-q4_0"}))
+
+
+def _gguf(name: str, ggml_type: str, description: str, bounds: Mapping[str | None, Bounds], order: int) -> None:
+    """A GGUF format: the merged tensors handed over in fp32 and rounded once, to its own types."""
+    register_format(ExportFormat(name, description, "gguf", GGUF_DOORS, bounds, disk=None, merge_precision="fp32",
+                                 read_back_in="the precision it holds", ggml_type=ggml_type,
+                                 served_by=("llama-cpp",), serve_order=order))
+
+
+_gguf("gguf-f16", "F16", "GGUF, 16-bit weights, for llama.cpp and Ollama",
+      {"bf16": Bounds(0.03, 0.98, (("merged", "fp16"), ("adapter", None)),  # F16 read exactly, against bf16
+                      "the trained model was measured in bf16, whose rounding can hide small adapter changes"),
+       "fp16": Bounds(0.01, 0.99, (("merged", "bf16"), ("adapter", None)), FP16_RANGE)}, 6)
+_gguf("gguf-q8_0", "Q8_0", "GGUF, 8-bit Q8_0 weights (about 1.06 bytes/parameter), for llama.cpp and Ollama",
+      {None: Bounds(0.05, 0.95, (("gguf-f16", None), ("merged", None)))}, 7)
+_gguf("gguf-q5_0", "Q5_0", "GGUF, 5-bit Q5_0 weights (about 0.69 bytes/parameter), for llama.cpp and Ollama",
+      {None: Bounds(0.15, 0.90, (("gguf-q8_0", None), ("gguf-f16", None)))}, 8)
+_gguf("gguf-q4_0", "Q4_0", "GGUF, 4-bit Q4_0 weights (about 0.56 bytes/parameter), for llama.cpp and Ollama",
+      {None: Bounds(0.25, 0.85, (("gguf-q5_0", None), ("gguf-q8_0", None)))}, 9)
+
+
+def _calibrated(name: str, description: str, bounds: Bounds, *, bits: int, algorithm: str, order: int,
+                linear_bytes: float, activation_bits: int | None = None) -> None:
+    """A calibrated format: fitted on the run's data over a 16-bit scratch copy, written by compressed-tensors."""
+    register_format(ExportFormat(name, description, "calibrated", CALIBRATED_DOORS, {None: bounds},
+                                 disk=DiskRule(linear_bytes, scratch=True), bits=bits, activation_bits=activation_bits,
+                                 algorithm=algorithm, served_by=SERVERS, serve_order=order))
+
+
+# 4-bit groups like Q4_0 (and bnb-4bit's bytes on disk), with the rounding fitted to the run's data
+_calibrated("gptq-int4", "merged model, 4-bit GPTQ weights calibrated on the run's data (compressed-tensors; vLLM, "
+            "transformers)", Bounds(0.25, 0.85, (("awq-int4", None), ("w8a8", None))),
+            bits=4, algorithm="gptq", order=2, linear_bytes=0.53)
+_calibrated("awq-int4", "merged model, 4-bit AWQ-scaled weights calibrated on the run's data (compressed-tensors; "
+            "vLLM, transformers)", Bounds(0.25, 0.85, (("gptq-int4", None), ("w8a8", None))),
+            bits=4, algorithm="awq", order=3, linear_bytes=0.53)
+# 8-bit weights as Q8_0, plus every linear layer's input rounded to 8 bits per token
+_calibrated("w8a8", "merged model, SmoothQuant then 8-bit weights and activations (compressed-tensors; vLLM, "
+            "transformers)", Bounds(0.10, 0.90, (("gguf-q8_0", None), ("merged", None))),
+            bits=8, algorithm="smoothquant", order=1, linear_bytes=1.0, activation_bits=8)
+
+
+# --- views of the registry ---------------------------------------------------------------------
+
+FORMATS: dict[str, str] = {f.name: f.description for f in EXPORT_FORMATS.values()}
+CALIBRATED = tuple(f.name for f in EXPORT_FORMATS.values() if f.calibrated)
 """Formats calibrated on the run's training data (backend/export/calibrated/)."""
-CALIBRATION_SAMPLES_DEFAULT = 128
-CALIBRATION_SAMPLES_MAX = 1024
-"""Rows of training data a calibrated export fits its scales to: more only lengthen the export, since
-the statistics the algorithms use settle well before this."""
-GROUP_SIZES = (128, 64, 32)
-"""The 4-bit group sizes vLLM's kernels take, largest first."""
+GGUF_TYPES: dict[str, str] = {f.name: f.ggml_type for f in EXPORT_FORMATS.values() if f.ggml_type}
+"""GGUF format -> the GGML type of its 2-D weights."""
 
 
-def group_size_for(widths: Iterable[int]) -> int | None:
-    """The largest of GROUP_SIZES dividing every input width of the layers quantized in 4-bit groups (None:
-    none does). One rule for the export that writes the groups and the serving estimate that predicts them."""
-    widths = list(widths)
-    return next((size for size in GROUP_SIZES if all(width % size == 0 for width in widths)), None)
+def _key(name: str, dtype: str | None) -> str:
+    return name if dtype is None else f"{name}:{dtype}"
 
-GGUF_TYPES: dict[str, str] = {"gguf-f16": "F16", "gguf-q8_0": "Q8_0", "gguf-q5_0": "Q5_0", "gguf-q4_0": "Q4_0"}
-"""GGUF format -> the GGML type of its 2-D weights (1-D tensors stay F32, odd rows F16)."""
+
+TOLERANCES: dict[str, tuple[float, float]] = {
+    _key(f.name, dtype): (b.max_increase, b.min_top1) for f in EXPORT_FORMATS.values() for dtype, b in f.bounds.items()}
+"""(largest relative perplexity increase, smallest top-1 agreement at decided positions) per format, or
+per format:dtype, against the trained model measured in the export's 16-bit dtype (a GGUF is read back in
+the precision it holds: backend/export/gguf_check.py's read_dtype)."""
+ALTERNATIVES: dict[str, list[tuple[str, str | None]]] = {
+    _key(f.name, dtype): list(b.alternatives) for f in EXPORT_FORMATS.values() for dtype, b in f.bounds.items()}
+"""What to try after a failed check: never the (format, dtype) that failed."""
+
+
+def tolerance(fmt: str, dtype: str) -> tuple[float, float]:
+    bounds = export_format(fmt).bounds_for(dtype)
+    return bounds.max_increase, bounds.min_top1
+
+
+def failure_hint(fmt: str, dtype: str, method: str) -> str:
+    """One sentence for a failed check, naming other formats only."""
+    entry = export_format(fmt)
+    if method in entry.method_hints:
+        return entry.method_hints[method]
+    bounds = entry.bounds_for(dtype)
+    flags = " or ".join(f"--format {f}" + (f" --dtype {d}" if d else "") for f, d in bounds.alternatives)
+    return f"try {flags} ({bounds.why})"
+
+
+def is_gguf(fmt: str) -> bool:
+    return fmt in GGUF_TYPES
+
+
+GGML_BYTES: dict[str, float] = {"F16": 2.0, "Q8_0": 34 / 32, "Q5_0": 22 / 32, "Q4_0": 18 / 32}
+"""Bytes per weight of each GGML type: a block of 32 weights is one fp16 scale plus 8-, 5- or 4-bit values."""
 
 GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -53,74 +261,41 @@ details); anything else is refused. SmolLM, TinyLlama and Llama 2/3 are model_ty
 
 DTYPES = ("bf16", "fp16")
 
-# --- tolerances (the reasoning and the measured figures: docs/export.md) --------------------------
-
 DECIDED_MARGIN = 1.0
 """A position counts for the top-1 check when the trained model's first choice leads its second by at
 least this many logits (it is e times likelier): a smaller lead can flip on rounding alone."""
 
-TOLERANCES: dict[str, tuple[float, float]] = {
-    # key: (largest relative perplexity increase, smallest top-1 agreement at decided positions)
-    "adapter": (1e-3, 0.999),  # the same tensors reloaded and computed the same way: identical
-    "merged:bf16": (0.03, 0.98),
-    "merged:fp16": (0.01, 0.99),
-    "gguf-f16:bf16": (0.03, 0.98),  # F16 weights read exactly, against the trained model measured in bf16
-    "gguf-f16:fp16": (0.01, 0.99),
-    "bnb-8bit": (0.05, 0.95),
-    "gguf-q8_0": (0.05, 0.95),
-    "gguf-q5_0": (0.15, 0.90),
-    "gguf-q4_0": (0.25, 0.85),
-    "bnb-4bit": (0.25, 0.85),
-    "gptq-int4": (0.25, 0.85),  # 4-bit groups like Q4_0, with the rounding fitted to the run's data
-    "awq-int4": (0.25, 0.85),
-    "w8a8": (0.10, 0.90),  # 8-bit weights as Q8_0, plus every linear layer's input rounded to 8 bits per token
-}
-"""Each check's tolerance against the trained model measured in the export's 16-bit dtype (a GGUF is
-read back in the precision it holds: backend/export/gguf_check.py's read_dtype)."""
+GROUP_SIZES = (128, 64, 32)
+"""The 4-bit group sizes vLLM's kernels take, largest first."""
 
 
-def tolerance(fmt: str, dtype: str) -> tuple[float, float]:
-    return TOLERANCES.get(f"{fmt}:{dtype}") or TOLERANCES[fmt]
+def group_size_for(widths: Iterable[int]) -> int | None:
+    """The largest of GROUP_SIZES dividing every input width of the layers quantized in 4-bit groups (None:
+    none does). One rule for the export that writes the groups and the serving estimate that predicts them."""
+    widths = list(widths)
+    return next((size for size in GROUP_SIZES if all(width % size == 0 for width in widths)), None)
 
 
-ALTERNATIVES: dict[str, list[tuple[str, str | None]]] = {
-    "adapter": [("merged", "fp16")],
-    "merged:bf16": [("merged", "fp16"), ("adapter", None)],
-    "merged:fp16": [("merged", "bf16"), ("adapter", None)],
-    "gguf-f16:bf16": [("merged", "fp16"), ("adapter", None)],
-    "gguf-f16:fp16": [("merged", "bf16"), ("adapter", None)],
-    "bnb-8bit": [("merged", None), ("gguf-q8_0", None)],
-    "gguf-q8_0": [("gguf-f16", None), ("merged", None)],
-    "gguf-q5_0": [("gguf-q8_0", None), ("gguf-f16", None)],
-    "gguf-q4_0": [("gguf-q5_0", None), ("gguf-q8_0", None)],
-    "bnb-4bit": [("bnb-8bit", None), ("gguf-q8_0", None), ("adapter", None)],
-    "gptq-int4": [("awq-int4", None), ("w8a8", None)],
-    "awq-int4": [("gptq-int4", None), ("w8a8", None)],
-    "w8a8": [("gguf-q8_0", None), ("merged", None)],
-}
-"""What to try after a failed check: never the (format, dtype) that failed."""
+# --- the export job's options --------------------------------------------------------------------
+
+EXPORT_OPTIONS = ("format", "out", "overwrite", "dtype", "calibration_samples")
+"""The export job's options (calibration_samples: the calibrated formats only)."""
+CALIBRATION_SAMPLES_DEFAULT = 128
+CALIBRATION_SAMPLES_MAX = 1024
+"""Rows of training data a calibrated export fits its scales to: more only lengthen the export, since
+the statistics the algorithms use settle well before this."""
 
 
-def failure_hint(fmt: str, dtype: str, method: str) -> str:
-    """One sentence for a failed check, naming other formats only."""
-    if method == "qlora" and fmt == "bnb-4bit":
-        return ("a QLoRA adapter's changes are finer than the NF4 grid its base was trained on, so quantizing the "
-                "merged model to NF4 again rounds most of them away; serve the adapter on the 4-bit base "
-                "(--format adapter) or export --format bnb-8bit, gguf-q8_0 or gguf-q4_0")
-    options = ALTERNATIVES.get(f"{fmt}:{dtype}") or ALTERNATIVES[fmt]
-    flags = " or ".join(f"--format {f}" + (f" --dtype {d}" if d else "") for f, d in options)
-    why = {
-        "merged:bf16": "bf16 keeps 8 significant bits, so an adapter change below half a bf16 step of its weight is "
-                       "rounded away; fp16 keeps 11 (8x finer) and the adapter keeps everything",
-        "merged:fp16": "fp16 holds values only up to 65504, which some models' activations exceed",
-        "gguf-f16:bf16": "the trained model was measured in bf16, whose rounding can hide small adapter changes",
-        "gguf-f16:fp16": "fp16 holds values only up to 65504, which some models' activations exceed",
-    }.get(f"{fmt}:{dtype}", "see export_report.json for the figures")
-    return f"try {flags} ({why})"
+def calibration_samples(value: object) -> int:
+    """The export option `calibration_samples` (rows of training data to calibrate on), checked."""
+    if value is None:
+        return CALIBRATION_SAMPLES_DEFAULT
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= CALIBRATION_SAMPLES_MAX:
+        raise bad_input(f"export option calibration_samples={value!r} must be a whole number from 1 to "
+                        f"{CALIBRATION_SAMPLES_MAX}", f"pass calibration_samples between 1 and "
+                        f"{CALIBRATION_SAMPLES_MAX} (default {CALIBRATION_SAMPLES_DEFAULT})")
+    return value
 
-
-def is_gguf(fmt: str) -> bool:
-    return fmt in GGUF_TYPES
 
 EXPORT_REPORT = "export_report.json"
 """Every export folder holds it (backend/core/runs/export_report.py); it is how an earlier export is recognised."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.core.registries.export_formats import CALIBRATED, EXPORT_REPORT, GGUF_TYPES
+from backend.core.registries.export_formats import EXPORT_REPORT, export_format
 
 REPORT = EXPORT_REPORT
 PASSED, FAILED, NOT_VERIFIED = "passed", "failed", "not verified"
@@ -115,8 +115,8 @@ def build_report(facts: ExportFacts) -> dict[str, Any]:
         "run_dir": str(run.folder.path),
         "method": run.method,
         "base_model": str(run.base_path),
-        "dtype": dtype if fmt in ("merged", "bnb-4bit", "bnb-8bit", *CALIBRATED) else None,
-        "gguf_type": GGUF_TYPES.get(fmt),
+        "dtype": dtype if export_format(fmt).holds_dtype else None,
+        "gguf_type": export_format(fmt).ggml_type,
         "files": listing,
         "total_bytes": sum(item["bytes"] for item in listing),
         "memory": {

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import torch
 
-SCHEMES = {"gptq-int4": "W4A16", "awq-int4": "W4A16", "w8a8": "W8A8"}
-"""Export format -> compressed-tensors preset: 4-bit symmetric weights in groups (16-bit activations);
-8-bit symmetric per-channel weights with 8-bit dynamic per-token activations."""
+from backend.core.registries.export_formats import export_format
 
 
 def scheme(fmt: str, group: int) -> object:
+    """The compressed-tensors preset the format names (export_formats.py's `scheme`: W4A16, 4-bit symmetric
+    weights in groups of `group`; W8A8, 8-bit symmetric per-channel weights with 8-bit dynamic per-token
+    activations)."""
     from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
 
-    chosen = preset_name_to_scheme(SCHEMES[fmt], ["Linear"])
+    chosen = preset_name_to_scheme(export_format(fmt).scheme, ["Linear"])
     if chosen.weights.group_size is not None:
         chosen.weights.group_size = group
     return chosen

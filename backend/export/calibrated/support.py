@@ -1,11 +1,12 @@
-"""Which models a calibrated export takes, decided from config.json before anything loads. Torch-free."""
+"""Which models a calibrated export takes, decided from config.json before anything loads: the calibrated
+formats' refusal door (backend/core/registries/export_formats.py). Torch-free."""
 
 from __future__ import annotations
 
 import importlib.util
 from typing import Any
 
-from backend.core.registries.export_formats import CALIBRATED, CALIBRATION_SAMPLES_DEFAULT, CALIBRATION_SAMPLES_MAX
+from backend.core.registries.export_formats import CALIBRATED
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 """model_types whose decoder layers are plain nn.Linear layers behind named norms (layers.py); tested on
@@ -32,31 +33,11 @@ def refusal(fmt: str, config: dict[str, Any]) -> str:
     return ""
 
 
-KNOWN_PARAMS = ("format", "out", "overwrite", "dtype", "calibration_samples")
-"""The export job's options (calibration_samples: the calibrated formats only)."""
-DEFAULT_SAMPLES = CALIBRATION_SAMPLES_DEFAULT
-MAX_SAMPLES = CALIBRATION_SAMPLES_MAX
-
-
-def calibration_samples(value: object) -> int:
-    """The export option `calibration_samples` (rows of training data to calibrate on), checked."""
-    from backend.core.errors import bad_input
-
-    if value is None:
-        return DEFAULT_SAMPLES
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAMPLES:
-        raise bad_input(f"export option calibration_samples={value!r} must be a whole number from 1 to {MAX_SAMPLES}",
-                        f"pass calibration_samples between 1 and {MAX_SAMPLES} (default {DEFAULT_SAMPLES})")
-    return value
-
-
 def refuse(fmt: str, run: Any) -> None:
     """JobError in one line when `fmt` cannot be written for this run's model (nothing is loaded)."""
     from backend.core.errors import JobError
     from backend.export.checkpoint_files import read_config
 
-    if fmt not in CALIBRATED:
-        return
     problem = refusal(fmt, read_config(run.weights_dir if run.full else run.base_path))
     if problem:
         raise JobError("bad_input", f"{fmt}: {problem}", "export merged, gguf-q8_0 or gguf-q4_0 instead")

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from backend.core.errors import JobError
+from backend.core.registries.export_formats import export_format
 from backend.export.calibrated import gptq, grid, layers, pack, samples, scaling
 from backend.export.calibrated.collect import calibrate
 from backend.export.memory import release
@@ -47,23 +48,16 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     model = AutoModelForCausalLM.from_pretrained(scratch, dtype=DTYPES[dtype], **placement(device),
                                                  trust_remote_code=trust, **LOAD_KWARGS).eval()
     linears = layers.quantized_linears(model)
+    spec = export_format(fmt)
     try:
-        group = layers.group_size(linears) if fmt != "w8a8" else 0
+        group = layers.group_size(linears) if spec.bits == 4 else 0  # 4-bit weights are scaled in groups
     except ValueError as exc:
         raise JobError("bad_input", f"{fmt}: {exc}", "export w8a8 or gguf-q8_0 instead") from None
     scheme = grid.scheme(fmt, group)
     rows, described = samples.calibration_rows(run.config, tokenizer, calibration_samples)
     qparams: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
     scale_dtype = DTYPES[dtype]
-    if fmt == "gptq-int4":
-        units: list = [gptq.GptqUnit(g, scheme.weights, scale_dtype, qparams) for g in gptq.shared_inputs(linears)]
-        algorithm = "GPTQ (block = group, damping 1% of the mean Hessian diagonal, no act-order)"
-    elif fmt == "awq-int4":
-        units = [scaling.AwqUnit(m, scheme.weights, scale_dtype, sum(map(len, rows))) for m in layers.mappings(model, True)]
-        algorithm = f"AWQ scales (grid of {scaling.AWQ_GRID}, no clipping search), then round-to-nearest"
-    else:
-        units = [scaling.SmoothQuantUnit(m) for m in layers.mappings(model, False)]
-        algorithm = f"SmoothQuant (alpha {scaling.SMOOTHING}), then per-channel round-to-nearest int8 weights"
+    units, algorithm = ALGORITHMS[spec.algorithm](model, linears, scheme, scale_dtype, qparams, rows)
     budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
     passes = calibrate(model, rows, units, budget, should_stop)
     release()  # the calibration's activations, handed back before the packed copies are made
@@ -75,9 +69,34 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     shutil.rmtree(scratch)
     return [f"calibrated on {described}, {passes} pass(es) over them",
             f"{algorithm}; {len(linears)} linear layers quantized to the compressed-tensors "
-            f"{pack.format_name(compressor)} format ({grid.SCHEMES[fmt]}"
+            f"{pack.format_name(compressor)} format ({spec.scheme}"
             + (f", groups of {group}" if group else "") + "); kept 16-bit: embeddings, norms"
             + (f", {', '.join(ignore)}" if ignore else "")]
+
+
+def _gptq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
+          rows: list) -> tuple[list, str]:
+    """GPTQ on each set of layers sharing an input; it fills `qparams` with the scales it rounded to."""
+    units = [gptq.GptqUnit(g, scheme.weights, scale_dtype, qparams) for g in gptq.shared_inputs(linears)]
+    return units, "GPTQ (block = group, damping 1% of the mean Hessian diagonal, no act-order)"
+
+
+def _awq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
+         rows: list) -> tuple[list, str]:
+    """AWQ's per-input-channel scales, searched for the least rounding error, folded into the layer feeding them."""
+    units = [scaling.AwqUnit(m, scheme.weights, scale_dtype, sum(map(len, rows))) for m in layers.mappings(model, True)]
+    return units, f"AWQ scales (grid of {scaling.AWQ_GRID}, no clipping search), then round-to-nearest"
+
+
+def _smoothquant(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
+                 rows: list) -> tuple[list, str]:
+    """SmoothQuant's per-input-channel scales, moving activation outliers into the weights before int8 rounding."""
+    units = [scaling.SmoothQuantUnit(m) for m in layers.mappings(model, False)]
+    return units, f"SmoothQuant (alpha {scaling.SMOOTHING}), then per-channel round-to-nearest int8 weights"
+
+
+ALGORITHMS: dict[str, Callable[..., tuple[list, str]]] = {"gptq": _gptq, "awq": _awq, "smoothquant": _smoothquant}
+"""A calibrated format's `algorithm` (export_formats.py) -> (the calibration units, the report's words)."""
 
 
 def _finish_folder(scratch: Path, tmp: Path, tokenizer: Any) -> None:
