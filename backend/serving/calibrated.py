@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.core.registries.export_formats import group_size_for
+from backend.core.registries.export_formats import EXPORT_FORMATS, export_format, group_size_for
 from backend.serving.safetensors_header import safetensors_sum
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
 
-FORMATS_OF = {"int4": ("gptq-int4", "awq-int4"), "w8a8": ("w8a8",)}
+FORMATS_OF = {kind: tuple(f.name for f in EXPORT_FORMATS.values() if f.calibrated and f.scheme == scheme)
+              for kind, scheme in (("int4", "W4A16"), ("w8a8", "W8A8"))}
 """A scheme the export writes -> the formats written in it (GPTQ and AWQ files are laid out alike)."""
 SCALE_BYTES = 2
 """A scale is stored in the export's 16-bit dtype (bf16 or fp16); the schemes are symmetric, so no zero points."""
@@ -116,7 +117,7 @@ def predicted(arch: Arch, dims: Dims, fmt: str) -> tuple[int, str]:
     linears = all_linears(arch, dims)
     total = count_params(arch, dims).total
     quantized_weights = sum(lin.inp * lin.out * n for lin, n in linears)
-    if fmt == "w8a8":
+    if export_format(fmt).bits == 8:  # int8 per row; 4-bit weights come in groups
         held = sum((lin.inp * lin.out + SCALE_BYTES * lin.out) * n for lin, n in linears)
         how = describe("w8a8", None)
     else:

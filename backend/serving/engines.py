@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.core.registries.export_formats import CALIBRATED, is_gguf
+from backend.core.registries.export_formats import export_format
 from backend.runtime.processes import module_command, worker_env
 from backend.serving import Card, estimate_serving
 from backend.serving.source import ServeSource, max_positions
@@ -62,19 +62,19 @@ without the extra has the first and fails on the second at start."""
 
 def choose_engine(source: ServeSource, engine: str, device: str) -> str:
     """The engine `auto` means, or a one-line ValueError for one that cannot serve this export here."""
-    gguf = is_gguf(source.fmt)
-    if engine == "auto":
-        engine = "llama-cpp" if gguf else ("vllm" if device != "cpu" and installed("vllm") else "transformers")
-    if gguf and engine != "llama-cpp":
+    spec = export_format(source.fmt)
+    if engine == "auto":  # the first engine that loads the format and runs here (vLLM: on a GPU, where installed)
+        engine = next(e for e in spec.served_by if e != "vllm" or (device != "cpu" and installed("vllm")))
+    if engine not in spec.served_by and "llama-cpp" in spec.served_by:
         raise ValueError(f"--engine {engine}: a {source.fmt} export is served by llama.cpp (--engine llama-cpp); "
                          "serve the run's merged export with the other engines")
-    if engine == "llama-cpp" and not gguf:
+    if engine not in spec.served_by:
         raise ValueError(f"--engine llama-cpp serves a GGUF export; {source.serve_path} is {source.fmt} "
                          "(`--format gguf-q8_0` names the run's GGUF export)")
     if engine == "llama-cpp" and not all(map(installed, LLAMA_CPP_SERVER)):
         raise ValueError("llama-cpp-python's server is not installed, so the GGUF export cannot be served here: "
                          "`pip install 'llama-cpp-python[server]'`, or serve the merged export (--format merged)")
-    if engine == "transformers" and source.fmt in CALIBRATED and not installed("compressed_tensors"):
+    if engine == "transformers" and spec.calibrated and not installed("compressed_tensors"):
         raise ValueError(f"the compressed-tensors package is not installed, so transformers cannot load the "
                          f"{source.fmt} export: `pip install 'compressed-tensors>=0.20,<0.21'`, or serve the merged "
                          "export (--format merged)")
@@ -152,9 +152,10 @@ def transformers_launch(source: ServeSource, port: int, token: str, device: str,
 def unpacked_note(source: ServeSource) -> list[str]:
     """What transformers does with a calibrated export (measured on the CPU: the log's "Decompressing model"),
     so nobody takes its speed or memory for the format's."""
-    if source.fmt not in CALIBRATED:
+    spec = export_format(source.fmt)
+    if not spec.calibrated:
         return []
-    inputs = " and rounds every linear layer's input to int8 per token" if source.fmt == "w8a8" else ""
+    inputs = f" and rounds every linear layer's input to int{spec.activation_bits} per token" if spec.activation_bits else ""
     return [f"transformers unpacks the {source.fmt} integers to 16-bit weights as it loads them (compressed-tensors)"
             f"{inputs}: it answers as the export does, with 16-bit memory and speed; vLLM on a GPU runs the "
             "integers themselves"]

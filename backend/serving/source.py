@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.estimate.families import ESTIMATE_FAMILIES, load_model_config, text_part
-from backend.core.registries.export_formats import CALIBRATED, EXPORT_REPORT, is_gguf
+from backend.core.registries.export_formats import EXPORT_FORMATS, EXPORT_REPORT, export_format
 from backend.core.registries.serving_options import SERVED_FORMATS
 from backend.serving import calibrated
 from backend.serving.calibrated import WeightFiles
@@ -73,7 +73,7 @@ def _model_folder(path: Path, config: dict[str, Any], fmt: str | None) -> ServeS
         notes = [] if fmt or scheme != "int4" else [
             "a compressed-tensors int4 folder: gptq-int4 and awq-int4 are written alike, so it is named gptq-int4"]
         return ServeSource(str(path), config, chosen, notes=notes, weight_files=calibrated.weight_files(path, config))
-    notes = [] if fmt in (None, "merged") else [
+    notes = [] if fmt is None or export_format(fmt).family == "hf" else [
         f"a model folder sized as if exported to {fmt}; the line serves the folder itself"]
     quant = config.get("quantization_config")
     if isinstance(quant, dict):
@@ -90,10 +90,13 @@ def _export(path: Path, fmt: str | None) -> ServeSource:
         raise ValueError(f"{path / EXPORT_REPORT}: unreadable or without a format; export the run again") from None
     if fmt is not None and fmt != written:
         raise ValueError(f"--format {fmt}: {path} is a {written} export; leave --format out or name its run folder")
-    if written == "adapter":
+    spec = EXPORT_FORMATS.get(written)
+    if spec is None:
+        raise ValueError(f"{path / EXPORT_REPORT}: format {written!r} is not one this project exports; export the run "
+                         "again")
+    if not spec.merged:
         raise ValueError(f"{path} is an adapter; give its run folder to serve it on its base")
-    flags: list[str] = []
-    if is_gguf(written):
+    if spec.ggml_type:
         base = Path(str(report.get("base_model", "")))
         config = load_model_config(base if (base / "config.json").is_file() else path)
         # The GGUF export holds the tokenizer inside the file only; vLLM reads a Hugging Face one beside it.
@@ -101,15 +104,13 @@ def _export(path: Path, fmt: str | None) -> ServeSource:
         return ServeSource(str(path / "model.gguf"), config, written, flags=flags,
                            notes=["vLLM's GGUF loading is experimental; llama.cpp's server loads the same file"])
     config = load_model_config(path)
-    if written in CALIBRATED:
+    if spec.calibrated:
         # No --quantization: vLLM reads config.json's quantization_config and takes its quant_method
         # (compressed-tensors) when the flag is absent (ModelConfig's quantization check; a flag that named
         # another method would be refused as a mismatch), as llm-compressor's docs serve such folders.
         calibrated.check_export(path, config, written)
         return ServeSource(str(path), config, written, weight_files=calibrated.weight_files(path, config))
-    if written.startswith("bnb-"):
-        flags = ["--quantization", "bitsandbytes"]
-    return ServeSource(str(path), config, written, flags=flags)
+    return ServeSource(str(path), config, written, flags=vllm_flags(written))
 
 
 def _run(path: Path, fmt: str | None) -> ServeSource:
@@ -124,7 +125,7 @@ def _run(path: Path, fmt: str | None) -> ServeSource:
     base = path / "model" if method == "full" else config.resolved_model_path()
     raw = load_model_config(base)
     adapter = path / "adapter"
-    if chosen == "merged" and method != "full" and (adapter / "adapter_model.safetensors").is_file():
+    if export_format(chosen).family == "hf" and method != "full" and (adapter / "adapter_model.safetensors").is_file():
         params = safetensors_params(adapter / "adapter_model.safetensors")
         slot = lora_slot(config.technique.lora_rank)
         return ServeSource(str(base), raw, "merged", lora_rank=slot,
@@ -135,9 +136,15 @@ def _run(path: Path, fmt: str | None) -> ServeSource:
                                   "it without LoRA's extra matmuls"])
     target = exports / chosen
     return ServeSource(str(target), raw, chosen,
-                       flags=["--quantization", "bitsandbytes"] if chosen.startswith("bnb-") else [],
+                       flags=vllm_flags(chosen),
                        notes=[f"not exported yet: sized from {base}/config.json; `finetune-studio export {path} "
                               f"--format {chosen}` writes {target}"])
+
+
+def vllm_flags(fmt: str) -> list[str]:
+    """vLLM's --quantization for a format that names one (bitsandbytes); others it reads from config.json."""
+    quantization = export_format(fmt).vllm_quantization
+    return ["--quantization", quantization] if quantization else []
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
