@@ -29,8 +29,6 @@ from backend.export.tensor_source import TensorSource
 
 __all__ = ["GgufExport", "adds_special", "check_architecture", "permute"]  # modelfile.py uses adds_special
 Q = gguf.GGMLQuantizationType
-FILE_TYPES = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-              "Q5_0": gguf.LlamaFileType.MOSTLY_Q5_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
 F32_SUFFIXES = (".ffn_gate_inp.weight", ".ffn_gate_inp_shexp.weight", "position_embd.weight")
 """Kept in F32 whatever the format, as convert_hf_to_gguf.py does: MoE routers, GPT-2's positions."""
 
@@ -99,7 +97,7 @@ class GgufExport:
     # --- writing --------------------------------------------------------------------------------
     def _metadata(self, writer: Any) -> None:
         writer.add_name(self.name)
-        writer.add_file_type(int(FILE_TYPES[GGUF_TYPES[self.fmt]]))
+        writer.add_file_type(int(gguf.LlamaFileType[f"MOSTLY_{GGUF_TYPES[self.fmt]}"]))  # MOSTLY_Q8_0, ...
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         self.family.hparams(self.text_config, writer)
         self.meta.write(writer)

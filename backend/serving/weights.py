@@ -4,7 +4,7 @@
 quantizes the decoder's nn.Linear weights only (backend.estimate.states says why the fused experts
 and routers stay 16-bit): LLM.int8 1 B plus one fp32 scale per output row; NF4 with double
 quantization as backend.estimate.quantization counts it. GGUF: the block sizes of the GGML types
-(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights: GGML_BYTES in backend.core.registries.export_formats)
+(Q8_0 34 B, Q5_0 22 B, Q4_0 18 B per 32 weights: each GGUF entry's ggml_bytes in the export registry)
 for every matrix, F32 for 1-D tensors. The calibrated exports (gptq-int4, awq-int4, w8a8): the tensors
 their safetensors files hold when the export is there, else as calibrated.py predicts them (4-bit or
 8-bit decoder linears with 16-bit scales, the rest 16-bit). Each format is sized by its family's rule
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.core.registries.export_formats import GGML_BYTES, ExportFormat, export_format
+from backend.core.registries.export_formats import ExportFormat, export_format
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
 from backend.core.registries.serving_options import SERVED_FORMATS
 from backend.estimate.quantization import nf4_bytes
@@ -68,7 +68,7 @@ def _calibrated(arch: Arch, dims: Dims, spec: ExportFormat, files: WeightFiles |
 def _gguf(arch: Arch, dims: Dims, spec: ExportFormat, files: WeightFiles | None) -> tuple[int, str]:
     counts = count_params(arch, dims)
     vectors = counts.norms + counts.linear_biases
-    per = GGML_BYTES[spec.ggml_type]
+    per = spec.ggml_bytes
     held = int((counts.text - vectors) * per) + 4 * vectors  # the GGUF writer skips a vision tower
     return held, f"GGUF {spec.ggml_type}: {per:.4g} B per matrix weight, 1-D tensors F32"
 

@@ -38,6 +38,7 @@ from backend.core.registries.export_formats import (
     CALIBRATION_SAMPLES_DEFAULT,
     CALIBRATION_SAMPLES_MAX,
     DTYPES,
+    EXPORT_FORMATS,
     EXPORT_REPORT,
     FORMATS,
     overwrite_refusal,
@@ -54,8 +55,8 @@ from studio.widgets.serve_widget import ServeWidget
 from studio.widgets.vertical_scroll_area import VerticalScrollArea
 
 REPORT = EXPORT_REPORT
-DTYPE_FORMATS = ("merged", "bnb-8bit", "bnb-4bit")
-"""Formats whose written weights (or the merge before quantizing) take the dtype option."""
+DTYPE_FORMATS = tuple(f.name for f in EXPORT_FORMATS.values() if f.offers_dtype)
+"""Formats whose written weights (or the merge before quantizing) take the dtype option (merged, bnb-*)."""
 
 
 class ExportPage(QWidget):

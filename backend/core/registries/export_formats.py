@@ -76,6 +76,7 @@ class ExportFormat:
     read_back_in: str | None = None  # what the check reads it back in, when not the export's 16-bit dtype
     offers_dtype: bool = False  # the Export page offers the 16-bit dtype (the CLI's --dtype takes any format)
     ggml_type: str | None = None  # GGUF: the GGML type of its 2-D weights (1-D tensors stay F32, odd rows F16)
+    ggml_bytes: float | None = None  # GGUF: that type's bytes per weight (a block's bytes over its weights)
     bits: int | None = None  # bnb and calibrated: the bits of each quantized linear weight
     activation_bits: int | None = None  # calibrated: linear inputs rounded per token at run time (None: 16-bit)
     algorithm: str | None = None  # calibrated: what fits the weights to the run's data
@@ -166,23 +167,28 @@ register_format(ExportFormat(
                            "the 4-bit base (--format adapter) or export --format bnb-8bit, gguf-q8_0 or gguf-q4_0"}))
 
 
-def _gguf(name: str, ggml_type: str, description: str, bounds: Mapping[str | None, Bounds], order: int) -> None:
+def _gguf(name: str, description: str, bounds: Mapping[str | None, Bounds], *, ggml_type: str, ggml_bytes: float,
+          order: int) -> None:
     """A GGUF format: the merged tensors handed over in fp32 and rounded once, to its own types."""
     register_format(ExportFormat(name, description, "gguf", GGUF_DOORS, bounds, disk=None, merge_precision="fp32",
-                                 read_back_in="the precision it holds", ggml_type=ggml_type,
+                                 read_back_in="the precision it holds", ggml_type=ggml_type, ggml_bytes=ggml_bytes,
                                  served_by=("llama-cpp",), serve_order=order))
 
 
-_gguf("gguf-f16", "F16", "GGUF, 16-bit weights, for llama.cpp and Ollama",
+# A block of 32 weights: one fp16 scale plus 8-, 5- or 4-bit values.
+_gguf("gguf-f16", "GGUF, 16-bit weights, for llama.cpp and Ollama",
       {"bf16": Bounds(0.03, 0.98, (("merged", "fp16"), ("adapter", None)),  # F16 read exactly, against bf16
                       "the trained model was measured in bf16, whose rounding can hide small adapter changes"),
-       "fp16": Bounds(0.01, 0.99, (("merged", "bf16"), ("adapter", None)), FP16_RANGE)}, 6)
-_gguf("gguf-q8_0", "Q8_0", "GGUF, 8-bit Q8_0 weights (about 1.06 bytes/parameter), for llama.cpp and Ollama",
-      {None: Bounds(0.05, 0.95, (("gguf-f16", None), ("merged", None)))}, 7)
-_gguf("gguf-q5_0", "Q5_0", "GGUF, 5-bit Q5_0 weights (about 0.69 bytes/parameter), for llama.cpp and Ollama",
-      {None: Bounds(0.15, 0.90, (("gguf-q8_0", None), ("gguf-f16", None)))}, 8)
-_gguf("gguf-q4_0", "Q4_0", "GGUF, 4-bit Q4_0 weights (about 0.56 bytes/parameter), for llama.cpp and Ollama",
-      {None: Bounds(0.25, 0.85, (("gguf-q5_0", None), ("gguf-q8_0", None)))}, 9)
+       "fp16": Bounds(0.01, 0.99, (("merged", "bf16"), ("adapter", None)), FP16_RANGE)},
+      ggml_type="F16", ggml_bytes=2.0, order=6)
+_gguf("gguf-q8_0", "GGUF, 8-bit Q8_0 weights (about 1.06 bytes/parameter), for llama.cpp and Ollama",
+      {None: Bounds(0.05, 0.95, (("gguf-f16", None), ("merged", None)))}, ggml_type="Q8_0", ggml_bytes=34 / 32, order=7)
+_gguf("gguf-q5_0", "GGUF, 5-bit Q5_0 weights (about 0.69 bytes/parameter), for llama.cpp and Ollama",
+      {None: Bounds(0.15, 0.90, (("gguf-q8_0", None), ("gguf-f16", None)))}, ggml_type="Q5_0", ggml_bytes=22 / 32,
+      order=8)
+_gguf("gguf-q4_0", "GGUF, 4-bit Q4_0 weights (about 0.56 bytes/parameter), for llama.cpp and Ollama",
+      {None: Bounds(0.25, 0.85, (("gguf-q5_0", None), ("gguf-q8_0", None)))}, ggml_type="Q4_0", ggml_bytes=18 / 32,
+      order=9)
 
 
 def _calibrated(name: str, description: str, bounds: Bounds, *, bits: int, algorithm: str, order: int,
@@ -247,9 +253,6 @@ def failure_hint(fmt: str, dtype: str, method: str) -> str:
 def is_gguf(fmt: str) -> bool:
     return fmt in GGUF_TYPES
 
-
-GGML_BYTES: dict[str, float] = {"F16": 2.0, "Q8_0": 34 / 32, "Q5_0": 22 / 32, "Q4_0": 18 / 32}
-"""Bytes per weight of each GGML type: a block of 32 weights is one fp16 scale plus 8-, 5- or 4-bit values."""
 
 GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
