@@ -1,5 +1,6 @@
-"""Exports of a finished run: adapter, merged 16-bit, bitsandbytes 4/8-bit and GGUF, each verified.
+"""Exports of a finished run: adapter, merged 16-bit, bitsandbytes 4/8-bit, GGUF and calibrated, each verified.
 
-Only `formats` is torch-free (the CLI and the studio read the format list from it); the other
-modules are imported by the export job inside the worker.
+The formats themselves are the torch-free registry backend/core/registries/export_formats.py; each names
+the door modules here (doors/) that refuse, write and read it back, which the export job imports inside
+the worker.
 """
