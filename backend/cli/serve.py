@@ -20,7 +20,7 @@ from backend.serving.sizing import BATCHED_TOKENS, BLOCK_SIZE, UTILIZATION
 from backend.core.registries.serving_options import SERVED_FORMATS
 
 
-def _card_gb(text: str) -> float:
+def card_gb(text: str) -> float:
     """A card size in GB: a finite number above 0."""
     try:
         value = float(text)
@@ -41,7 +41,7 @@ def add_serve_estimate_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("model", metavar="RUN_OR_MODEL_DIR",
                         help="a run folder (its export, or its base with the adapter), an export folder, or a model "
                              "folder with config.json (config.json alone is enough)")
-    parser.add_argument("--card-gb", type=_card_gb, required=True, help="memory of one GPU in GB, e.g. 24")
+    parser.add_argument("--card-gb", type=card_gb, required=True, help="memory of one GPU in GB, e.g. 24")
     parser.add_argument("--context", type=positive_int, default=None,
                         help="tokens per sequence (prompt + answer) to size max_num_seqs for (default 4096, or the "
                              "model's positions if fewer)")

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from backend.cli.checks import positive_int, probability
-from backend.cli.serve import _card_gb as card_gb
+from backend.cli.serve import card_gb
 from backend.core.config.run_config import ConfigError
 from backend.serving import Card, resolve
 from backend.core.registries.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV

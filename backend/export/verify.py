@@ -83,7 +83,7 @@ class Measurement:
 def build_probe(config: RunConfig, tokenizer: Any, device: str) -> Probe:
     budget = TOKEN_BUDGET["cuda" if device.startswith("cuda") else "cpu"]
     prompts = [tokenize_prompt(tokenizer, text)[-MAX_SEQUENCE:] for text in PROMPTS]
-    candidates, source = _perplexity_rows(config, tokenizer)
+    candidates, source = perplexity_rows(config, tokenizer)
     left = budget - sum(len(p) for p in prompts)
     rows = []
     for row in candidates:
@@ -127,7 +127,9 @@ def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
-def _perplexity_rows(config: RunConfig, tokenizer: Any) -> tuple[list[dict[str, list[int]]], str]:
+def perplexity_rows(config: RunConfig, tokenizer: Any) -> tuple[list[dict[str, list[int]]], str]:
+    """The tokenized rows a check scores (the validation split, else the training rows), and where from:
+    shared with the calibrated exports, which calibrate on the same rows."""
     from backend.core.data.records import detect_format, read_records, to_conversation
 
     try:
@@ -157,7 +159,7 @@ def _device_of(model: Any) -> torch.device:
         return torch.device("cpu")
 
 
-def _fp32_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def fp32_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A 16-bit Linear with its product in fp32, rows of the weight widened a slice at a time."""
     weight = self.weight
     rows = max(1, (1 << 24) // max(weight.shape[1], 1))  # ~64 MB of fp32 weight at a time
@@ -179,7 +181,7 @@ def cpu_products_in_fp32(model: Any) -> Iterator[None]:
     patched = []
     for module in model.modules():
         if type(module) is torch.nn.Linear and module.weight.dtype in (torch.bfloat16, torch.float16):
-            module.forward = types.MethodType(_fp32_linear, module)
+            module.forward = types.MethodType(fp32_linear, module)
             patched.append(module)
     try:
         yield

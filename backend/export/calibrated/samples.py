@@ -26,9 +26,9 @@ def calibration_rows(config: RunConfig, tokenizer: Any, samples: int) -> tuple[l
         source = "the run's training data"
     except Exception as exc:  # the data file moved or changed since the run
         log.warning("run data unusable for calibration (%s); using the bundled demo_eval set", exc)
-        from backend.export.verify import _perplexity_rows
+        from backend.export.verify import perplexity_rows
 
-        candidates, source = _perplexity_rows(config, tokenizer)
+        candidates, source = perplexity_rows(config, tokenizer)
         rows = [candidates[i]["input_ids"] for i in _spread(len(candidates), samples)]
     rows = [list(r)[:MAX_TOKENS] for r in rows if len(r) > 1]
     return rows, f"{len(rows)} rows of {source} (at most {MAX_TOKENS} tokens each)"

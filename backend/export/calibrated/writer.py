@@ -22,7 +22,7 @@ from backend.export.calibrated import gptq, grid, layers, pack, samples, scaling
 from backend.export.calibrated.collect import calibrate
 from backend.export.memory import release
 from backend.export.merge import DTYPES, TrainedRun, placement
-from backend.export.verify import _fp32_linear as verify_fp32_linear
+from backend.export.verify import fp32_linear as verify_fp32_linear
 from backend.runtime.hub_kernels import LOAD_KWARGS
 
 log = logging.getLogger(__name__)
