@@ -126,8 +126,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         say(f"try:     curl {launch.base_url}/chat/completions -H 'Authorization: Bearer <token>' "
             "-H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'")
         say("Ctrl-C stops the server")
-        assert server.process is not None
-        server.process.wait()
+        assert server.child is not None
+        server.child.wait()
         print(f"error: {server.failure()}", file=sys.stderr, flush=True)
         return 1
     except ServerFailed as exc:
@@ -139,5 +139,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second Stop while we clean up must not cut it short
         server.stop()
-        if server.process is not None:
+        if server.child is not None:
             say(f"stopped: port {launch.port} is free")

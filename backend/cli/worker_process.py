@@ -4,14 +4,13 @@ The worker gets its own session so that Ctrl-C in the terminal reaches only the 
 into a StopJob(save=True) (first press), a cancel (second) and a kill (third): the three levels a
 person expects, and a checkpoint is never cut in half by a stray signal. SIGTERM and SIGHUP (a
 closed terminal) stop and save too; if the CLI is killed outright, the worker notices and does the
-same itself (backend/worker/parent_watch.py).
+same itself (backend/worker/parent_watch.py). The session and the kills are backend/runtime/child_process.py's.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any, Callable
 
 from backend.core.config.run_config import RunConfig
 from backend.api.launch import job_argv, start_line
+from backend.runtime.child_process import ChildProcess
 from backend.runtime.processes import worker_env
 from backend.core.protocol import StopJob, encode
 from backend.api.protocol_session import ProtocolSession
@@ -34,27 +34,27 @@ class WorkerProcess:
         self.job = job
         self.params = params or {}
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=30)
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: ChildProcess | None = None
         self._drain: threading.Thread | None = None
         self._interrupts = 0
         self._gave_up = ""
 
     def _drain_stderr(self) -> None:
-        assert self._proc and self._proc.stderr
-        for line in self._proc.stderr:
+        assert self._proc and self._proc.process.stderr
+        for line in self._proc.process.stderr:
             self.stderr_tail.append(line.rstrip())
 
     def stop(self, save: bool = True) -> None:
-        if self._proc and self._proc.poll() is None and self._proc.stdin:
+        if self._proc and self._proc.running() and self._proc.process.stdin:
             try:
-                self._proc.stdin.write(encode(StopJob(save=save)))
-                self._proc.stdin.flush()
+                self._proc.process.stdin.write(encode(StopJob(save=save)))
+                self._proc.process.stdin.flush()
             except (BrokenPipeError, OSError):
                 pass
 
     def kill(self) -> None:
         """SIGKILL the worker (no checkpoint, no last word): what a crash looks like from outside."""
-        if self._proc and self._proc.poll() is None:
+        if self._proc and self._proc.running():
             self._proc.kill()
 
     def _on_sigterm(self, _signum: int, _frame: Any) -> None:
@@ -88,10 +88,8 @@ class WorkerProcess:
         argv = self.command or job_argv(folder, config, resume, self.job, self.params, self.machine_rank)
         session = ProtocolSession(folder, start_line(folder, config, resume, self.job, self.params),
                                   client="this finetune-studio")
-        self._proc = subprocess.Popen(
-            argv, env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, encoding="utf-8", start_new_session=True,
-        )
+        self._proc = ChildProcess(argv, env=worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, encoding="utf-8")
         self._drain = threading.Thread(target=self._drain_stderr, daemon=True)
         self._drain.start()
         watchdog = self._rendezvous_watchdog(config)
@@ -102,18 +100,20 @@ class WorkerProcess:
                 previous[signum] = signal.signal(signum, self._on_sigterm)
         terminal: dict[str, Any] | None = None
         try:
-            assert self._proc.stdout and self._proc.stdin
-            for line in self._proc.stdout:
+            stdin, stdout = self._proc.process.stdin, self._proc.process.stdout
+            assert stdout and stdin
+            for line in stdout:
                 reply = session.handle(line)
                 if reply.problem:
                     self.stderr_tail.append(f"protocol error: {reply.problem}")
                 if reply.failure is not None:  # a worker of another release: said now, not after a timeout
                     terminal = json.loads(reply.failure.model_dump_json())
-                    self._end_now()
+                    self._proc.kill_group()  # the worker and anything it started
+                    self._proc.wait()
                     break
                 if reply.write:
-                    self._proc.stdin.write(reply.write)
-                    self._proc.stdin.flush()
+                    stdin.write(reply.write)
+                    stdin.flush()
                 event = reply.event
                 if event is None or event.type == "WorkerReady":
                     continue
@@ -139,15 +139,6 @@ class WorkerProcess:
             terminal = self._crashed(session, code)
         return terminal
 
-    def _end_now(self) -> None:
-        """Kill the worker (and anything it started) and reap it."""
-        assert self._proc is not None
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except OSError:
-            self._proc.kill()
-        self._proc.wait()
-
     def _rendezvous_watchdog(self, config: RunConfig) -> threading.Timer | None:
         """Multi-node: say whom machine 0 waits for, and give up after hardware.rendezvous_timeout_s."""
         hw = config.hardware
@@ -160,11 +151,8 @@ class WorkerProcess:
 
         def give_up() -> None:
             self._gave_up = failure
-            if self._proc is not None and self._proc.poll() is None:
-                try:
-                    os.killpg(self._proc.pid, signal.SIGKILL)  # the launcher and anything it started
-                except OSError:
-                    self._proc.kill()
+            if self._proc is not None and self._proc.running():
+                self._proc.kill_group()  # the launcher and anything it started
 
         timer = threading.Timer(hw.rendezvous_timeout_s, give_up)
         timer.daemon = True

@@ -1,26 +1,23 @@
 """ServerProcess: start a server, know when it answers, and stop it so that nothing lingers. Torch-free.
 
-The server runs in a session (process group) of its own, so Stop reaches the processes it starts too
-(vLLM's engine core, tokenizer workers): SIGTERM to the group, then SIGKILL after a grace period, then a
-wait until the port takes a new listener. On Linux the server also gets SIGTERM when its launcher dies
-(PR_SET_PDEATHSIG), for a launcher killed without a chance to stop it.
+The server runs in a session (process group) of its own (backend/runtime/child_process.py), so Stop
+reaches the processes it starts too (vLLM's engine core, tokenizer workers): SIGTERM to the group, then
+SIGKILL after a grace period, then a wait until the port takes a new listener. On Linux the server also
+gets SIGTERM when its launcher dies (PR_SET_PDEATHSIG), for a launcher killed without a chance to stop it.
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
-import os
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from typing import Callable
 
+from backend.runtime.child_process import ChildProcess
 from backend.serving.engines import HOST, ServeLaunch
 
 TAKEN_MARKERS = ("address already in use", "errno 98", "only one usage of each socket address")
@@ -56,15 +53,6 @@ def port_free(port: int) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher's thread dies (Linux only; elsewhere a no-op)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 class ServerFailed(RuntimeError):
     """The server process ended or never answered; the message is one line."""
 
@@ -77,24 +65,23 @@ class ServerProcess:
         self.token = token
         self.on_line = on_line
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
-        self.process: subprocess.Popen[bytes] | None = None
+        self.child: ChildProcess | None = None
         self._reader: threading.Thread | None = None
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process else None
+        return self.child.pid if self.child else None
 
     def start(self) -> None:
         check_port(self.launch.port)
-        self.process = subprocess.Popen(self.launch.argv, env=self.launch.env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+        self.child = ChildProcess(self.launch.argv, die_with_parent=True, env=self.launch.env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._reader = threading.Thread(target=self._read, name="server-output", daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for raw in self.process.stdout:
+        assert self.child is not None and self.child.process.stdout is not None
+        for raw in self.child.process.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
             if line.strip():
                 self.lines.append(line)
@@ -102,7 +89,7 @@ class ServerProcess:
                     self.on_line(line)
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.running()
 
     def answers(self) -> bool:
         """Whether GET /v1/models with the token answers 200 (the model is loaded: every engine loads first)."""
@@ -136,30 +123,14 @@ class ServerProcess:
         text = "\n".join(self.lines).lower()
         if any(marker in text for marker in TAKEN_MARKERS):
             return port_taken_line(self.launch.port)
-        code = self.process.returncode if self.process else None
+        code = self.child.process.returncode if self.child else None
         return f"the {self.launch.engine} server ended (exit code {code}): {self.last_line()}"
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the group, SIGKILL what is left after `grace_s`, reap, and wait for the port to be free."""
-        process = self.process
-        if process is None:
+        if self.child is None:
             return
-        group = process.pid  # start_new_session: the group id is the leader's pid
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(group, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
-                process.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-            try:  # the leader is gone; members it started may not be
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            break
-        process.wait()
+        self.child.stop(grace_s)
         if self._reader is not None:
             self._reader.join(timeout=2)
         deadline = time.monotonic() + 5

@@ -17,6 +17,7 @@ from typing import IO
 
 from backend.core.config.run_config import RunConfig
 from backend.core.protocol import JobFailed, ProtocolError, StartJob, WorkerReady, decode_command
+from backend.jobs.table import JOBS
 from backend.runtime.reporter import Reporter
 from backend.worker.failures import classify_failure
 from backend.worker.parent_watch import ParentWatch
@@ -90,7 +91,7 @@ def run_worker(stdin: IO[str], protocol_out: IO[str], job_file: Path | None = No
     try:
         config = RunConfig.from_dict(command.config, source=str(run_dir / "config.yaml"))
         set_up_torch(config)
-        job = load_job(command.job)
+        job = JOBS[command.job]()  # imports this job alone (backend/jobs/table.py)
         job(config, run_dir, reporter, stop, resume=command.resume, capabilities=capabilities, params=command.params)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one JobFailed line
@@ -114,10 +115,3 @@ def set_up_torch(config: RunConfig) -> None:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(config.train.cpu_threads or max(1, default_threads() // local))
 
-
-def load_job(kind: str):
-    """The `run_<verb>` function of backend/jobs/<kind>.py, imported only when that job runs."""
-    import importlib
-
-    module = importlib.import_module(f"backend.jobs.{kind}")
-    return getattr(module, f"run_{kind}")

@@ -22,7 +22,9 @@ import torch
 
 from backend.core.config.run_config import RunConfig
 from backend.core.errors import JobError
+from backend.core.protocol import JobKind
 from backend.core.runs.run_folder import RunFolder
+from backend.jobs.table import JOBS
 from backend.runtime.reporter import Reporter
 from backend.runtime.stop_listener import StopListener
 from tests.conftest import BUNDLED_MODEL, PRESET, ROOT
@@ -31,15 +33,12 @@ torch.set_num_threads(1)
 SMALL = ["data.max_examples=60", "train.micro_batch_size=8"]
 
 
-def _job(kind: str, config: RunConfig, folder: RunFolder, params: dict) -> list[dict]:
-    import importlib
-
+def _job(kind: JobKind, config: RunConfig, folder: RunFolder, params: dict) -> list[dict]:
     stream = io.StringIO()
     reporter = Reporter(stream)
     reporter.attach_run(folder.path)
     try:
-        getattr(importlib.import_module(f"backend.jobs.{kind}"), f"run_{kind}")(
-            config, folder.path, reporter, StopListener(io.StringIO()), params=params)
+        JOBS[kind]()(config, folder.path, reporter, StopListener(io.StringIO()), params=params)
     finally:
         reporter.close()
     return [json.loads(line) for line in stream.getvalue().splitlines()]
