@@ -18,7 +18,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.core.config.run_config import ConfigError, RunConfig, TrainSection, warmup_outlasts, yaml_scalar
+from backend.core.config.run_config import ConfigError, RunConfig, yaml_scalar
+from backend.core.config.schedule import TrainSection, alternative_to_clear, warmup_outlasts
 
 
 def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -126,7 +127,8 @@ class ConfigState(QObject):
 
     # --- writing ----------------------------------------------------------------------------
     def set(self, key: str, value: Any) -> None:
-        """Change one value (no validation here; see problem())."""
+        """Change one value (no validation here; see problem()). Setting one of two ways to say the same
+        thing (num_epochs, max_steps) turns the other off, as --set does on the command line."""
         *path, last = key.split(".")
         node = self._raw
         for part in path:
@@ -135,6 +137,9 @@ class ConfigState(QObject):
             return
         node[last] = value
         self.changed.emit(key)
+        cleared = alternative_to_clear(key, value)
+        if cleared is not None:
+            self.set(*cleared)
 
     def replace(self, raw: dict[str, Any], source: Path | None = None) -> None:
         """Start over from another file's contents (a loaded or saved config)."""
