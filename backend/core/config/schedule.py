@@ -113,6 +113,13 @@ def clear_alternatives(raw: dict[str, Any], keys: list[str]) -> None:
             train[name] = cleared[1]
 
 
+def held_out(examples: int, validation_split: float) -> int:
+    """Examples the validation split takes from `examples`: the share rounded down, but at least one from
+    four examples up, so a split asked for is never empty (the worker's split and the window's count)."""
+    count = int(examples * validation_split)
+    return 1 if validation_split > 0 and count == 0 and examples >= 4 else count
+
+
 def warmup_outlasts(warmup_steps: Any, max_steps: Any) -> bool:
     """The one warmup rule, for the CLI and the window: a warmup of max_steps or more never reaches
     the peak learning rate, so it is refused (0 is no warmup). Values that are not ints are left to
