@@ -324,7 +324,7 @@ class RunController(QObject):
         self._shown_at, self._shown_status = time.monotonic(), state.status
         self.page.set_status(state.message, details=self._details)
         self.window.run_status.setText(state.message)
-        self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None)
+        self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None, state.running)
         self.page.set_throughput(state.tokens_per_s, state.mfu, state.compile_seconds)
         self.page.set_plan(state.plan)
 
