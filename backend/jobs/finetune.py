@@ -51,7 +51,7 @@ def _training_arguments(config: RunConfig, output_dir: Path, plan: TechniquePlan
 def training_kwargs(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool,
                     schedule: Schedule) -> dict:
     """The Trainer's arguments, as keywords: the DPO, KTO and GRPO configs take the same ones (their doors).
-    The length is always the schedule's steps, so num_epochs ends on the step the plan line named."""
+    The length is always the schedule's steps, so num_epochs ends on the step its schedule line named."""
     train, technique = config.train, config.technique
     eval_strategy = "steps" if has_eval and train.eval_steps else "no"
     return dict(
@@ -150,7 +150,8 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
             raise JobError("bad_input", mismatch)
         resume_from = str(latest)
     # max_steps 0 with num_epochs: the steps are known once the data is read (the `schedule` line)
-    reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps or 0, resumed_from=resume_from))
+    reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps or 0,
+                             resumed_from=resume_from))
     if resume_from:
         reporter.emit(PhaseChanged(phase="resume", detail=f"from {Path(resume_from).name}, the newest complete checkpoint"))
 

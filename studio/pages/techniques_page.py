@@ -9,7 +9,7 @@ same setup headless.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
@@ -60,7 +60,8 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                                     ("train.gradient_accumulation_steps", "Gradient accumulation"),
                                     ("train.seq_len", "Sequence length"), ("train.max_steps", "Steps or epochs"),
                                     ("train.learning_rate", "Learning rate"), ("train.lr_scheduler", "LR schedule"),
-                                    ("train.warmup_steps", "Warmup steps or ratio"), ("train.max_grad_norm", "Clip gradient norm"),
+                                    ("train.warmup_steps", "Warmup steps or ratio"),
+                                    ("train.max_grad_norm", "Clip gradient norm"),
                                     ("train.save_steps", "Save / evaluate every"))),
 )
 """The page's groups: (title, ((dotted key, label), ...)). Every TechniqueSection field is here (the
@@ -274,6 +275,12 @@ class TechniquesPage(QWidget):
             return config.schedule(used - held_out(used, config.data.validation_split), config.hardware.world_size)
         except ConfigError:
             return None
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        """A new theme re-polishes every widget, the derived length's grey included: grey it again after."""
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.StyleChange):
+            QTimer.singleShot(0, self, self._show_length)  # (dropped if the page is gone by then)
 
     def editor(self, key: str) -> QWidget:
         """The editor this page made for `key`."""

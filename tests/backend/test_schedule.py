@@ -188,9 +188,11 @@ def test_the_trainer_receives_the_schedule(bundled_model):
     from transformers import TrainingArguments
 
     args = TrainingArguments(**arguments(RunConfig.load(PRESET, SCHEDULE)))
-    assert (args.max_steps, args.lr_scheduler_type.value, args.warmup_steps, args.max_grad_norm) == (20, "cosine", 2, 0.5)
+    assert (args.max_steps, args.lr_scheduler_type.value, args.warmup_steps, args.max_grad_norm) == (
+        20, "cosine", 2, 0.5)
     plain = TrainingArguments(**arguments(RunConfig.load(PRESET)))  # the preset as it was: linear, 60 steps
-    assert (plain.max_steps, plain.lr_scheduler_type.value, plain.warmup_steps, plain.max_grad_norm) == (60, "linear", 0, 1.0)
+    assert (plain.max_steps, plain.lr_scheduler_type.value, plain.warmup_steps, plain.max_grad_norm) == (
+        60, "linear", 0, 1.0)
 
 
 @pytest.mark.parametrize("preset, door, builder", [

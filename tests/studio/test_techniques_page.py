@@ -136,7 +136,8 @@ def test_the_schedule_fields_are_on_the_page_with_their_tooltips(qtbot, make_stu
 
     page = make_studio().pages["techniques"]
     kinds = {"train.max_steps": QSpinBox, "train.num_epochs": QSpinBox, "train.lr_scheduler": QComboBox,
-             "train.warmup_steps": QSpinBox, "train.warmup_ratio": QDoubleSpinBox, "train.max_grad_norm": QDoubleSpinBox}
+             "train.warmup_steps": QSpinBox, "train.warmup_ratio": QDoubleSpinBox,
+             "train.max_grad_norm": QDoubleSpinBox}
     for key, kind in kinds.items():
         editor = page.editor(key)
         assert isinstance(editor, kind) and editor.isVisibleTo(page), key
@@ -175,3 +176,24 @@ def test_epochs_or_steps_one_rules_and_the_other_shows_what_it_comes_to(qtbot, m
     page.editor("train.warmup_ratio").setValue(0.1)  # a ratio turns the steps off, as --set does
     assert (config.get("train.warmup_steps"), config.get("train.warmup_ratio")) == (0, 0.1)
     assert config.config().train.warmup_ratio == 0.1
+
+
+def test_the_derived_length_stays_grey_in_a_new_theme(qtbot, make_studio):
+    """A theme change re-polishes every widget; the page greys the derived one of steps and epochs again."""
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication, QLineEdit
+
+    from studio.services.theme import Theme
+
+    app = QApplication.instance()
+    palette, sheet = app.palette(), app.styleSheet()
+    try:
+        page = make_studio().pages["techniques"]
+        page.editor("train.num_epochs").setValue(2)
+        Theme(app).apply("dark")
+        text = page.editor("train.max_steps").findChild(QLineEdit)
+        qtbot.waitUntil(lambda: text.palette().color(QPalette.ColorRole.Text)
+                        == page.palette().color(QPalette.ColorRole.PlaceholderText), timeout=3000)
+    finally:
+        app.setStyleSheet(sheet)
+        app.setPalette(palette)

@@ -109,7 +109,7 @@ def clear_alternatives(raw: dict[str, Any], keys: list[str]) -> None:
         if cleared is None or cleared[0] in keys:
             continue
         name = cleared[0].split(".", 1)[1]
-        if train.get(name, cleared[1]) not in (cleared[1], None):
+        if train.get(name) not in (cleared[1], None):
             train[name] = cleared[1]
 
 
@@ -167,7 +167,8 @@ class Schedule:
             length = (f"train.num_epochs rules: {self.epochs} epoch{'s' if self.epochs != 1 else ''} of {rows} = "
                       f"{self.steps:,} steps")
         else:
-            length = f"train.max_steps rules: {self.steps:,} steps = {self.steps / self.steps_per_epoch:.3g} epochs of {rows}"
+            epochs = self.steps / self.steps_per_epoch
+            length = f"train.max_steps rules: {self.steps:,} steps = {epochs:.3g} epochs of {rows}"
         warmup = f"warmup {self.warmup} step{'s' if self.warmup != 1 else ''}" if self.warmup else "no warmup"
         clip = f"gradients clipped at norm {self.max_grad_norm:g}" if self.max_grad_norm > 0 else "no gradient clipping"
         batch = (f"{self.rows_per_step} rows a step: micro-batch {self.micro_batch} x accumulation {self.accumulation}"
@@ -179,14 +180,12 @@ def plan_schedule(train: TrainSection, rows: int, processes: int, rows_note: str
     """The schedule over `rows` training rows on `processes` processes; a warmup the derived length
     cannot hold raises ConfigError with the sentence to show."""
     rows = max(rows, 1)
-    steps = train.max_steps
-    if steps is None:
-        per_step = train.micro_batch_size * train.gradient_accumulation_steps * processes
-        steps = math.ceil(rows / per_step) * (train.num_epochs or 1)
+    epochs = train.num_epochs if train.max_steps is None else None  # the section holds exactly one of them
+    per_epoch = math.ceil(rows / (train.micro_batch_size * train.gradient_accumulation_steps * processes))
+    steps = train.max_steps if epochs is None else per_epoch * epochs
     warmup = train.warmup_steps or math.ceil(steps * train.warmup_ratio)
-    if train.warmup_steps and warmup_outlasts(train.warmup_steps, steps):
-        raise ConfigError(warmup_problem(train.warmup_steps, f"the {steps} steps train.num_epochs {train.num_epochs} "
-                                        f"comes to on {rows:,} rows", "raise train.num_epochs or use train.warmup_ratio"))
+    if epochs is not None and warmup_outlasts(train.warmup_steps, steps):  # (max_steps' own is refused on load)
+        raise ConfigError(warmup_problem(train.warmup_steps, f"the {steps} steps train.num_epochs {epochs} comes to "
+                                         f"on {rows:,} rows", "raise train.num_epochs or use train.warmup_ratio"))
     return Schedule(steps, warmup, rows, train.micro_batch_size, train.gradient_accumulation_steps, processes,
-                    train.num_epochs if train.max_steps is None else None, train.lr_scheduler, train.max_grad_norm,
-                    rows_note)
+                    epochs, train.lr_scheduler, train.max_grad_norm, rows_note)
