@@ -190,7 +190,8 @@ class RunController(QObject):
         if self.jobs.is_running():
             return
         try:
-            default = source.load_config().train.max_steps
+            checkpoint = source.latest_checkpoint()  # an epoch-counted run: as many steps again as it took
+            default = source.load_config().train.max_steps or (checkpoint_step(checkpoint) if checkpoint else 1)
         except ValueError as exc:
             self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
             return
@@ -212,7 +213,7 @@ class RunController(QObject):
         self.folder = folder
         self._history = (folder, history_up_to) if resume else None
         self._details = ""
-        self.state.begin(str(folder.path), config.train.max_steps)
+        self.state.begin(str(folder.path), config.train.max_steps or 0)  # num_epochs: known from the worker
         self.jobs.start(folder, config, job="finetune", resume=resume)
         if config.hardware.num_machines > 1:
             notice, failure = rendezvous_wait(config)
@@ -323,7 +324,7 @@ class RunController(QObject):
         self._shown_at, self._shown_status = time.monotonic(), state.status
         self.page.set_status(state.message, details=self._details)
         self.window.run_status.setText(state.message)
-        self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None)
+        self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None, state.running)
         self.page.set_throughput(state.tokens_per_s, state.mfu, state.compile_seconds)
         self.page.set_plan(state.plan)
 
