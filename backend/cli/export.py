@@ -17,14 +17,14 @@ import time
 from typing import Any, TextIO
 
 from backend.cli.checks import open_run_folder, output_folder
-from backend.core.registries.export_formats import DTYPES, FORMATS
+from backend.core.registries.export_formats import DTYPES, FORMATS, format_names
 from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
 
 
 def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     formats = "\n".join(f"  {name:10} {what}" for name, what in FORMATS.items())
     parser = subparsers.add_parser(
-        "export", help="export a finished run (adapter, merged, bnb-*, gguf-*) and verify it",
+        "export", help=f"export a finished run ({format_names()}) and verify it",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write one export of a run into a temporary folder, reload it with the library that owns the\n"
                     "format, check it against the trained model, and only then put it in place with its\n"

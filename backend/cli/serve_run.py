@@ -18,6 +18,7 @@ from typing import Any
 from backend.cli.checks import positive_int, probability
 from backend.cli.serve import card_gb
 from backend.core.config.run_config import ConfigError
+from backend.core.registries.export_formats import CALIBRATED
 from backend.serving import Card, resolve
 from backend.core.registries.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
 from backend.serving.engines import (ServeLaunch, choose_engine, llama_cpp_launch,
@@ -42,7 +43,7 @@ def add_serve_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Start an OpenAI-compatible server for a run's export (or a model folder) on 127.0.0.1:\n"
                     "transformers serve with continuous batching by default (CPU or GPU), vLLM where it is\n"
                     "installed and a GPU is used, llama.cpp's server for a GGUF export. The calibrated exports\n"
-                    "(gptq-int4, awq-int4, w8a8) load through compressed-tensors in transformers and vLLM.\n"
+                    f"({', '.join(CALIBRATED)}) load through compressed-tensors in transformers and vLLM.\n"
                     "The server requires a token (printed once). Ctrl-C stops it and every process it started.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="RUN_DIR", help="a run folder, an export folder, or a model folder")
