@@ -1,0 +1,49 @@
+"""The deploy commands as a new user meets them (issue 34): what a stop says per job, a prune that would
+keep almost nothing, an unfinished run refused before a worker starts, an export written elsewhere still
+served from its run, and one exit convention for a serving verdict of "does not fit".
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from backend.cli.app import main
+from backend.cli.worker_process import WorkerProcess, stop_notice
+from backend.core.errors import JobError
+from backend.pruning.request import MIN_FFN_KEEP, PruneRequest, Shape
+from tests.conftest import BUNDLED_MODEL
+
+
+@pytest.mark.parametrize("job", ["export", "prune", "evaluate"])
+def test_sigterm_says_what_a_job_other_than_a_fine_tune_does(job, capsys):
+    WorkerProcess(job=job)._on_sigterm(signal.SIGTERM, None)  # no worker yet: only the message
+    said = capsys.readouterr().out
+    assert "checkpoint" not in said and said.strip() == f"terminated: {stop_notice(job)}"
+    assert ("removed" in said) if job != "evaluate" else ("no report" in said)
+
+
+def test_sigterm_and_ctrl_c_of_a_fine_tune_still_save_a_checkpoint(capsys):
+    WorkerProcess()._on_sigterm(signal.SIGTERM, None)
+    WorkerProcess(job="prune")._on_sigint(signal.SIGINT, None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "terminated: stopping at the next step and saving a checkpoint"
+    assert "checkpoint" not in lines[-1] and lines[-1].endswith("(Ctrl-C again to kill)")
+
+
+def test_a_keep_ratio_below_the_floor_is_refused_naming_the_flag_and_the_fix():
+    shape = Shape.read(BUNDLED_MODEL)
+    with pytest.raises(JobError) as caught:
+        PruneRequest.parse({"ffn_keep": 0.0001}).check(shape)
+    message = caught.value.message
+    assert message.startswith("--ffn-keep 0.0001: keeps 1 of 768 FFN channels") and "--layers" in message
+    assert f"{MIN_FFN_KEEP:g}" in message
+    PruneRequest.parse({"ffn_keep": MIN_FFN_KEEP}).check(shape)  # the floor itself is allowed
+
+
+def test_the_cli_refuses_a_tiny_keep_ratio_in_one_line_before_anything_starts(capsys, studio_home):
+    code = main(["prune", str(BUNDLED_MODEL), "--ffn-keep", "0.0001"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--ffn-keep 0.0001" in err
+    assert not (studio_home / "runs").exists() or not any((studio_home / "runs").iterdir())
