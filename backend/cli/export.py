@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from backend.cli.checks import open_run_folder, output_folder
-from backend.core.registries.export_formats import DTYPES, FORMATS, format_names
+from backend.cli.checks import open_run_folder, output_folder, refuse_unfinished
+from backend.core.registries.export_formats import DTYPES, FORMATS, export_format, format_names
 from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
 
 
@@ -103,6 +103,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     folder = open_run_folder(args.run_dir)
     args.run_folder = folder.path  # an internal error's traceback goes to its worker.log
     config = folder.load_config()
+    refuse_unfinished(folder, config, export_format(args.format).merged, "export")  # before a worker starts
     out = output_folder(args.out, "--out") if args.out else folder.path / "exports" / args.format
     params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite)}
     if args.dtype:

@@ -47,3 +47,30 @@ def test_the_cli_refuses_a_tiny_keep_ratio_in_one_line_before_anything_starts(ca
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--ffn-keep 0.0001" in err
     assert not (studio_home / "runs").exists() or not any((studio_home / "runs").iterdir())
+
+
+def _unfinished_run(root):
+    from backend.core.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
+    from tests.conftest import PRESET
+
+    folder = RunFolder.create(RunConfig.load(PRESET, ["name=unfinished"]), root=root)
+    folder.append_event({"type": "JobStarted", "job": "finetune", "run_dir": str(folder.path), "max_steps": 60})
+    (folder.path / "worker.log").write_text("training...\n")
+    return folder
+
+
+@pytest.mark.parametrize("command", [["export", "--format", "merged"], ["prune", "--layers", "1"]])
+def test_an_unfinished_run_is_refused_before_a_worker_starts_and_nothing_is_written(command, tmp_path, capsys,
+                                                                                  monkeypatch):
+    folder = _unfinished_run(tmp_path)
+    started = []
+    monkeypatch.setattr(WorkerProcess, "run", lambda self, *a, **k: started.append(self.job))
+    events, log = folder.events_path.read_bytes(), folder.log_path.read_bytes()
+    code = main([command[0], str(folder.path), *command[1:]])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and started == [] and len(err.splitlines()) == 1, err
+    assert "has no adapter/: the run never finished (still training" in err
+    assert f"finetune-studio train {folder.config_path}" in err and f"then {command[0]}" in err
+    assert folder.events_path.read_bytes() == events and folder.log_path.read_bytes() == log
+    assert not (folder.path / "exports").exists() and not (folder.path / "pruned").exists()
