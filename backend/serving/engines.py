@@ -104,7 +104,8 @@ def _needs_merged(source: ServeSource) -> None:
     if lora or not Path(source.serve_path).exists():
         run = next((n.split("`")[1] for n in source.notes if "`finetune-studio export" in n), None)
         make = run or f"finetune-studio export RUN_DIR --format {source.fmt}"
-        why = "the run has its adapter only" if lora else f"{source.serve_path} does not exist"
+        gone = next((n.removesuffix("; skipped") for n in source.notes if "(moved or deleted)" in n), "")
+        why = gone or ("the run has its adapter only" if lora else f"{source.serve_path} does not exist")
         raise ValueError(f"no {source.fmt} export to serve ({why}); make it first with `{make}`")
 
 

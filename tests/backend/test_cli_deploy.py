@@ -74,3 +74,42 @@ def test_an_unfinished_run_is_refused_before_a_worker_starts_and_nothing_is_writ
     assert f"finetune-studio train {folder.config_path}" in err and f"then {command[0]}" in err
     assert folder.events_path.read_bytes() == events and folder.log_path.read_bytes() == log
     assert not (folder.path / "exports").exists() and not (folder.path / "pruned").exists()
+
+
+def _exported_elsewhere(tmp_path):
+    """A run whose merged export was written outside it (`export --out`), as the export job records it."""
+    import shutil
+
+    from backend.core.config.run_config import RunConfig
+    from backend.core.runs.run_folder import RunFolder
+    from tests.conftest import PRESET
+
+    folder = RunFolder.create(RunConfig.load(PRESET, ["name=elsewhere"]), root=tmp_path / "runs")
+    out = tmp_path / "shipped" / "merged"
+    shutil.copytree(BUNDLED_MODEL, out)
+    (out / "export_report.json").write_text('{"format": "merged"}')
+    folder.record_export("merged", out)
+    return folder, out
+
+
+def test_serve_finds_an_export_written_elsewhere_and_skips_one_moved_away_with_a_note(tmp_path, capsys):
+    import shutil
+
+    from backend.serving import resolve
+    from backend.serving.engines import transformers_launch
+
+    folder, out = _exported_elsewhere(tmp_path)
+    source = resolve(str(folder.path), None)
+    assert source.serve_path == str(out) and source.notes == []
+    assert transformers_launch(source, 8131, "fs-token", "cpu").model == str(out)
+    assert main(["serve-estimate", str(folder.path), "--card-gb", "24"]) == 0
+    assert f"model:       {out} (merged" in capsys.readouterr().out
+
+    shutil.move(str(out), str(tmp_path / "moved"))
+    code = main(["serve", str(folder.path), "--port", "0", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"the merged export recorded at {out} is gone (moved or deleted)" in err
+    assert f"`finetune-studio export {folder.path} --format merged`" in err
+    assert main(["serve-estimate", str(folder.path), "--card-gb", "24"]) == 0
+    assert f"note: the merged export recorded at {out} is gone (moved or deleted); skipped" in capsys.readouterr().out
