@@ -113,3 +113,47 @@ def test_serve_finds_an_export_written_elsewhere_and_skips_one_moved_away_with_a
     assert f"`finetune-studio export {folder.path} --format merged`" in err
     assert main(["serve-estimate", str(folder.path), "--card-gb", "24"]) == 0
     assert f"note: the merged export recorded at {out} is gone (moved or deleted); skipped" in capsys.readouterr().out
+
+
+def _fixture(name: str) -> str:
+    from tests import model_configs
+
+    return str(model_configs.CONFIGS_DIR / name)
+
+
+@pytest.mark.parametrize("args, verdict", [
+    (["meta-llama--Llama-3.3-70B-Instruct", "--card-gb", "24"], "does not fit: the weights (131.42 GiB)"),
+    (["meta-llama--Llama-3.1-8B-Instruct", "--card-gb", "17", "--context", "65536"],
+     "does not fit: not one sequence of 65,536 tokens fits: it needs 8.00 GiB of KV cache"),
+    (["meta-llama--Llama-3.1-8B-Instruct", "--card-gb", "24", "--concurrency", "100000"],
+     "does not fit: 100,000 sequences at once cannot each hold even one token"),
+], ids=["weights", "context", "concurrency"])
+def test_serve_estimate_says_does_not_fit_one_way_exit_1_verdict_first(args, verdict, capsys):
+    assert main(["serve-estimate", _fixture(args[0]), *args[1:]]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(verdict) and lines[1].startswith("model:") and "card:" in lines[2]
+    assert main(["serve-estimate", _fixture(args[0]), *args[1:], "--json"]) == 1
+    import json
+
+    assert json.loads(capsys.readouterr().out)["does_not_fit"] == lines[0].removeprefix("does not fit: ")
+
+
+def test_serve_estimate_help_states_the_exit_convention(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve-estimate", "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 when every plan asked for fits; 1 when one does not fit" in flat
+    assert "2 for bad input" in flat and "in GiB" in flat
+
+
+def test_the_card_is_taken_in_gib_without_a_cuda_context_and_the_gaps_are_said(capsys):
+    from backend.serving import Card
+    from backend.serving.sizing import VLLM_GAPS, runtime_bytes
+    from backend.estimate.estimator import CUBLAS_WORKSPACE_BYTES
+
+    assert Card(24).budget == int(0.9 * 24 * 2**30) and runtime_bytes() == CUBLAS_WORKSPACE_BYTES
+    assert main(["serve-estimate", _fixture("meta-llama--Llama-3.1-8B-Instruct"), "--card-gb", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "card:        0.9 x 24 GiB = 21.60 GiB for vLLM" in out and f"note: {VLLM_GAPS}" in out
+    assert "CUDA graphs are not counted" in VLLM_GAPS and "not checked here" in VLLM_GAPS
+    assert "other 10%" not in out and "768 MiB" not in out
