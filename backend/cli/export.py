@@ -3,8 +3,8 @@
 Torch-free, like the rest of the CLI: the export runs in `python -m backend.worker` (the job
 backend/jobs/export.py), this side prints its progress and then the checks from export_report.json.
 The exit status is 0 only when the export was written AND every check passed; a failed check is
-printed with its figure and exits 1, a refusal (bad run folder, existing export) exits 1 with the
-worker's sentence, a bad command line exits 2. An export no independent reader here could check
+printed with its figure and exits 1, a refusal (an unfinished run, before a worker starts; an existing
+export, the worker's sentence) exits 2, as a bad command line does. An export no independent reader here could check
 ("not verified": written and in place, the report says which check to run elsewhere) exits 0.
 """
 
