@@ -1,10 +1,12 @@
 """WorkerProcess: the CLI's way to run one job in a worker subprocess and follow its events.
 
 The worker gets its own session so that Ctrl-C in the terminal reaches only the CLI, which turns it
-into a StopJob(save=True) (first press), a cancel (second) and a kill (third): the three levels a
-person expects, and a checkpoint is never cut in half by a stray signal. SIGTERM and SIGHUP (a
-closed terminal) stop too (what a stop does depends on the job: STOPS); if the CLI is killed outright, the worker notices and does the
-same itself (backend/worker/parent_watch.py). The session and the kills are backend/runtime/child_process.py's.
+into a StopJob(save=True) (first press), a cancel (second) and a kill (third; the second for a job
+with nothing to save, whose stop already cancels): the levels a person expects, and a checkpoint is
+never cut in half by a stray signal. SIGTERM and SIGHUP (a closed terminal) stop too, and what a stop
+does depends on the job (STOPS, said when it happens); if the CLI is killed outright, the worker
+notices and does the same itself (backend/worker/parent_watch.py). The session and the kills are
+backend/runtime/child_process.py's.
 """
 
 from __future__ import annotations
@@ -83,16 +85,18 @@ class WorkerProcess:
             self._on_sigint(_signum, _frame)
 
     def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        """Ctrl-C: stop (a fine-tune saves), then cancel, then kill. A job other than a fine-tune already
+        cancels on the first stop, so its second Ctrl-C kills."""
         self._interrupts += 1
         if self._interrupts == 1:
             again = "cancel" if self.job == "finetune" else "kill"
             print(f"\n{stop_notice(self.job)} (Ctrl-C again to {again})", flush=True)
             self.stop(save=True)
-        elif self._interrupts == 2:
-            print("\ncancelling without saving (Ctrl-C again to kill)" if self.job == "finetune" else
-                  "\ncancelling (Ctrl-C again to kill)", flush=True)
+        elif self._interrupts == 2 and self.job == "finetune":
+            print("\ncancelling without saving (Ctrl-C again to kill)", flush=True)
             self.stop(save=False)
         elif self._proc:
+            self._interrupts = 3  # a kill the person asked for: the run ends as cancelled (_crashed)
             self._proc.kill()
 
     def run(

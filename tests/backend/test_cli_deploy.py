@@ -32,6 +32,27 @@ def test_sigterm_and_ctrl_c_of_a_fine_tune_still_save_a_checkpoint(capsys):
     assert "checkpoint" not in lines[-1] and lines[-1].endswith("(Ctrl-C again to kill)")
 
 
+def test_a_second_ctrl_c_kills_a_job_whose_stop_already_cancels():
+    class Proc:
+        killed = 0
+
+        def running(self):
+            return True
+
+        def kill(self):
+            self.killed += 1
+
+    for job, kills_at in (("prune", 2), ("finetune", 3)):
+        worker = WorkerProcess(job=job)
+        worker._proc = proc = Proc()  # type: ignore[assignment]
+        worker.stop = lambda save=True: None  # type: ignore[method-assign]
+        presses = 0
+        while not proc.killed:
+            worker._on_sigint(signal.SIGINT, None)
+            presses += 1
+        assert presses == kills_at and worker._interrupts >= 3  # a kill asked for ends as cancelled
+
+
 def test_a_keep_ratio_below_the_floor_is_refused_naming_the_flag_and_the_fix():
     shape = Shape.read(BUNDLED_MODEL)
     with pytest.raises(JobError) as caught:
