@@ -5,7 +5,7 @@ back from the pruned folder (report.py); neither imports torch, which import-lin
 """
 
 from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
-from backend.pruning.request import PruneRequest, Shape, out_problem
+from backend.pruning.request import MIN_FFN_KEEP, PruneRequest, Shape, out_problem
 
-__all__ = ["RANKING", "REPORT", "PruneRequest", "Shape", "format_ranking", "format_report", "out_problem",
+__all__ = ["MIN_FFN_KEEP", "RANKING", "REPORT", "PruneRequest", "Shape", "format_ranking", "format_report", "out_problem",
            "read_json"]

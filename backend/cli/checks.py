@@ -87,6 +87,17 @@ def output_folder(text: str, option: str) -> Path:
     return path
 
 
+def refuse_unfinished(folder: RunFolder, config: RunConfig, merged: bool, then: str) -> None:
+    """A run without a whole trained model (still training, failed, cancelled, a save cut short) refused in
+    one line before a worker starts, so nothing is appended to its events.jsonl or worker.log; the job
+    refuses the same way when the window starts it (core/runs/trained_weights.py)."""
+    from backend.core.runs.trained_weights import weights_problem
+
+    problem = weights_problem(folder, config, merged, then)
+    if problem:
+        raise ConfigError(f"{problem[0]}; {problem[1]}")
+
+
 def refuse_what_cannot_run(config: RunConfig, problem: str = "") -> None:
     """Every reason `config` cannot run on this machine, at once (Refusals: exit 2), before a run folder
     is made or a worker starts: the torch-free verdicts the window's Start and the estimate use. Only

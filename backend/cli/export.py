@@ -3,8 +3,8 @@
 Torch-free, like the rest of the CLI: the export runs in `python -m backend.worker` (the job
 backend/jobs/export.py), this side prints its progress and then the checks from export_report.json.
 The exit status is 0 only when the export was written AND every check passed; a failed check is
-printed with its figure and exits 1, a refusal (bad run folder, existing export) exits 1 with the
-worker's sentence, a bad command line exits 2. An export no independent reader here could check
+printed with its figure and exits 1, a refusal (an unfinished run, before a worker starts; an existing
+export, the worker's sentence) exits 2, as a bad command line does. An export no independent reader here could check
 ("not verified": written and in place, the report says which check to run elsewhere) exits 0.
 """
 
@@ -16,15 +16,15 @@ import sys
 import time
 from typing import Any, TextIO
 
-from backend.cli.checks import open_run_folder, output_folder
-from backend.core.registries.export_formats import DTYPES, FORMATS
+from backend.cli.checks import open_run_folder, output_folder, refuse_unfinished
+from backend.core.registries.export_formats import DTYPES, FORMATS, export_format, format_names
 from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
 
 
 def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     formats = "\n".join(f"  {name:10} {what}" for name, what in FORMATS.items())
     parser = subparsers.add_parser(
-        "export", help="export a finished run (adapter, merged, bnb-*, gguf-*) and verify it",
+        "export", help=f"export a finished run ({format_names()}) and verify it",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Write one export of a run into a temporary folder, reload it with the library that owns the\n"
                     "format, check it against the trained model, and only then put it in place with its\n"
@@ -103,6 +103,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     folder = open_run_folder(args.run_dir)
     args.run_folder = folder.path  # an internal error's traceback goes to its worker.log
     config = folder.load_config()
+    refuse_unfinished(folder, config, export_format(args.format).merged, "export")  # before a worker starts
     out = output_folder(args.out, "--out") if args.out else folder.path / "exports" / args.format
     params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite)}
     if args.dtype:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backend.cli.checks import open_run_folder, output_folder, positive_int
+from backend.cli.checks import open_run_folder, output_folder, positive_int, refuse_unfinished
 from backend.core.config.run_config import ConfigError, RunConfig
 from backend.core.errors import JobError
 from backend.pruning.report import RANKING, REPORT, format_ranking, format_report, read_json
@@ -108,6 +108,7 @@ def _target(args: argparse.Namespace, params: dict[str, Any]) -> tuple[RunFolder
         raise ConfigError("--data is for model folders; a run is calibrated on its own training data")
     folder = open_run_folder(args.model)
     config = folder.load_config()
+    refuse_unfinished(folder, config, True, "prune")  # before a worker starts or anything is written
     model = folder.path / "model" if config.technique.method == "full" else config.resolved_model_path()
     return folder, config, model
 

@@ -16,8 +16,9 @@ import threading
 from typing import Any
 
 from backend.cli.checks import positive_int, probability
-from backend.cli.serve import card_gb
+from backend.cli.serve import CARD_GB_HELP, card_gb
 from backend.core.config.run_config import ConfigError
+from backend.core.registries.export_formats import CALIBRATED
 from backend.serving import Card, resolve
 from backend.core.registries.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
 from backend.serving.engines import (ServeLaunch, choose_engine, llama_cpp_launch,
@@ -42,7 +43,7 @@ def add_serve_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Start an OpenAI-compatible server for a run's export (or a model folder) on 127.0.0.1:\n"
                     "transformers serve with continuous batching by default (CPU or GPU), vLLM where it is\n"
                     "installed and a GPU is used, llama.cpp's server for a GGUF export. The calibrated exports\n"
-                    "(gptq-int4, awq-int4, w8a8) load through compressed-tensors in transformers and vLLM.\n"
+                    f"({', '.join(CALIBRATED)}) load through compressed-tensors in transformers and vLLM.\n"
                     "The server requires a token (printed once). Ctrl-C stops it and every process it started.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="RUN_DIR", help="a run folder, an export folder, or a model folder")
@@ -58,7 +59,7 @@ def add_serve_run_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="sequences batched at once: sizes the paged KV cache (transformers on the CPU: default "
                              "8) or vLLM's context for that many (vLLM: default, the most that fit at --context)")
     parser.add_argument("--card-gb", type=card_gb, default=None,
-                        help="vLLM: memory of one GPU in GB (default: the first CUDA GPU's)")
+                        help=f"vLLM: {CARD_GB_HELP} (default: the first CUDA GPU's)")
     parser.add_argument("--gpu-memory-utilization", type=probability, default=UTILIZATION, help="vLLM's share of the card")
     parser.add_argument("--tensor-parallel", type=positive_int, default=1, help="vLLM: GPUs the model is split over")
     parser.add_argument("--ready-timeout", type=positive_int, default=600, help="seconds to wait for the model to load")
@@ -79,7 +80,7 @@ def plan(args: argparse.Namespace, token: str) -> ServeLaunch:
     if engine == "vllm":
         if not args.card_gb and not (detected and detected.devices):
             raise ValueError("--engine vllm: no CUDA GPU found to size the server for; give --card-gb")
-        card_gb = args.card_gb or detected.devices[0].total_bytes / 1e9
+        card_gb = args.card_gb or detected.devices[0].total_bytes / 2**30  # GiB, as --card-gb
         card = Card(card_gb, args.gpu_memory_utilization, args.tensor_parallel, BLOCK_SIZE, BATCHED_TOKENS)
         return vllm_launch(source, port, token, card, args.context, args.max_num_seqs)
     if engine == "llama-cpp":

@@ -1,10 +1,12 @@
 """WorkerProcess: the CLI's way to run one job in a worker subprocess and follow its events.
 
 The worker gets its own session so that Ctrl-C in the terminal reaches only the CLI, which turns it
-into a StopJob(save=True) (first press), a cancel (second) and a kill (third): the three levels a
-person expects, and a checkpoint is never cut in half by a stray signal. SIGTERM and SIGHUP (a
-closed terminal) stop and save too; if the CLI is killed outright, the worker notices and does the
-same itself (backend/worker/parent_watch.py). The session and the kills are backend/runtime/child_process.py's.
+into a StopJob(save=True) (first press), a cancel (second) and a kill (third; the second for a job
+with nothing to save, whose stop already cancels): the levels a person expects, and a checkpoint is
+never cut in half by a stray signal. SIGTERM and SIGHUP (a closed terminal) stop too, and what a stop
+does depends on the job (STOPS, said when it happens); if the CLI is killed outright, the worker
+notices and does the same itself (backend/worker/parent_watch.py). The session and the kills are
+backend/runtime/child_process.py's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,22 @@ from backend.runtime.processes import worker_env
 from backend.core.protocol import StopJob, encode
 from backend.api.protocol_session import ProtocolSession
 from backend.core.runs.run_folder import RunFolder
+
+
+STOPS = {
+    "finetune": "stopping at the next step and saving a checkpoint",
+    "export": "stopping the export; its partial folder is removed and no export is written",
+    "prune": "stopping the prune; its partial folder is removed and no pruned model is written",
+    "evaluate": "stopping the evaluation; no report is written",
+    "chat": "stopping the chat at the next token",
+}
+"""What the first Ctrl-C or SIGTERM does, per job: only a fine-tune has a checkpoint to save; the others
+end and remove what they had half written (each job's stop handling: backend/jobs/)."""
+
+
+def stop_notice(job: str) -> str:
+    """The line printed on the first Ctrl-C or SIGTERM, true to what `job` does when stopped."""
+    return STOPS.get(job, f"stopping the {job}; its partial output is removed")
 
 
 class WorkerProcess:
@@ -61,20 +79,24 @@ class WorkerProcess:
         """A closed terminal (SIGHUP) or `kill` (SIGTERM): stop and save, wait for the checkpoint, then exit."""
         if self._interrupts == 0:
             self._interrupts = 1
-            print("\nterminated: stopping at the next step and saving a checkpoint", flush=True)
+            print(f"\nterminated: {stop_notice(self.job)}", flush=True)
             self.stop(save=True)
         else:
             self._on_sigint(_signum, _frame)
 
     def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        """Ctrl-C: stop (a fine-tune saves), then cancel, then kill. A job other than a fine-tune already
+        cancels on the first stop, so its second Ctrl-C kills."""
         self._interrupts += 1
         if self._interrupts == 1:
-            print("\nstopping at the next step and saving a checkpoint (Ctrl-C again to cancel)", flush=True)
+            again = "cancel" if self.job == "finetune" else "kill"
+            print(f"\n{stop_notice(self.job)} (Ctrl-C again to {again})", flush=True)
             self.stop(save=True)
-        elif self._interrupts == 2:
+        elif self._interrupts == 2 and self.job == "finetune":
             print("\ncancelling without saving (Ctrl-C again to kill)", flush=True)
             self.stop(save=False)
         elif self._proc:
+            self._interrupts = 3  # a kill the person asked for: the run ends as cancelled (_crashed)
             self._proc.kill()
 
     def run(

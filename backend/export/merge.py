@@ -1,8 +1,8 @@
 """The trained model of a run, as the export sees it: checked, then read two ways, never as an fp32 model.
 
-`TrainedRun.check` refuses a run folder that cannot be exported (no adapter, a half-written one, a
-pre-quantized base) before torch loads anything. `merged_source` serves the merged model one tensor
-at a time for the writers (merged_source.py: for qlora the very NF4 weights the adapter trained
+`TrainedRun.check` refuses a run folder that cannot be exported (no adapter or a half-written one:
+core/runs/trained_weights.py, which the CLI asks first; a pre-quantized base) before torch loads
+anything. `merged_source` serves the merged model one tensor at a time for the writers (merged_source.py: for qlora the very NF4 weights the adapter trained
 against, dequantized; never merged into 4-bit or 8-bit weights). `load_trained` builds the trained
 model the way it computed while training (base as trained + adapter, unmerged, through peft) in
 16-bit, the reference every export is measured against.
@@ -10,7 +10,6 @@ model the way it computed while training (base as trained + adapter, unmerged, t
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from backend.core.config.run_config import RunConfig
 from backend.core.errors import bad_input
 from backend.core.registries.export_formats import export_format
 from backend.runtime.hub_kernels import LOAD_KWARGS
-from backend.core.runs.run_continuation import how_to_finish
+from backend.core.runs.trained_weights import weights_problem
 from backend.export.adapter_weights import AdapterWeights
 from backend.export.checkpoint_files import CheckpointFiles, read_config
 from backend.export.merged_source import MergedSource
@@ -32,7 +31,6 @@ from backend.export.quantized_base import bnb_config
 from backend.core.runs.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -64,38 +62,16 @@ class TrainedRun:
         return torch.float32 if self.full else DTYPES[self.precision]
 
     @classmethod
-    def check(cls, run_dir: Path, config: RunConfig, fmt: str) -> "TrainedRun":
-        """Refuse, in one sentence each, what cannot be exported as the format `fmt`; nothing is loaded yet."""
+    def check(cls, run_dir: Path, config: RunConfig, fmt: str, then: str = "export") -> "TrainedRun":
+        """Refuse, in one sentence each, what cannot be exported as the format `fmt` (`then`: the job that
+        asks, for the hint); nothing is loaded yet."""
         merged = export_format(fmt).merged
         folder = RunFolder(run_dir)
         full = config.technique.method == "full"
         weights = folder.path / "model" if full else folder.adapter_dir
-        resume = f"finetune-studio train --resume {folder.path}"
-        if not weights.is_dir():
-            what = "model/ (the fully tuned weights)" if full else "adapter/"
-            raise bad_input(
-                f"{folder.path} has no {what}: the run never finished or its folder is damaged, so there is nothing to export",
-                how_to_finish(folder, "export"),
-            )
-        if full:
-            if not merged:
-                raise bad_input(f"{folder.path} is a full fine-tune: it has no adapter to export",
-                                "export merged, bnb-* or gguf-* instead")
-            if not any(weights.glob("*.safetensors")) or not (weights / "config.json").is_file():
-                raise bad_input(f"{weights} is incomplete (no config.json or *.safetensors): its save was cut short",
-                                f"resume the run with `{resume}` to write it again")
-        else:
-            missing = [name for name in ADAPTER_FILES if not (weights / name).is_file()]
-            if missing:
-                raise bad_input(
-                    f"{weights} is incomplete ({', '.join(missing)} missing): the adapter's save was cut short",
-                    f"resume the run with `{resume}` to write it again",
-                )
-            try:
-                json.loads((weights / "adapter_config.json").read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise bad_input(f"{weights / 'adapter_config.json'} is not valid JSON: the adapter is damaged",
-                                f"resume the run with `{resume}` to write it again") from None
+        problem = weights_problem(folder, config, merged, then)
+        if problem:
+            raise bad_input(*problem)
         base = config.resolved_model_path()
         if merged and not full and (base / "config.json").is_file() \
                 and read_config(base).get("quantization_config"):

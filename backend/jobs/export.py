@@ -28,6 +28,7 @@ from backend.core.config.run_config import RunConfig
 from backend.core.errors import JobError
 from backend.core.protocol import Capabilities, JobFinished, JobStarted, MetricsLogged, PhaseChanged
 from backend.core.registries.export_formats import failure_hint, tolerance
+from backend.core.runs.run_folder import RunFolder
 from backend.core.runs.export_report import (FAILED, NOT_VERIFIED, PASSED, REPORT, ExportFacts, build_report,
                                              check_outcome, figure, verdict)
 from backend.export.checkpoint_files import CheckpointFiles
@@ -141,6 +142,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         shutil.rmtree(job.tmp, ignore_errors=True)
         raise
 
+    _record(run_dir, fmt.name, job.out, reporter)
     failed = [c for c in checks if check_outcome(c) == FAILED]
     if failed:
         first = failed[0]
@@ -159,6 +161,16 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
         reporter.emit(PhaseChanged(phase="verified", detail=f"{job.out}: {summary}"))
     reporter.emit(JobFinished(run_dir=str(run_dir), seconds=time.monotonic() - began,
                               adapter_path=None if fmt.merged else str(job.out)))
+
+
+def _record(run_dir: Path, fmt: str, out: Path, reporter: Reporter) -> None:
+    """Record the export's folder in the run (run_folder.EXPORTS_RECORD) for `serve`; the export is in place
+    already, so a record that cannot be written is a note, not a failure."""
+    try:
+        RunFolder(run_dir).record_export(fmt, out)
+    except OSError as exc:
+        reporter.emit(PhaseChanged(phase="report", detail=f"note: {out} is not recorded in the run ({exc}); "
+                                                          f"serve it by naming the folder itself"))
 
 
 def _model_bytes(source: Any, run: TrainedRun) -> int:

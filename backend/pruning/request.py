@@ -20,6 +20,10 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_te
 KNOWN = {"rank_only", "drop_layers", "layers", "drop_heads", "ffn_keep", "out", "overwrite", "samples", "dtype",
          "model", "max_new_tokens", "limit"}
 DEFAULT_SAMPLES = 32
+MIN_FFN_KEEP = 0.125
+"""The smallest --ffn-keep: an eighth of each layer's FFN channels. A guard against a slip (0.0001 typed
+for 0.75, a percentage read as a share), not a measured quality limit: below it most of every MLP is
+gone; to shrink a model further, remove whole layers (--layers)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,10 @@ class PruneRequest:
                             f"(at most --layers {n - 1})")
         if self.drop_heads is not None:
             self._check_heads(shape)
+        if self.ffn_keep is not None and self.ffn_keep < MIN_FFN_KEEP:
+            kept, floor = kept_channels(shape.intermediate, self.ffn_keep), kept_channels(shape.intermediate, MIN_FFN_KEEP)
+            raise bad_input(f"--ffn-keep {self.ffn_keep:g}: keeps {kept:,} of {shape.intermediate:,} FFN channels per "
+                            f"layer; keep at least {MIN_FFN_KEEP:g} ({floor:,}), or remove whole layers instead (--layers)")
 
     def _check_heads(self, shape: Shape) -> None:
         groups = shape.kv_heads

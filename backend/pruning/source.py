@@ -52,7 +52,7 @@ class PruneSource:
             return cls(folder, f"model folder {folder}", shape, dtype)
         from backend.export.merge import TrainedRun, default_dtype
 
-        run = TrainedRun.check(Path(run_dir), config, "merged")
+        run = TrainedRun.check(Path(run_dir), config, "merged", then="prune")
         folder = run.weights_dir if run.full else run.base_path
         shape = Shape.read(folder)
         request.check(shape)

@@ -47,5 +47,17 @@ def estimate_serving(source: ServeSource, card: Card, context: int | None, concu
         entry = {"given": given, **plan.to_json()}
         if plan.max_num_seqs and plan.context:
             entry["vllm"] = vllm_command(source.serve_path, plan, card, source.flags)
+        elif "does_not_fit" not in result:
+            result["does_not_fit"] = _nothing_fits(given, plan, concurrency)
         result["plans"].append(entry)
     return result
+
+
+def _nothing_fits(given: str, plan: ServePlan, concurrency: int | None) -> str:
+    """The verdict for an asked plan that no setting meets: what one sequence needs against what is free."""
+    free = f"{plan.kv_budget / 2**30:.2f} GiB of the card is left for the KV cache"
+    if given == "context":
+        return (f"not one sequence of {plan.context:,} tokens fits: it needs {plan.kv_per_sequence / 2**30:.2f} GiB "
+                f"of KV cache and {free}; lower --context, pick a smaller format, or a larger card")
+    return (f"{concurrency:,} sequences at once cannot each hold even one token ({free}); lower --concurrency, pick "
+            "a smaller format, or a larger card")

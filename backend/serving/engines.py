@@ -104,7 +104,8 @@ def _needs_merged(source: ServeSource) -> None:
     if lora or not Path(source.serve_path).exists():
         run = next((n.split("`")[1] for n in source.notes if "`finetune-studio export" in n), None)
         make = run or f"finetune-studio export RUN_DIR --format {source.fmt}"
-        why = "the run has its adapter only" if lora else f"{source.serve_path} does not exist"
+        gone = next((n.removesuffix("; skipped") for n in source.notes if "(moved or deleted)" in n), "")
+        why = gone or ("the run has its adapter only" if lora else f"{source.serve_path} does not exist")
         raise ValueError(f"no {source.fmt} export to serve ({why}); make it first with `{make}`")
 
 
@@ -174,13 +175,11 @@ def vllm_launch(source: ServeSource, port: int, token: str, card: Card, context:
     if result.get("does_not_fit"):
         raise ValueError(f"does not fit the card: {result['does_not_fit']}")
     plan = result["plans"][-1]  # the concurrency's plan when one was asked, else the context's
-    if not plan.get("vllm"):
-        raise ValueError(f"no vLLM setting fits {card.gb:g} GB at that context; lower --context")
     line = shlex.split(plan["vllm"])
     if both:
         if plan["max_num_seqs"] < concurrency:
             raise ValueError(f"--max-num-seqs {concurrency}: only {plan['max_num_seqs']} sequences of {context:,} "
-                             f"tokens fit in {card.utilization:g} x {card.gb:g} GB; lower one of them")
+                             f"tokens fit in {card.utilization:g} x {card.gb:g} GiB; lower one of them")
         line[line.index("--max-num-seqs") + 1] = str(concurrency)
     binary = Path(sys.executable).with_name("vllm")
     argv = line + ["--host", HOST, "--port", str(port)]

@@ -1,10 +1,11 @@
 """How many sequences, and how long a context, an export serves on a card: vLLM's memory split.
 
-vLLM takes gpu_memory_utilization x the card, subtracts the weights, the peak of its start-up
-profile run (a forward over max_num_batched_tokens dummy tokens and a sampler over max_num_seqs
-rows) and the memory outside PyTorch, and gives the rest to the KV cache in blocks. Here the same
+vLLM takes gpu_memory_utilization x the memory the card reports (torch.cuda.mem_get_info's total, in
+bytes: a card sold as "24 GB" reports about 24 GiB), subtracts the weights, the peak of its start-up
+profile run (a forward over max_num_batched_tokens dummy tokens and a sampler over max_num_seqs rows)
+and what grew outside PyTorch meanwhile, and gives the rest to the KV cache in blocks. Here the same
 split is predicted: the KV cache needs every sequence at its full context at once (no preemption).
-Torch-free.
+What this leaves out, and which way that errs, is VLLM_GAPS. Torch-free.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from backend.estimate.architectures import Arch, Dims, all_linears
 from backend.estimate.breakdown import GIB
-from backend.estimate.estimator import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+from backend.estimate.estimator import CUBLAS_WORKSPACE_BYTES
 from backend.serving.calibrated import WeightFiles
 from backend.serving.kv_cache import KVLayout
 from backend.serving.weights import Weights, weight_bytes
@@ -30,6 +31,13 @@ SAMPLER_BYTES_PER_LOGIT = 2 + 3 * 4
 probabilities and log-probabilities (an assumption: vLLM measures this part, it does not state it)."""
 UTILIZATION = 0.9
 """vLLM's default gpu_memory_utilization."""
+VLLM_GAPS = (
+    "CUDA graphs are not counted, so on a vLLM that takes its estimate of their memory out of the KV cache "
+    "before sizing it (recent releases, as their memory profiling is described; not checked here against a "
+    "release, nor measured) the KV cache is smaller than this by that estimate, which vLLM logs at start-up "
+    "(--enforce-eager captures none); the CUDA context is left out on purpose: vLLM counts what grew after "
+    "it was made")
+"""Which way the estimate errs against vLLM's own arithmetic, said under every estimate (docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +52,9 @@ class Card:
 
     @property
     def budget(self) -> int:
-        """Bytes vLLM may use: gpu_memory_utilization x the card (GB as 10^9 bytes, as cards are sold)."""
-        return int(self.gb * 1e9 * self.utilization)
+        """Bytes vLLM may use: gpu_memory_utilization x the card, `gb` taken in GiB as the card reports
+        its total (vLLM's requested memory)."""
+        return int(self.gb * GIB * self.utilization)
 
 
 @dataclass
@@ -91,9 +100,10 @@ def lora_slot_bytes(arch: Arch, dims: Dims, rank: int, tensor_parallel: int = 1)
 
 
 def runtime_bytes() -> int:
-    """Memory outside the KV cache and the profile: the CUDA context and cuBLAS workspace, as the
-    training estimate counts them (measured on an H200: docs/benchmarks.md)."""
-    return CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
+    """Memory outside the KV cache and the profile's tensors that vLLM's budget holds: the cuBLAS workspace
+    its profile run's first matmul allocates (as the training estimate counts it). Not the CUDA context:
+    vLLM's profiling counts what grew after the context was made, so the context lies outside the budget."""
+    return CUBLAS_WORKSPACE_BYTES
 
 
 class Sizing:
@@ -161,7 +171,7 @@ class Sizing:
             return ""
         need = self.weights.bytes + self.runtime + activation_bytes(self.arch, self.dims, self.card, 1)
         return (f"the weights ({self.weights.bytes / GIB:.2f} GiB) with the runtime and the profile run need "
-                f"{need / GIB:.2f} GiB, more than {self.card.utilization:g} x {self.card.gb:g} GB "
+                f"{need / GIB:.2f} GiB, more than {self.card.utilization:g} x {self.card.gb:g} GiB "
                 f"= {self.card.budget / GIB:.2f} GiB; pick a smaller format (--format gptq-int4, awq-int4, bnb-4bit, gguf-q4_0), "
                 "a larger card, or --tensor-parallel")
 

@@ -1,7 +1,8 @@
 """What a serving estimate is of: a model folder, an export, or a run folder, turned into the
 config.json to read, the format the server loads, and the path (and flags) vLLM is given.
 
-A run folder is served from its export of the asked format when one is there; a run without a merged
+A run folder is served from its export of the asked format when one is there (wherever `export --out` wrote
+it: the run records each export's folder, run_exports); a run without a merged
 export is served as its base with the adapter beside it (vLLM's --enable-lora); a format not yet
 exported is predicted from the base's config.json and said so. A calibrated export (gptq-int4, awq-int4,
 w8a8) is recognised by its export_report.json, or in a plain model folder by config.json's
@@ -114,12 +115,18 @@ def _export(path: Path, fmt: str | None) -> ServeSource:
 
 
 def _run(path: Path, fmt: str | None) -> ServeSource:
+    found, gone = run_exports(path)
+    chosen = fmt or next((f for f in ORDER if f in found), "merged")
+    source = _export(found[chosen], None) if chosen in found else _unexported(path, chosen)
+    source.notes[:0] = [f"the {chosen} export recorded at {where} is gone (moved or deleted); skipped"
+                        for where in gone.get(chosen, [])]
+    return source
+
+
+def _unexported(path: Path, chosen: str) -> ServeSource:
+    """A run without a `chosen` export: its base with the adapter beside it, or sized as if exported."""
     from backend.core.config.run_config import RunConfig
 
-    exports = path / "exports"
-    chosen = fmt or next((f for f in ORDER if (exports / f / EXPORT_REPORT).is_file()), "merged")
-    if (exports / chosen / EXPORT_REPORT).is_file():
-        return _export(exports / chosen, None)
     config = RunConfig.load(path / "config.yaml")
     method = config.technique.method
     base = path / "model" if method == "full" else config.resolved_model_path()
@@ -134,11 +141,40 @@ def _run(path: Path, fmt: str | None) -> ServeSource:
                            notes=[f"no merged export: the base served with the adapter ({params:,} parameters) in a "
                                   f"LoRA slot of rank {slot}; `finetune-studio export {path} --format merged` serves "
                                   "it without LoRA's extra matmuls"])
-    target = exports / chosen
+    target = path / "exports" / chosen
     return ServeSource(str(target), raw, chosen,
                        flags=vllm_flags(chosen),
                        notes=[f"not exported yet: sized from {base}/config.json; `finetune-studio export {path} "
                               f"--format {chosen}` writes {target}"])
+
+
+def run_exports(path: Path) -> tuple[dict[str, Path], dict[str, list[Path]]]:
+    """A run's exports by format, wherever they were written: those the export job recorded in the run
+    (run_folder.EXPORTS_RECORD; the newest of a format first), then RUN/exports/FORMAT. Also, by format,
+    the recorded folders that no longer hold that export (moved or deleted), to be named and skipped."""
+    from backend.core.runs.run_folder import RunFolder
+
+    found: dict[str, Path] = {}
+    gone: dict[str, list[Path]] = {}
+    for entry in reversed(RunFolder(path).recorded_exports()):
+        where, fmt = Path(entry["path"]), entry["format"]
+        if _written_format(where) != fmt:
+            gone.setdefault(fmt, []).append(where)
+        else:
+            found.setdefault(fmt, where)
+    for fmt in SERVED_FORMATS:
+        default = path / "exports" / fmt
+        if fmt not in found and (default / EXPORT_REPORT).is_file():
+            found[fmt] = default
+    return found, gone
+
+
+def _written_format(folder: Path) -> str | None:
+    """The format export_report.json in `folder` names (None: no readable report there)."""
+    try:
+        return str(json.loads((folder / EXPORT_REPORT).read_text(encoding="utf-8"))["format"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def vllm_flags(fmt: str) -> list[str]:

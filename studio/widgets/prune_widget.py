@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 from backend.core.errors import JobError
 from backend.core.protocol import PhaseChanged
 from backend.api.pruning import RANKING, REPORT, format_ranking, format_report, read_json
-from backend.api.pruning import PruneRequest, Shape, out_problem
+from backend.api.pruning import MIN_FFN_KEEP, PruneRequest, Shape, out_problem
 from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
@@ -67,7 +67,8 @@ class PruneWidget(QGroupBox):
         self.heads_spin.setToolTip("Key/value groups removed from every layer, each with its query heads: "
                                    "transformers keeps one head count for all layers")
         self.ffn_spin = QDoubleSpinBox()
-        self.ffn_spin.setRange(0.05, 1.0)
+        self.ffn_spin.setDecimals(3)
+        self.ffn_spin.setRange(MIN_FFN_KEEP, 1.0)  # the floor the CLI refuses below (pruning/request.py)
         self.ffn_spin.setSingleStep(0.05)
         self.ffn_spin.setValue(1.0)
         self.ffn_spin.setToolTip("Share of FFN channels kept in every layer (1.00 keeps them all)")

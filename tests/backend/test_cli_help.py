@@ -70,3 +70,20 @@ def test_a_new_field_shows_up_by_itself(monkeypatch):
         annotation=Extra, default_factory=Extra))
     text = fields_epilog(98)
     assert "train.brand_new  (int >= 0, default 3)  A field nobody listed." in text
+
+
+def test_top_level_help_names_every_export_format_from_the_registry(capsys):
+    """`finetune-studio --help` lists the formats from the registry: a new format is never left out."""
+    from fnmatch import fnmatch
+
+    from backend.core.registries.export_formats import EXPORT_FORMATS, format_names
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    patterns = format_names().split(", ")
+    assert format_names() in flat
+    for name in EXPORT_FORMATS:
+        assert any(fnmatch(name, p) for p in patterns), f"{name} is missing from `finetune-studio --help`"
+    for name in ("gptq-int4", "awq-int4", "w8a8"):
+        assert name in patterns

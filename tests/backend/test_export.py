@@ -158,6 +158,11 @@ def test_merged_export_loads_with_plain_transformers(lora_run, dtype, bound, tmp
     with torch.no_grad():
         got = model.float()(IDS).logits
     assert (got - reference_logits(lora_run)).abs().max().item() <= bound  # the files: only 16-bit rounding
+    # Written with --out elsewhere, the run still knows it: `serve RUN` and `serve-estimate RUN` find it.
+    from backend.serving import resolve
+
+    assert lora_run.recorded_exports()[-1]["path"] == str(out.absolute())
+    assert resolve(str(lora_run.path), "merged").serve_path == str(out.absolute())
     tokenizer = AutoTokenizer.from_pretrained(out)
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert rendered == "<|bos|><|user|>\nhi<|end|>\n<|assistant|>\n"

@@ -221,6 +221,18 @@ GGUF_TYPES: dict[str, str] = {f.name: f.ggml_type for f in EXPORT_FORMATS.values
 """GGUF format -> the GGML type of its 2-D weights."""
 
 
+def format_names() -> str:
+    """Every format for a help line, a family whose names share a prefix as one pattern ("bnb-*"), so a
+    format added to the registry shows up in every help text that lists them."""
+    prefixes = [name.split("-", 1)[0] if "-" in name else name for name in EXPORT_FORMATS]
+    shown: list[str] = []
+    for name, prefix in zip(EXPORT_FORMATS, prefixes):
+        word = f"{prefix}-*" if "-" in name and prefixes.count(prefix) > 1 else name
+        if word not in shown:
+            shown.append(word)
+    return ", ".join(shown)
+
+
 def _key(name: str, dtype: str | None) -> str:
     return name if dtype is None else f"{name}:{dtype}"
 

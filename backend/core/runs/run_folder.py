@@ -22,6 +22,8 @@ from backend.core.paths import usable_home
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"
 """Written last, after an fsync of everything else: a checkpoint without it does not count."""
+EXPORTS_RECORD = "exports.json"
+"""Where each export of the run was written, newest last: `export --out` may put one anywhere."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,28 @@ class RunFolder:
 
     def metrics(self) -> list[dict[str, Any]]:
         return [e for e in self.iter_events() if e.get("type") == "MetricsLogged"]
+
+    # --- exports ----------------------------------------------------------------------------
+    def recorded_exports(self) -> list[dict[str, Any]]:
+        """The exports the export job recorded ({"format", "path", "time"}), oldest first; an unreadable
+        record reads as none (the default exports/FORMAT folders are still looked at)."""
+        try:
+            entries = json.loads((self.path / EXPORTS_RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        if not isinstance(entries, list):
+            return []
+        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("format"), str)
+                and isinstance(e.get("path"), str)]
+
+    def record_export(self, fmt: str, path: Path) -> None:
+        """Note that a `fmt` export now lies in `path` (replacing an earlier note of that folder), so
+        `serve` and `serve-estimate` find it wherever --out put it. Written whole or not at all."""
+        entries = [e for e in self.recorded_exports() if e["path"] != str(path)]
+        entries.append({"format": fmt, "path": str(path), "time": time.time()})
+        tmp = self.path / f".{EXPORTS_RECORD}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path / EXPORTS_RECORD)
 
     # --- checkpoints ------------------------------------------------------------------------
     def complete_checkpoints(self) -> list[Path]:
