@@ -243,7 +243,8 @@ def make_fit(config: RunConfig, limit_bytes: int, estimate_at: Estimator, *, whe
             skipped.append((name, str(exc).splitlines()[0]))
             continue
         if new_total >= total:
-            skipped.append((name, "saves nothing on this run (a setting it would not use here)"))
+            skipped.append((name, f"does not lower the estimate on this run ({human_bytes(total)} -> "
+                                  f"{human_bytes(new_total)}; a setting it would not use here, or one that costs more)"))
             continue
         steps.append(FitStep(name, changes, parts, new_parts, total, new_total))
         config, total, parts = changed, new_total, new_parts
@@ -270,3 +271,12 @@ def fit_estimator(device: str, **estimate_kwargs: Any) -> Estimator:
 
     return lambda config: estimate_run(config, device, **estimate_kwargs)
 
+
+
+def cli_fit(args: Any, config: RunConfig, found: Any, answer: int | None) -> FitPlan:
+    """The plan for `finetune-studio estimate --fit`: on --card-gb's card, else this machine's memory."""
+    from backend.estimate.seq_len import cli_estimate_kwargs, cli_target
+
+    device, limit, where = cli_target(args, found)
+    return make_fit(config, limit, fit_estimator(device, **cli_estimate_kwargs(args, config, found, device, answer)),
+                    where=where)
