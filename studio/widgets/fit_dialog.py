@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -27,7 +28,7 @@ from studio.widgets.memory_breakdown_widget import PART_WORDS
 from studio.widgets.units import human_bytes
 
 
-def _table(headers: list[str], rows: list[list[str]], tips: list[str] | None = None) -> QTableWidget:
+def _table(headers: list[str], rows: list[list[str]], stretch: int, tips: list[str] | None = None) -> QTableWidget:
     table = QTableWidget(len(rows), len(headers))
     table.setHorizontalHeaderLabels(headers)
     table.verticalHeader().setVisible(False)
@@ -43,9 +44,15 @@ def _table(headers: list[str], rows: list[list[str]], tips: list[str] | None = N
     header = table.horizontalHeader()
     for c in range(len(headers)):
         header.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
-    header.setSectionResizeMode(len(headers) - 1 if len(headers) > 3 else 0, QHeaderView.ResizeMode.Stretch)
+    header.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    header.sectionResized.connect(lambda *_: table.resizeRowsToContents())  # wrapped text follows the widths
     table.resizeRowsToContents()
     return table
+
+
+def _value(value: Any) -> str:
+    """A value as the CLI's --set writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _part_changes(before: dict[str, int], after: dict[str, int]) -> str:
@@ -63,15 +70,18 @@ class FitDialog(QDialog):
         self.plan, self._state = plan, state
         self.summary = QLabel(plan.sentence()[0].upper() + plan.sentence()[1:] + ".")
         self.summary.setWordWrap(True)
-        rows = [[step.speed.title, "\n".join(f"{k} = {v}" for k, v in step.changes), step.speed.sentence(),
+        rows = [[step.speed.title, step.speed.sentence(), "\n".join(f"{k} = {_value(v)}" for k, v in step.changes),
                  f"{human_bytes(step.total_before)} -> {human_bytes(step.total_after)}"] for step in plan.steps]
-        self.steps = _table(["Change", "Sets", "Total", "Speed cost"], [[r[0], r[1], r[3], r[2]] for r in rows],
+        self.steps = _table(["Change", "Speed cost", "Sets", "Total"], rows, 1,
                             [_part_changes(step.before, step.after) for step in plan.steps])
+        self.steps.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        self.steps.setColumnWidth(0, 190)  # the titles wrap; the speed cost takes the width
+        self.steps.resizeRowsToContents()
         parts = list({**plan.before, **plan.after})
         self.parts = _table(["Part", "Before", "After"],
                             [[PART_WORDS.get(p, p), human_bytes(plan.before.get(p, 0)), human_bytes(plan.after.get(p, 0))]
                              for p in parts] + [["Total (the step's peak)", human_bytes(plan.total_before),
-                                                 human_bytes(plan.total_after)]])
+                                                 human_bytes(plan.total_after)]], 0)
         for column in (1, 2):
             for row in range(self.parts.rowCount()):
                 self.parts.item(row, column).setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
@@ -90,10 +100,17 @@ class FitDialog(QDialog):
         layout.addWidget(QLabel("<b>Changes</b>, least speed lost first (hover a row for the parts it changes):"))
         layout.addWidget(self.steps, 1)
         layout.addWidget(QLabel("<b>Parts</b> before and after every change:"))
-        layout.addWidget(self.parts, 1)
+        layout.addWidget(self.parts)
         layout.addWidget(self.skipped)
         layout.addWidget(self.buttons)
-        self.resize(900, 620)
+        frame = 2 * self.parts.frameWidth()
+        self.parts.setFixedHeight(self.parts.verticalHeader().length() + self.parts.horizontalHeader().height() + frame)
+        self.resize(1000, 680)
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
+        """The rows' heights once the columns have their real widths (the stretch column's is known only now)."""
+        super().showEvent(event)
+        QTimer.singleShot(0, self.steps.resizeRowsToContents)
 
     def apply(self) -> None:
         """Every change into the draft (dotted keys), then close."""
