@@ -30,9 +30,13 @@ class SpeedCost:
     cost: str
     measured: str = ""
     """The measured figure with where it was measured; "" where docs/benchmarks.md has none."""
+    in_speed: bool = True
+    """False for a change whose cost is not speed (shorter rows): there is no figure to ask for."""
 
     def sentence(self) -> str:
         """'one extra forward pass per step; not measured on a GPU yet' (or the measured figure)."""
+        if not self.in_speed:
+            return self.cost
         return f"{self.cost}; {self.measured or 'not measured on a GPU yet'}"
 
 
@@ -53,15 +57,19 @@ SPEED_COSTS: dict[str, SpeedCost] = {
     # QLoRA: "Throughput: ..." ("No device was lent ... so there is no GPU figure yet" for --method qlora).
     "qlora": SpeedCost("QLoRA (4-bit base)", "dequantizes each frozen weight in every forward and backward"),
     # chunked loss: "Session 12: the chunked loss's memory on the CPU" ("no speed is claimed: that is for
-    #   the GPU bench").
+    #   the GPU bench"); the shortcuts it is switched on with: "Session 7: shortcuts at hidden >= 1024".
     "chunked_loss": SpeedCost("Chunked loss (speed shortcuts on)",
-                              "runs lm_head and the loss a chunk of rows at a time"),
+                              "runs lm_head and the loss a chunk of rows at a time",
+                              "the other shortcuts it comes with made a CPU step 1.15-1.21x faster (2 cores of an "
+                              "AMD EPYC, hidden 1024, fp32 LoRA: docs/benchmarks.md, \"Session 7: shortcuts at "
+                              "hidden >= 1024\"); the chunked loss itself runs on CUDA only and is not measured on a "
+                              "GPU yet"),
     # activation offload: "Session 12: the GPU proof in one run" ("GPU figures: not yet measured").
     "activation_offload": SpeedCost("Activation offload", "copies each layer's checkpointed input to pinned CPU "
                                                           "memory and back every step"),
-    # seq_len: a capability cost rather than a speed one; nothing to measure.
+    # seq_len: a cost in what is learned rather than in speed; nothing to measure.
     "seq_len": SpeedCost("Shorter rows", "rows longer than the new train.seq_len are cut (data.truncate) or "
-                                         "skipped", "no speed cost: what is lost is the rows' length"),
+                                         "skipped: the cost is in what the model sees, not in speed", in_speed=False),
 }
 """The candidates in the order they are tried: least speed lost first, a shorter seq_len last."""
 

@@ -62,3 +62,11 @@ def test_make_it_fit_applies_the_plan_and_the_estimate_follows(qtbot, make_studi
     assert studio.config.get("train.micro_batch_size") * studio.config.get("train.gradient_accumulation_steps") == 16
     qtbot.waitUntil(lambda: estimate.total_bytes == plan.total_after, timeout=10000)
     assert estimate.verdict() in ("fits", "tight") and not page.target.fit_button.isVisibleTo(page)
+
+
+def test_start_is_still_judged_for_this_machine_while_a_card_is_picked(qtbot, make_studio, tmp_path):
+    studio, estimate, page = _eight_b(qtbot, make_studio, tmp_path)
+    _pick(qtbot, estimate, page, 24)
+    studio.config.set("technique.precision", "fp16")  # runs on a card, not on this CPU machine
+    qtbot.waitUntil(lambda: "technique.precision" in estimate.start_blocker(), timeout=10000)
+    assert not any(v.field == "technique.precision" and v.blocks for v in estimate.verdicts)
