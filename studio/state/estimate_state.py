@@ -1,5 +1,5 @@
-"""EstimateState: the memory estimate of the draft config on the detected device, kept current, and
-whether Start may go.
+"""EstimateState: the memory estimate of the draft config on the detected device (or on the card the
+Techniques page picks), kept current, and whether Start may go (always judged for this machine).
 
 Any change to the draft schedules one recomputation on the next turn of the event loop (several
 changes in a row cost one estimate). The estimate is backend.estimate.run_estimate's, the one the CLI and
@@ -254,8 +254,9 @@ class EstimateState(QObject):
 
     @property
     def peak_bytes(self) -> int | None:
-        """The same total (the Train page's name for it)."""
-        return self.total_bytes
+        """The same total (the Train page's name for it) where it is this machine's device's: a run
+        trains here, so a card's estimate on a CPU machine predicts nothing for it (None)."""
+        return self.total_bytes if self.device == self.machine[0] else None
 
     @property
     def sum_bytes(self) -> int | None:

@@ -34,6 +34,7 @@ def test_the_card_picker_changes_what_fits_means(qtbot, make_studio, tmp_path):
     _pick(qtbot, estimate, page, 141)
     assert estimate.device == "cuda" and estimate.limit_bytes == usable_bytes(141) and estimate.verdict() == "fits"
     assert "141 GB card" in page.breakdown.limit_label.text() and not page.target.fit_button.isVisibleTo(page)
+    assert estimate.peak_bytes is None  # a card's CUDA estimate predicts nothing for a run on this CPU machine
     _pick(qtbot, estimate, page, 12)
     assert estimate.limit_bytes == usable_bytes(12) and estimate.verdict() == "too_big"
     assert page.max_seq_len_label.text().startswith("Longest that fits 12 GB: ")
@@ -43,6 +44,7 @@ def test_the_card_picker_changes_what_fits_means(qtbot, make_studio, tmp_path):
     assert page.target.custom.isVisibleTo(page) and estimate.limit_bytes == usable_bytes(20)
     page.target.choose(None)  # this machine again: the detected device and its memory
     assert (estimate.device, estimate.limit_bytes, estimate.limit_label) == machine
+    qtbot.waitUntil(lambda: estimate.breakdown is not None and estimate.peak_bytes == estimate.total_bytes, timeout=10000)
 
 
 def test_make_it_fit_applies_the_plan_and_the_estimate_follows(qtbot, make_studio, tmp_path):
