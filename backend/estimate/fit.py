@@ -220,10 +220,13 @@ def _candidate(name: str, config: RunConfig) -> tuple[tuple[str, Any], ...] | st
 def make_fit(config: RunConfig, limit_bytes: int, estimate_at: Estimator, *, where: str = "the memory") -> FitPlan:
     """The greedy plan: SPEED_COSTS's candidates in order, each kept where it lowers the total, until
     the total fits `limit_bytes`. `estimate_at` is the caller's estimate (the same one it shows)."""
-    def measure(run: RunConfig) -> tuple[int, dict[str, int]]:
+    def measure(run: RunConfig, changed: tuple[tuple[str, Any], ...] = ()) -> tuple[int, dict[str, int]]:
         result = estimate_at(run)
         if result.breakdown is None:
             raise ValueError(result.problem or "no estimate")
+        refused = next((v for v in result.verdicts if v.blocks and v.field in dict(changed)), None)
+        if refused is not None:  # the feasibility verdicts: a change that could not run there is no fix
+            raise ValueError(refused.message())
         return int(result.total_bytes), result.breakdown.breakdown()
 
     try:
@@ -246,7 +249,7 @@ def make_fit(config: RunConfig, limit_bytes: int, estimate_at: Estimator, *, whe
                 skipped.append((name, changes))
                 continue
             changed = with_changes(config, changes)
-            new_total, new_parts = measure(changed)
+            new_total, new_parts = measure(changed, changes)
         except ValueError as exc:
             skipped.append((name, str(exc).splitlines()[0]))
             continue

@@ -102,6 +102,16 @@ def test_cuda_only_shortcuts_are_skipped_on_a_cpu_run():
     assert "chunked_loss" not in [step.name for step in plan.steps]
 
 
+def test_a_change_the_verdicts_refuse_is_skipped_with_their_reason():
+    estimate = fit_estimator("cuda", caps=device_caps("cuda"), probe=lambda feature, device: "bitsandbytes is not installed",
+                             model_config=load_model_config(CONFIGS / "meta-llama--Llama-3.1-8B-Instruct"))
+    plan = make_fit(_config("llama-3.1-8b_qlora_16gb", LORA_NO_CHECKPOINTING), usable_bytes(12), estimate)
+    skipped = dict(plan.skipped)
+    assert skipped["qlora"].startswith("technique.method: qlora needs bitsandbytes")
+    assert skipped["optimizer"].startswith("technique.optimizer: adamw_8bit needs bitsandbytes")
+    assert not plan.fits and {"qlora", "optimizer"}.isdisjoint(step.name for step in plan.steps)
+
+
 def test_every_speed_cost_is_measured_or_says_it_is_not():
     for cost in SPEED_COSTS.values():
         assert (cost.measured and "docs/benchmarks.md" in cost.measured) or not cost.in_speed \
