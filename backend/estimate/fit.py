@@ -133,6 +133,10 @@ class FitPlan:
         """The CLI's --set overrides of every step, in order."""
         return [arg for step in self.steps for arg in step.set_args()]
 
+    def skipped_lines(self) -> list[str]:
+        """'QLoRA (4-bit base): the base is 4-bit already' for each candidate not proposed."""
+        return [f"{SPEED_COSTS[name].title}: {why}" for name, why in self.skipped]
+
     def sentence(self) -> str:
         """One line: what fits, or what still does not and by how much."""
         if self.problem:

@@ -85,7 +85,7 @@ class FitDialog(QDialog):
         for column in (1, 2):
             for row in range(self.parts.rowCount()):
                 self.parts.item(row, column).setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        skipped = "; ".join(f"{name}: {why}" for name, why in plan.skipped)
+        skipped = "; ".join(plan.skipped_lines())
         self.skipped = QLabel(f"Not proposed: {skipped}." if skipped else "")
         self.skipped.setWordWrap(True)
         self.skipped.setStyleSheet("color: palette(placeholder-text);")
