@@ -211,13 +211,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.core.device_caps import detected_device, device_caps
     from backend.estimate.cards import cuda_cards, usable_bytes
     from backend.estimate.fit import cli_fit
-    from backend.estimate.seq_len import card_words, cli_longest_seq_len
+    from backend.estimate.seq_len import card_words, cli_longest_seq_len, cli_target
     from backend.estimate.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
     _check_estimate_paths(config, args.worst_case)
     found = detected_device()  # torch-free: NVML, as the studio's monitor sees the machine
-    device = "cuda" if args.card_gb else (args.device or found.kind)
+    device = cli_target(args, found)[0] if args.card_gb else (args.device or found.kind)  # refuses --device cpu
     why = (f"from --card-gb: {card_words(args.card_gb)}" if args.card_gb else
            f"assumed, this machine's: {found.why}; --device chooses" if args.device is None
            else f"from --device; this machine's would be {found.kind}: {found.why}")

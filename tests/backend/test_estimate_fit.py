@@ -155,3 +155,5 @@ def test_cli_says_in_one_line_what_does_not_fit(tmp_path):
     assert done.returncode == 1 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "does not fit a 8 GB card" in done.stderr
     assert "exit 1" in run("estimate", "--help").stdout.replace("\n", " ")
+    refused = run("estimate", str(PRESET_8B), "--worst-case", *_config_only(tmp_path), "--card-gb", "24", "--device", "cpu")
+    assert refused.returncode == 2 and "--card-gb is a CUDA card's size" in refused.stderr
