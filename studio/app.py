@@ -190,7 +190,7 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
             running = training.folder.load_config()
         except ValueError:
             running = None
-        return memory_warning(running, estimate.device, estimate.limit_bytes, estimate.limit_label,
+        return memory_warning(running, *estimate.machine,  # the run trains here, whatever card is picked
                               pages["train"].gpu_panel.memory_chart.predicted_peak)
 
     pages["export"] = ExportPage(exporting, evaluating, preferred_run=selected_run)

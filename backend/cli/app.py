@@ -209,15 +209,17 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.estimate.calibration import Calibration
     from backend.core.device_caps import detected_device, device_caps
-    from backend.estimate.cards import cuda_cards
-    from backend.estimate.seq_len import cli_longest_seq_len
+    from backend.estimate.cards import cuda_cards, usable_bytes
+    from backend.estimate.fit import cli_fit
+    from backend.estimate.seq_len import card_words, cli_longest_seq_len, cli_target
     from backend.estimate.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
     _check_estimate_paths(config, args.worst_case)
     found = detected_device()  # torch-free: NVML, as the studio's monitor sees the machine
-    device = args.device or found.kind
-    why = (f"assumed, this machine's: {found.why}; --device chooses" if args.device is None
+    device = cli_target(args, found)[0] if args.card_gb else (args.device or found.kind)  # refuses --device cpu
+    why = (f"from --card-gb: {card_words(args.card_gb)}" if args.card_gb else
+           f"assumed, this machine's: {found.why}; --device chooses" if args.device is None
            else f"from --device; this machine's would be {found.kind}: {found.why}")
     # As the studio does once its Data page has read the data (the same reading, the same answer).
     answer = None if args.worst_case else longest_answer(config)
@@ -231,19 +233,28 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     calibration = result.calibration.note() if device == "cpu" else ""
     cards = cuda_cards(config, result, answer, args.gpus, args.zero_stage)
     seq = cli_longest_seq_len(args, config, found, answer) if args.max_seq_len else None
+    plan = cli_fit(args, config, found, answer) if args.fit else None
+    card_fits = None if not args.card_gb else int(breakdown.total_bytes) <= usable_bytes(args.card_gb)
     if args.json:
         extra = {} if seq is None else {"max_seq_len": seq[0].seq_len, "max_seq_len_limit_bytes": seq[0].limit_bytes,
                                         "max_seq_len_capped": seq[0].capped_at is not None, "max_seq_len_for": seq[1]}
+        extra.update({} if plan is None else {"fit": plan.to_json()})
+        extra.update({} if card_fits is None else {"card_gb": args.card_gb, "card_fits": card_fits})
         print(json.dumps({**breakdown.to_json(), "device": device, "device_source": why, "calibration": calibration,
                           "start_blocker": result.start_blocker(), "cards": cards, **extra,
                           "verdicts": [v.model_dump(mode="json") for v in result.verdicts]}))
-        return 0
+        return 1 if plan is not None and not plan.fits else 0
     if seq is not None:
         print(seq[0].sentence(seq[1]))
         return 0
+    if plan is not None:
+        return _print_fit(plan)
     print(f"device: {device} ({why})")
     print(breakdown.format_table())
     print(f"on CUDA: {cards['sentence']} (per GPU; usable memory per card: backend/estimate/cards.py)")
+    if card_fits is not None:
+        print(f"{'fits' if card_fits else 'does not fit'} {card_words(args.card_gb)}"
+              + ("" if card_fits else "; --fit proposes the changes that would"))
     print(f"logits counted for the data's longest answer, {answer:,} tokens" if answer is not None else
           "logits counted at every position (the worst case: data not read, sampled, or --worst-case)")
     if calibration:
@@ -252,6 +263,17 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(f"runs as {verdict.downgrade_to}: {verdict.message()}" if verdict.downgrade_to else
               f"cannot run here: {verdict.message()} ({verdict.fix}); estimated as {verdict.field} = "
               f"{verdict.estimate_as}")
+    return 0
+
+
+def _print_fit(plan) -> int:
+    """--fit: each change as its --set line with its speed cost, or the one line of what still does not fit."""
+    if plan.problem or not plan.fits:
+        print(plan.sentence(), file=sys.stderr)
+        return 1
+    print(f"# {plan.sentence()}")
+    for step in plan.steps:
+        print(f"{' '.join(step.set_args())}  # {step.speed.title}: {step.speed.sentence()}")
     return 0
 
 
@@ -306,7 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print the longest train.seq_len that fits (one line; with --json the key max_seq_len): "
                           "on --card-gb's card, else this machine's smallest GPU, else its RAM for a CPU run")
     est.add_argument("--card-gb", type=positive_int, default=None, metavar="N",
-                     help="with --max-seq-len: a CUDA card of N GB (e.g. 24), its usable memory by backend/estimate/cards.py")
+                     help="estimate for a CUDA card of N GB (e.g. 24), its usable memory by backend/estimate/cards.py, "
+                          "and say whether the run fits it; the memory --max-seq-len and --fit aim at")
+    est.add_argument("--fit", action="store_true",
+                     help="print the changes that bring the estimate under the memory (--card-gb's card, else this "
+                          "machine's), least speed lost first, as --set lines with their speed cost (with --json the "
+                          "key fit); exit 0 when they fit, else one line saying what still does not fit and exit 1")
     est.set_defaults(func=cmd_estimate)
     from backend.cli.eval import add_chat_parser, add_eval_parser
 

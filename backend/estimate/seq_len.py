@@ -92,15 +92,12 @@ def run_total(device: str, **estimate_kwargs: Any) -> Callable[[RunConfig], int]
     return total
 
 
-def cli_longest_seq_len(args: Any, config: RunConfig, found: Any, answer: int | None) -> tuple[Any, str]:
-    """(SeqLenAnswer, where) for --max-seq-len: a --card-gb card; else this machine's smallest GPU;
-    on a machine without one, its RAM for a CPU run (--device cuda there needs --card-gb)."""
+def cli_target(args: Any, found: Any) -> tuple[str, int, str]:
+    """(device, limit bytes, words naming it) for --max-seq-len and --fit: a --card-gb card; else this
+    machine's smallest GPU; on a machine without one, its RAM for a CPU run (--device cuda there needs --card-gb)."""
     import os
 
-    from backend.estimate.calibration import Calibration
     from backend.core.config.run_config import ConfigError
-    from backend.core.device_caps import device_caps
-    from backend.estimate import load_model_config
     from backend.estimate.cards import usable_bytes
 
     device = "cuda" if args.card_gb else (args.device or found.kind)
@@ -108,19 +105,39 @@ def cli_longest_seq_len(args: Any, config: RunConfig, found: Any, answer: int | 
         raise ConfigError("--card-gb is a CUDA card's size; leave out --device cpu, or --card-gb to ask for this "
                           "machine's RAM")
     if args.card_gb:
-        limit, where = usable_bytes(args.card_gb), f"a {args.card_gb} GB card ({human_bytes(usable_bytes(args.card_gb))} usable)"
-    elif device == "cuda":
+        return device, usable_bytes(args.card_gb), card_words(args.card_gb)
+    if device == "cuda":
         if found.kind != "cuda" or not found.devices:
-            raise ConfigError("--max-seq-len --device cuda: this machine has no GPU to measure; add --card-gb N "
+            raise ConfigError("--device cuda: this machine has no GPU to measure; add --card-gb N "
                               "(the card's size in GB, e.g. --card-gb 24)")
         gpu = min(found.devices, key=lambda d: d.total_bytes)
-        limit, where = gpu.total_bytes, f"GPU {gpu.index} ({gpu.name}, {human_bytes(gpu.total_bytes)})"
-    else:
-        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        where = f"this machine's RAM ({human_bytes(limit)}, a CPU run)"
-    raw = load_model_config(config.model.path)
-    total = run_total(device, caps=device_caps(device, found.bf16 if found.kind == device else None,
-                                               found.devices if found.kind == device else ()),
-                      target_tokens=answer, calibration=Calibration.read() if device == "cpu" else None,
-                      num_gpus=args.gpus, zero_stage=args.zero_stage, model_config=raw)
-    return longest_seq_len(config, limit, total, raw), where
+        return device, gpu.total_bytes, f"GPU {gpu.index} ({gpu.name}, {human_bytes(gpu.total_bytes)})"
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return device, limit, f"this machine's RAM ({human_bytes(limit)}, a CPU run)"
+
+
+def card_words(card_gb: int) -> str:
+    """'a 24 GB card (22.3 GiB usable)': how the CLI and the studio name a card's memory."""
+    from backend.estimate.cards import usable_bytes
+
+    return f"a {card_gb} GB card ({human_bytes(usable_bytes(card_gb))} usable)"
+
+
+def cli_estimate_kwargs(args: Any, config: RunConfig, found: Any, device: str, answer: int | None) -> dict[str, Any]:
+    """estimate_run's keywords for the CLI's inverse questions: the machine's facts where it is the device."""
+    from backend.core.device_caps import device_caps
+    from backend.estimate import load_model_config
+    from backend.estimate.calibration import Calibration
+
+    return {"caps": device_caps(device, found.bf16 if found.kind == device else None,
+                                found.devices if found.kind == device else ()),
+            "target_tokens": answer, "calibration": Calibration.read() if device == "cpu" else None,
+            "num_gpus": args.gpus, "zero_stage": args.zero_stage,
+            "model_config": load_model_config(config.model.path)}
+
+
+def cli_longest_seq_len(args: Any, config: RunConfig, found: Any, answer: int | None) -> tuple[Any, str]:
+    """(SeqLenAnswer, where) for --max-seq-len on cli_target's memory."""
+    device, limit, where = cli_target(args, found)
+    kwargs = cli_estimate_kwargs(args, config, found, device, answer)
+    return longest_seq_len(config, limit, run_total(device, **kwargs), kwargs["model_config"]), where

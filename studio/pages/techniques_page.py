@@ -35,6 +35,7 @@ from studio.widgets.feasibility_marks import FeasibilityMarks
 from studio.widgets.field_editors import FieldEditors, description
 from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
+from studio.widgets.memory_target_widget import MemoryTargetWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.reward_summary_widget import RewardSummaryWidget
 from studio.widgets.vertical_scroll_area import VerticalScrollArea
@@ -195,6 +196,8 @@ class TechniquesPage(QWidget):
         scroll = VerticalScrollArea(form_widget)  # the form reflows to the width instead of scrolling sideways
 
         self.breakdown = MemoryBreakdownWidget(estimate)
+        self.target = MemoryTargetWidget(estimate, state)  # the card the run is for, and Make it fit
+        self.breakdown.layout().insertWidget(1, self.target)
         self.feasibility_label = QLabel()
         self.marks = FeasibilityMarks(estimate, self.labels, self.editor, self.feasibility_label)
         self.problem_label = QLabel()
@@ -305,11 +308,14 @@ class TechniquesPage(QWidget):
         if answer is None:
             self.max_seq_len_label.setText("Longest that fits: …")
             return
-        where = "this GPU" if self._estimate.device == "cuda" else "this machine's RAM"
+        card = self._estimate.card_gb
+        where = (f"a {card} GB card" if card else "this GPU" if self._estimate.device == "cuda"
+                 else "this machine's RAM")
+        fits = f"Longest that fits {f'{card} GB' if card else 'this GPU' if self._estimate.device == 'cuda' else 'RAM'}"
         if answer.seq_len is None:
-            short = "Longest that fits: none" if not answer.problem else ""
+            short = f"{fits}: none" if not answer.problem else ""
         else:
-            short = f"Longest that fits: {answer.seq_len:,}" + (" (model's limit)" if answer.capped_at else "")
+            short = f"{fits}: {answer.seq_len:,}" + (" (model's limit)" if answer.capped_at else "")
         self.max_seq_len_label.setText(short)
         self.max_seq_len_label.setToolTip(f"{answer.sentence(where)}. The longest train.seq_len whose estimated "
                                           f"total fits {self._estimate.limit_label or where}, every other setting "

@@ -1,5 +1,5 @@
-"""EstimateState: the memory estimate of the draft config on the detected device, kept current, and
-whether Start may go.
+"""EstimateState: the memory estimate of the draft config on the detected device (or on the card the
+Techniques page picks), kept current, and whether Start may go (always judged for this machine).
 
 Any change to the draft schedules one recomputation on the next turn of the event loop (several
 changes in a row cost one estimate). The estimate is backend.estimate.run_estimate's, the one the CLI and
@@ -57,6 +57,10 @@ class EstimateState(QObject):
         self.limit_bytes: int | None = None
         self.limit_label = ""
         """What the limit is, e.g. "GPU 0 (NVIDIA H200): 139.8 GiB" or "System RAM: 15.6 GiB"."""
+        self.machine: tuple[str, int | None, str] = ("cpu", None, "")
+        """(device, memory, label) of this machine as detected; the Start verdicts are always its."""
+        self.card_gb: int | None = None
+        """The card the run is for (the Techniques page's picker, the CLI's --card-gb); None: this machine."""
         self.calibration: Any = None
         """backend.estimate.calibration.Calibration of this machine's runs (read once, again after each run)."""
         self._confirmed: Capabilities | None = None
@@ -84,7 +88,22 @@ class EstimateState(QObject):
 
     # --- inputs -------------------------------------------------------------------------------
     def set_device(self, device: str, limit_bytes: int | None, label: str) -> None:
-        """The device the run will use and its memory; recomputes only when the device kind changed."""
+        """This machine's device and memory (the monitor's); the estimate's unless a card is chosen."""
+        self.machine = (device, limit_bytes, label)
+        self._aim()
+
+    def set_card(self, card_gb: int | None) -> None:
+        """Estimate for a CUDA card of `card_gb` GB (its usable memory by backend.estimate.cards), or None:
+        for this machine again."""
+        self.card_gb = card_gb
+        self._aim()
+
+    def _aim(self) -> None:
+        """Recompute for the chosen memory; recomputes only when the device kind changed."""
+        from backend.api.estimates import card_words, usable_bytes
+
+        device, limit_bytes, label = self.machine if self.card_gb is None else (
+            "cuda", usable_bytes(self.card_gb), card_words(self.card_gb))
         if (device, limit_bytes, label) == (self.device, self.limit_bytes, self.limit_label):
             return
         kind_changed = device != self.device
@@ -132,15 +151,17 @@ class EstimateState(QObject):
         path, problem = self._data_problem
         return problem if path == self._config.get("data.path") else ""
 
-    def caps(self) -> Capabilities:
-        """The machine as the verdicts see it: the worker's probe once one ran, else found torch-free."""
+    def caps(self, device: str | None = None) -> Capabilities:
+        """The machine as the verdicts see it for `device` (default: the estimate's): the worker's probe
+        once one ran, else found torch-free."""
         from backend.core.device_caps import device_caps
 
+        device = device or self.device
         if self._confirmed is not None:
-            return self._confirmed.model_copy(update={"cuda": self.device == "cuda"})
-        if self.device not in self._caps:
-            self._caps[self.device] = device_caps(self.device)
-        return self._caps[self.device]
+            return self._confirmed.model_copy(update={"cuda": device == "cuda"})
+        if device not in self._caps:
+            self._caps[device] = device_caps(device)
+        return self._caps[device]
 
     def _on_config_changed(self, key: str) -> None:
         if key != "name" and not key.startswith("export."):
@@ -163,7 +184,7 @@ class EstimateState(QObject):
             self.problem = self.config_problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             draft = self._draft()  # its choices are still judged: every problem is shown at once
             self.start_verdicts = () if draft is None else tuple(before_start(
-                draft, self.caps(), self.model_config(draft.model.path), data_problem=self.data_problem))
+                draft, self.caps(self.machine[0]), self.model_config(draft.model.path), data_problem=self.data_problem))
             self.verdicts = () if draft is None else tuple(verdicts(
                 draft, self.model_config(draft.model.path), self.caps(), data_problem=self.data_problem))
             self.changed.emit()
@@ -174,7 +195,7 @@ class EstimateState(QObject):
                               model_config=self.model_config(config.model.path))
         self.breakdown, self.verdicts, self.problem = result.breakdown, result.verdicts, result.problem
         self._result = result
-        self.start_verdicts = tuple(before_start(config, self.caps(), self.model_config(config.model.path),
+        self.start_verdicts = tuple(before_start(config, self.caps(self.machine[0]), self.model_config(config.model.path),
                                                  data_problem=self.data_problem))
         self.changed.emit()
         self._answers_timer.start()
@@ -200,6 +221,22 @@ class EstimateState(QObject):
                 self.seq_len_answer = longest_seq_len(config, self.limit_bytes, total, raw)
         self.answers_changed.emit()
 
+    def fit_plan(self) -> Any:
+        """backend.estimate.fit's FitPlan for the draft against the chosen memory (None: no valid draft or
+        no memory known), with the estimate this page shows."""
+        from backend.api.estimates import fit_estimator, make_fit
+
+        try:
+            config = self._config.config()
+        except (ConfigError, ValueError):
+            return None
+        if not self.limit_bytes:
+            return None
+        estimate_at = fit_estimator(self.device, caps=self.caps(), target_tokens=self.longest_answer,
+                                    calibration=self.calibration, data_problem=self.data_problem,
+                                    model_config=self.model_config(config.model.path))
+        return make_fit(config, self.limit_bytes, estimate_at, where=self.limit_label)
+
     def _draft(self) -> Any:
         """The form as a RunConfig, or (when it breaks a rule across sections) its sections alone."""
         from backend.api.verdicts import lenient_config
@@ -217,8 +254,9 @@ class EstimateState(QObject):
 
     @property
     def peak_bytes(self) -> int | None:
-        """The same total (the Train page's name for it)."""
-        return self.total_bytes
+        """The same total (the Train page's name for it) where it is this machine's device's: a run
+        trains here, so a card's estimate on a CPU machine predicts nothing for it (None)."""
+        return self.total_bytes if self.device == self.machine[0] else None
 
     @property
     def sum_bytes(self) -> int | None:

@@ -18,8 +18,8 @@ def test_longest_seq_len_and_cards_on_the_techniques_page(qtbot, make_studio):
     qtbot.waitUntil(lambda: estimate_state.seq_len_answer is not None and bool(estimate_state.cards), timeout=10000)
     answer = estimate_state.seq_len_answer
     assert answer.limit_bytes == estimate_state.limit_bytes
-    assert page.max_seq_len_label.text() in (f"Longest that fits: {answer.seq_len:,}",
-                                             f"Longest that fits: {answer.seq_len:,} (model's limit)")
+    assert page.max_seq_len_label.text() in (f"Longest that fits RAM: {answer.seq_len:,}",  # says which memory
+                                             f"Longest that fits RAM: {answer.seq_len:,} (model's limit)")
     assert "this machine's RAM" in page.max_seq_len_label.toolTip()
     assert page.breakdown.cards_label.text().startswith("On CUDA: fits ")
     studio.config.set("train.seq_len", 64)  # the answers follow the draft
