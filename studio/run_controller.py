@@ -28,7 +28,7 @@ from studio.state.estimate_state import EstimateState
 from studio.state.metric_store import MetricStore
 from studio.state.run_state import RunState
 from studio.state.telemetry_store import TelemetryStore
-from studio.widgets.run_picker_widget import run_label
+from studio.widgets.run_picker_widget import mark_of, run_label
 
 CloseChoice = Literal["save", "discard", "cancel"]
 READOUT_S = 0.25
@@ -36,15 +36,26 @@ READOUT_S = 0.25
 (a progress bar repaints itself at once on every change: a few milliseconds each)."""
 
 
+INTERRUPTED = ("incomplete", "stopped", "failed")
+"""Statuses of a run that ended before its last step (the window closed, Stop, a crash): Resume's first offer."""
+
+
 def newest_resumable(root: Path) -> RunFolder | None:
-    """The newest run folder under `root` with a complete checkpoint (folder names start with the time)."""
+    """The run Resume offers after a restart: the newest interrupted run with a complete checkpoint, else
+    the newest finished one (to train more). A cancelled run was thrown away on purpose: never offered."""
     if not root.is_dir():
         return None
+    finished = None
     for child in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
         folder = RunFolder(child)
-        if folder.latest_checkpoint() is not None:
+        if folder.latest_checkpoint() is None:
+            continue
+        status = folder.status()
+        if status in INTERRUPTED:
             return folder
-    return None
+        if status == "finished" and finished is None:
+            finished = folder
+    return finished
 
 
 class RunController(QObject):
@@ -135,9 +146,11 @@ class RunController(QObject):
             self.resume(folder)
 
     def _on_runs_page_resume_requested(self, path: str) -> None:
+        """Resume or train more, then show the Train page; a "train more" the person cancelled stays here."""
         folder = RunFolder(path)
         if folder.status() == "finished":
-            self.train_more(folder)
+            if not self.train_more(folder):
+                return
         else:
             self.resume(folder)
         self.window.show_page("train")
@@ -185,28 +198,30 @@ class RunController(QObject):
             return
         self._launch(folder, config, resume=True, history_up_to=checkpoint_step(checkpoint))
 
-    def train_more(self, source: RunFolder, steps: int | None = None) -> None:
-        """Train a finished run for `steps` more (asked when None) as a new run; the finished one is untouched."""
+    def train_more(self, source: RunFolder, steps: int | None = None) -> bool:
+        """Train a finished run for `steps` more (asked when None) as a new run; the finished one is untouched.
+        False when nothing happened: a run in progress, or the person cancelled the question."""
         if self.jobs.is_running():
-            return
+            return False
         try:
             default = source.load_config().train.max_steps
         except ValueError as exc:
             self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
-            return
+            return True
         steps = steps if steps is not None else self.ask_more_steps(source, default)
         if not steps:
-            return
+            return False
         try:
             folder = continue_run(source, steps)
             config = folder.load_config()
         except (OSError, ValueError) as exc:
             self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
-            return
+            return True
         checkpoint = folder.latest_checkpoint()
         self.state.note(f"Training {source.run_id} for {steps} more steps as a new run, {folder.run_id} "
                         f"(from its {checkpoint.name if checkpoint else 'checkpoint'}; the finished run is kept)")
         self._launch(folder, config, resume=True, history_up_to=checkpoint_step(checkpoint) if checkpoint else None)
+        return True
 
     def _launch(self, folder: RunFolder, config: RunConfig, resume: bool, history_up_to: int | None = None) -> None:
         self.folder = folder
@@ -358,7 +373,7 @@ class RunController(QObject):
             name = folder.run_id
         step = checkpoint_step(checkpoint)
         summary = folder.summary()
-        shown = f"{run_label(summary)} ({folder.run_id})"  # as the Runs page and the pickers name it
+        shown = f"{run_label(summary, mark_of(folder))} ({folder.run_id})"  # as the Runs page and the pickers name it
         if summary.status == "finished":
             self.window.set_resume_target(f"Train {_short(name)} more…",
                                           f"{shown} has finished: train it for more steps as a new run "

@@ -203,6 +203,10 @@ class ExportPage(QWidget):
         self._update_buttons()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
+        if not self.jobs.is_running():  # the last export's verdict was about another format
+            self._out = None
+            self.report.clear("")
+            self._say("")
         self.format_help.setText(f"{self.fmt()}: {FORMATS.get(self.fmt(), '')}")
         self.dtype_combo.setEnabled(self.fmt() in DTYPE_FORMATS)
         self.export_form.setRowVisible(self.samples_label, self.fmt() in CALIBRATED)
@@ -273,11 +277,10 @@ class ExportPage(QWidget):
         elif not outcome.ok:
             self._say(failure_text("Export", outcome), error=True)
             self.status_label.setToolTip(outcome.report)
-        elif self.report.unverified:
-            self._say(f"Exported, not verified here ({', '.join(self.report.unverified)}: no independent reader "
-                      f"for this file; hover the report for how to check it): {self._out}")
+        elif self._out is not None and (self._out / REPORT).is_file():
+            self._say("")  # the report's verdict says it once, with the folder
         else:
-            self._say(f"Exported and verified: {self._out}")
+            self._say(f"Exported: {self._out}")
 
     def _show_report(self) -> None:
         if self._out is not None and (self._out / REPORT).is_file():

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from backend.core.runs.memory_record import MemoryRecord
 from backend.api.run_index import RunIndex
+from backend.core.runs.run_continuation import checkpoint_step
 from backend.core.runs.run_folder import RunFolder, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
@@ -39,6 +40,9 @@ from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
 
 COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started", "Memory")
+CLAMPED = {"Run": 220, "Status": 260, "Model": 260}
+"""Columns whose text can be long (a failure's message, a model path): at most this wide, elided, whole
+on hover, so they never push the other columns off screen."""
 MAX_OVERLAY = 8
 METRIC_NAMES = {"loss": "Training loss", "rewards/chosen": "Reward of chosen answers",
                 "rewards/rejected": "Reward of rejected answers", "rewards/margins": "Reward margin",
@@ -68,9 +72,13 @@ def metric_title(name: str) -> str:
     return f"{head} ({', '.join(words[1:])})" if len(words) > 1 else head
 
 
-def _short(text: str, width: int = 60) -> str:
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+def _short(name: str, width: int = 24) -> str:
+    """A run name short enough for a button."""
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def memory_cell(path: str) -> QTableWidgetItem:
@@ -120,6 +128,10 @@ class RunsPage(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.table.setWordWrap(False)
+        for name in CLAMPED:
+            self.table.horizontalHeader().setSectionResizeMode(COLUMNS.index(name), QHeaderView.ResizeMode.Interactive)
         self.table.itemSelectionChanged.connect(self._on_table_item_selection_changed)
         self.table.itemDoubleClicked.connect(lambda _item: self.open_selected())
 
@@ -216,21 +228,30 @@ class RunsPage(QWidget):
         self.table.setRowCount(len(self.summaries))
         for row, s in enumerate(self.summaries):
             cells = (
-                _cell(s.name, s.run_id), _cell(f"{s.status}: {_short(s.reason)}" if s.reason else s.status),
+                _cell(s.name, s.run_id), _cell(f"{s.status}: {_first_line(s.reason)}" if s.reason else s.status),
                 _cell(f"{s.steps:,}", right=True),
                 _cell(f"{s.final_loss:.4f}" if s.final_loss is not None else "—", right=True),
                 _cell(f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "—", right=True),
-                _cell(s.method), _cell(s.model), _cell(time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))),
+                _cell(s.method), _cell(s.model), _cell(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created))),
                 memory_cell(s.path),
             )
             cells[0].setToolTip(s.path)
-            cells[1].setToolTip(s.reason)
+            cells[1].setToolTip(s.reason)  # the whole message: the cell elides it
+            cells[6].setToolTip(s.model)
             for column, item in enumerate(cells):
                 self.table.setItem(row, column, item)
         self._select_rows([row for row, s in enumerate(self.summaries) if s.run_id in keep])
         self.table.blockSignals(False)
+        self._fit_columns()
         self.count_label.setText(f"{len(self.summaries)} run(s)")
         self._on_table_item_selection_changed()
+
+    def _fit_columns(self) -> None:
+        """The clamped columns as wide as their text, up to their limit (the view elides the rest)."""
+        for name, limit in CLAMPED.items():
+            column = COLUMNS.index(name)
+            self.table.resizeColumnToContents(column)
+            self.table.setColumnWidth(column, min(self.table.columnWidth(column), limit))
 
     def selected(self) -> list[RunSummary]:
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
@@ -361,9 +382,18 @@ class RunsPage(QWidget):
         self.open_button.setEnabled(len(chosen) == 1)
         self.delete_button.setEnabled(bool(chosen))
         self.config_button.setEnabled(len(chosen) == 1)
-        resumable = len(chosen) == 1 and RunFolder(chosen[0].path).latest_checkpoint() is not None
-        finished = resumable and chosen[0].status == "finished"
-        self.resume_button.setEnabled(resumable)
-        self.resume_button.setText("Train more…" if finished else "Resume")
-        self.resume_button.setToolTip("Train the finished run for more steps, as a new run (it is kept as it is)"
-                                      if finished else "Continue the selected run from its newest complete checkpoint")
+        checkpoint = RunFolder(chosen[0].path).latest_checkpoint() if len(chosen) == 1 else None
+        self.resume_button.setEnabled(checkpoint is not None)
+        if checkpoint is None:
+            self.resume_button.setText("Resume")
+            self.resume_button.setToolTip("Select one run with a complete checkpoint to resume it")
+            return
+        run = chosen[0]
+        if run.status == "finished":
+            self.resume_button.setText(f"Train {_short(run.name)} more…")
+            self.resume_button.setToolTip(f"Train {run.name} ({run.run_id}) for more steps, as a new run from its "
+                                          f"{checkpoint.name} (the finished run is kept as it is)")
+        else:
+            self.resume_button.setText(f"Resume {_short(run.name)} (step {checkpoint_step(checkpoint)})")
+            self.resume_button.setToolTip(f"Continue {run.name} ({run.run_id}) from {checkpoint.name}, its newest "
+                                          "complete checkpoint")
