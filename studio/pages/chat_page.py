@@ -150,6 +150,10 @@ class ChatPage(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
+        self.refresh_runs()
+
+    def refresh_runs(self) -> None:
+        """Re-read the finished runs (the picker may follow a new one), unless an answer is on its way."""
         if not self.answering:
             self.picker.refresh()
 

@@ -165,15 +165,24 @@ class ExportPage(QWidget):
 
         jobs.event_received.connect(self._on_jobs_event_received)
         jobs.ended.connect(self._on_jobs_ended)
-        jobs.running_changed.connect(lambda _running: self._update_buttons())
+        for each in (jobs, eval_jobs, self.prune.jobs):
+            each.running_changed.connect(lambda _running: self._update_buttons())
         self._on_format_combo_current_index_changed(0)
         self._update_buttons()
 
     # --- choices --------------------------------------------------------------------------------
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
-        if not self.jobs.is_running():
+        self.refresh_runs()
+
+    def refresh_runs(self) -> None:
+        """Re-read the finished runs (the picker may follow a new one), unless an export, evaluation or prune
+        runs: the run it works on must stay the one shown."""
+        if not self.busy():
             self.picker.refresh()
+
+    def busy(self) -> bool:
+        return any(jobs.is_running() for jobs in (self.jobs, self.evaluation.jobs, self.prune.jobs))
 
     def fmt(self) -> str:
         return str(self.format_combo.currentData())
@@ -298,7 +307,7 @@ class ExportPage(QWidget):
         has_run = bool(self.picker.path())
         self.export_button.setEnabled(has_run and not running)
         self.stop_button.setEnabled(running)
-        self.picker.setEnabled(not running)
+        self.picker.setEnabled(not self.busy())
         self.open_button.setEnabled(has_run)
 
     def _say(self, text: str, error: bool = False) -> None:

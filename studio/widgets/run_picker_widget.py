@@ -117,9 +117,12 @@ class RunPickerWidget(QWidget):
             self.picked = self.preferred()  # the Runs page's selection is a pick of the person's
         self.combo.blockSignals(True)
         self.combo.clear()
-        for summary in finished_runs():
-            mark = mark_of(RunFolder(summary.path))
-            self.combo.addItem(run_label(summary, mark), summary.path)
+        runs = [(summary, mark_of(RunFolder(summary.path))) for summary in finished_runs()]
+        labels = [run_label(summary, mark) for summary, mark in runs]
+        for (summary, mark), label in zip(runs, labels):
+            if labels.count(label) > 1:  # same name, same second: the folder's short id tells them apart
+                label = f"{label} · {summary.run_id[-4:]}"
+            self.combo.addItem(label, summary.path)
             tip = f"{summary.model}\n{summary.path}" + (f"\n{mark}: {_origin(summary.path)}" if mark else "")
             self.combo.setItemData(self.combo.count() - 1, tip, 3)  # ToolTipRole
         index = self.combo.findData(self.picked) if self.picked else -1
