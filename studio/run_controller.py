@@ -28,7 +28,7 @@ from studio.state.estimate_state import EstimateState
 from studio.state.metric_store import MetricStore
 from studio.state.run_state import RunState
 from studio.state.telemetry_store import TelemetryStore
-from studio.widgets.run_picker_widget import mark_of, run_label
+from studio.widgets.run_picker_widget import resume_words
 
 CloseChoice = Literal["save", "discard", "cancel"]
 READOUT_S = 0.25
@@ -361,28 +361,6 @@ class RunController(QObject):
             self.show_peaks()
 
     def update_resume_target(self) -> None:
-        """Name the run Resume acts on, on the button: "Resume NAME (step K)" or "Train NAME more"."""
+        """Name the run Resume acts on, on the button: "Resume NAME (step K)" or "Train NAME more…"."""
         folder = self.resume_candidate()
-        checkpoint = folder.latest_checkpoint() if folder is not None else None
-        if folder is None or checkpoint is None:
-            self.window.set_resume_target("", "")
-            return
-        try:
-            name = folder.load_config().name
-        except ValueError:
-            name = folder.run_id
-        step = checkpoint_step(checkpoint)
-        summary = folder.summary()
-        shown = f"{run_label(summary, mark_of(folder))} ({folder.run_id})"  # as the Runs page and the pickers name it
-        if summary.status == "finished":
-            self.window.set_resume_target(f"Train {_short(name)} more…",
-                                          f"{shown} has finished: train it for more steps as a new run "
-                                          f"from its {checkpoint.name} (the finished run is kept as it is)")
-        else:
-            self.window.set_resume_target(f"Resume {_short(name)} (step {step})",
-                                          f"Continue {shown} from {checkpoint.name}, its newest complete "
-                                          "checkpoint")
-
-
-def _short(name: str, width: int = 24) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
+        self.window.set_resume_target(*(resume_words(folder) if folder is not None else ("", "")))

@@ -31,16 +31,16 @@ from PySide6.QtWidgets import (
 
 from backend.core.runs.memory_record import MemoryRecord
 from backend.api.run_index import RunIndex
-from backend.core.runs.run_continuation import checkpoint_step
 from backend.core.runs.run_folder import RunFolder, RunSummary
 from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
+from studio.widgets.run_picker_widget import STATUS_WORDS, resume_words
 
 COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started", "Memory")
-CLAMPED = {"Run": 220, "Status": 260, "Model": 260}
+CLAMPED = {"Run": 200, "Status": 220, "Model": 220}
 """Columns whose text can be long (a failure's message, a model path): at most this wide, elided, whole
 on hover, so they never push the other columns off screen."""
 MAX_OVERLAY = 8
@@ -74,11 +74,6 @@ def metric_title(name: str) -> str:
 
 def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
-
-
-def _short(name: str, width: int = 24) -> str:
-    """A run name short enough for a button."""
-    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def memory_cell(path: str) -> QTableWidgetItem:
@@ -227,8 +222,10 @@ class RunsPage(QWidget):
         self.table.blockSignals(True)
         self.table.setRowCount(len(self.summaries))
         for row, s in enumerate(self.summaries):
+            running = bool(self._running_dir) and Path(s.path) == Path(self._running_dir)
+            status = "running" if running else STATUS_WORDS.get(s.status, s.status)  # as the pickers say it
             cells = (
-                _cell(s.name, s.run_id), _cell(f"{s.status}: {_first_line(s.reason)}" if s.reason else s.status),
+                _cell(s.name, s.run_id), _cell(f"{status}: {_first_line(s.reason)}" if s.reason else status),
                 _cell(f"{s.steps:,}", right=True),
                 _cell(f"{s.final_loss:.4f}" if s.final_loss is not None else "—", right=True),
                 _cell(f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "—", right=True),
@@ -382,18 +379,7 @@ class RunsPage(QWidget):
         self.open_button.setEnabled(len(chosen) == 1)
         self.delete_button.setEnabled(bool(chosen))
         self.config_button.setEnabled(len(chosen) == 1)
-        checkpoint = RunFolder(chosen[0].path).latest_checkpoint() if len(chosen) == 1 else None
-        self.resume_button.setEnabled(checkpoint is not None)
-        if checkpoint is None:
-            self.resume_button.setText("Resume")
-            self.resume_button.setToolTip("Select one run with a complete checkpoint to resume it")
-            return
-        run = chosen[0]
-        if run.status == "finished":
-            self.resume_button.setText(f"Train {_short(run.name)} more…")
-            self.resume_button.setToolTip(f"Train {run.name} ({run.run_id}) for more steps, as a new run from its "
-                                          f"{checkpoint.name} (the finished run is kept as it is)")
-        else:
-            self.resume_button.setText(f"Resume {_short(run.name)} (step {checkpoint_step(checkpoint)})")
-            self.resume_button.setToolTip(f"Continue {run.name} ({run.run_id}) from {checkpoint.name}, its newest "
-                                          "complete checkpoint")
+        text, tip = resume_words(RunFolder(chosen[0].path)) if len(chosen) == 1 else ("", "")
+        self.resume_button.setEnabled(bool(text))
+        self.resume_button.setText(text or "Resume")
+        self.resume_button.setToolTip(tip or "Select one run with a complete checkpoint to resume it")

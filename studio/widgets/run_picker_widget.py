@@ -18,7 +18,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from backend.core.paths import runs_dir
-from backend.core.runs.run_continuation import ORIGIN
+from backend.core.runs.run_continuation import ORIGIN, checkpoint_step
 from backend.core.runs.run_folder import RunFolder, RunSummary
 
 _SUMMARIES: dict[str, tuple[tuple[int, int], RunSummary, str]] = {}
@@ -83,6 +83,22 @@ def run_label(summary: RunSummary, mark: str = "") -> str:
     status = STATUS_WORDS.get(summary.status, summary.status)
     parts = (summary.name, summary.method, f"{summary.steps:,} steps", status, when_text(summary.created), mark)
     return " · ".join(part for part in parts if part)
+
+
+def resume_words(folder: RunFolder) -> tuple[str, str]:
+    """A Resume button's text and tooltip naming the run: "Resume NAME (step K)", or "Train NAME more…" for a
+    finished run; ("", "") when it has no complete checkpoint. The Train page's and the Runs page's say the same."""
+    checkpoint = folder.latest_checkpoint()
+    if checkpoint is None:
+        return "", ""
+    summary = summary_of(folder)
+    name = summary.name if len(summary.name) <= 24 else summary.name[:23] + "…"
+    shown = f"{run_label(summary, mark_of(folder))} ({folder.run_id})"
+    if summary.status == "finished":
+        return (f"Train {name} more…", f"{shown} has finished: train it for more steps as a new run from its "
+                                      f"{checkpoint.name} (the finished run is kept as it is)")
+    return (f"Resume {name} (step {checkpoint_step(checkpoint)})",
+            f"Continue {shown} from {checkpoint.name}, its newest complete checkpoint")
 
 
 class RunPickerWidget(QWidget):
