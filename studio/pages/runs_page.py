@@ -8,7 +8,6 @@ they differ.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +36,7 @@ from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
-from studio.widgets.run_picker_widget import STATUS_WORDS, resume_words
+from studio.widgets.run_picker_widget import STATUS_WORDS, resume_words, when_text
 
 COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started", "Memory")
 CLAMPED = {"Run": 200, "Status": 220, "Model": 220}
@@ -229,7 +228,7 @@ class RunsPage(QWidget):
                 _cell(f"{s.steps:,}", right=True),
                 _cell(f"{s.final_loss:.4f}" if s.final_loss is not None else "—", right=True),
                 _cell(f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "—", right=True),
-                _cell(s.method), _cell(s.model), _cell(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created))),
+                _cell(s.method), _cell(s.model), _cell(when_text(s.created)),
                 memory_cell(s.path),
             )
             cells[0].setToolTip(s.path)
