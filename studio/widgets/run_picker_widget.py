@@ -85,6 +85,13 @@ def run_label(summary: RunSummary, mark: str = "") -> str:
     return " · ".join(part for part in parts if part)
 
 
+def run_labels(summaries: list[RunSummary]) -> list[str]:
+    """Each run's label; where two would be equal (same name, same second) the folder's short id follows."""
+    labels = [run_label(summary, mark_of(RunFolder(summary.path))) for summary in summaries]
+    return [f"{label} · {summary.run_id[-4:]}" if labels.count(label) > 1 else label
+            for summary, label in zip(summaries, labels)]
+
+
 def resume_words(folder: RunFolder) -> tuple[str, str]:
     """A Resume button's text and tooltip naming the run: "Resume NAME (step K)", or "Train NAME more…" for a
     finished run; ("", "") when it has no complete checkpoint. The Train page's and the Runs page's say the same."""
@@ -133,11 +140,9 @@ class RunPickerWidget(QWidget):
             self.picked = self.preferred()  # the Runs page's selection is a pick of the person's
         self.combo.blockSignals(True)
         self.combo.clear()
-        runs = [(summary, mark_of(RunFolder(summary.path))) for summary in finished_runs()]
-        labels = [run_label(summary, mark) for summary, mark in runs]
-        for (summary, mark), label in zip(runs, labels):
-            if labels.count(label) > 1:  # same name, same second: the folder's short id tells them apart
-                label = f"{label} · {summary.run_id[-4:]}"
+        runs = finished_runs()
+        for summary, label in zip(runs, run_labels(runs)):
+            mark = mark_of(RunFolder(summary.path))
             self.combo.addItem(label, summary.path)
             tip = f"{summary.model}\n{summary.path}" + (f"\n{mark}: {_origin(summary.path)}" if mark else "")
             self.combo.setItemData(self.combo.count() - 1, tip, 3)  # ToolTipRole
