@@ -184,6 +184,7 @@ class ChatPage(QWidget):
         folder = self.picker.folder()
         if not text or folder is None or self.answering:
             return
+        self.picker.choose(str(folder.path))  # a conversation picks its run: a new run must not end it
         messages = self.history + [{"role": "user", "content": text}]
         if self.session_live() and self._session is not None and self._session.path == folder.path:
             if not self.jobs.send(ChatMessage(messages=messages, **self._sampling())):

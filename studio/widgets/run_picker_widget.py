@@ -1,8 +1,8 @@
 """RunPickerWidget: a combo of the finished runs (newest first), for the pages that use a trained model.
 
 The folders are the truth: the list is rebuilt from the run folders on `refresh()`. A picker follows
-the newest finished run until the person picks one (in the combo, or the Runs page's selection before
-the picker showed a run); from then on it stays on that run, new runs or not, until that run is
+the newest finished run until the person picks one (in the combo; the Runs page's selection before the
+picker showed a run; a message sent on the Chat page); from then on it stays on that run, new runs or not, until that run is
 deleted, when it follows the newest again. `run_changed` fires only when the chosen run changes, so a
 page keeps its results (an export report, an evaluation) across a refresh.
 """

@@ -149,3 +149,17 @@ def test_a_stopped_or_crashed_run_is_offered_too_and_a_lone_finished_one_trains_
     crashed.append_event({"type": "JobStarted", "v": 1, "job": "finetune", "run_dir": str(crashed.path)})
     crashed.append_event({"type": "JobFinished", "v": 1, "run_dir": str(crashed.path), "stopped": True, "steps": 4})
     assert newest_resumable(runs_dir()).path == crashed.path  # stopped
+
+
+def test_a_conversation_picks_its_run_so_a_new_run_does_not_end_it(qtbot, make_studio):
+    studio = make_studio(fake_command("normal"))
+    chat = studio.pages["chat"]
+    first = finished_run(studio, "talked-to")
+    studio.window.show_page("chat")
+    chat.message_edit.setText("Hello")
+    chat.send()
+    qtbot.waitUntil(lambda: not chat.answering, timeout=30_000)
+    finished_run(studio, "newer")
+    studio.window.show_page("train")
+    studio.window.show_page("chat")
+    assert chat.picker.path() == str(first.path) and chat.session_live()
