@@ -198,12 +198,16 @@ class ExportPage(QWidget):
         text = self.out_edit.text().strip()
         return Path(text).expanduser() if text else None
 
-    def _on_picker_run_changed(self, path: str) -> None:
+    def _forget_export(self) -> None:
+        """Clear the last export's progress, verdict and checks: they were about another run or format."""
         self._out = None
         self.report.clear("")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self._say("")  # another run: the last export's result belongs to the run it was made from
+        self._say("")
+
+    def _on_picker_run_changed(self, path: str) -> None:
+        self._forget_export()  # another run: the last export's result belongs to the run it was made from
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
         self.evaluation.set_run(path)
@@ -213,9 +217,7 @@ class ExportPage(QWidget):
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
         if not self.jobs.is_running():  # the last export's verdict was about another format
-            self._out = None
-            self.report.clear("")
-            self._say("")
+            self._forget_export()
         self.format_help.setText(f"{self.fmt()}: {FORMATS.get(self.fmt(), '')}")
         self.dtype_combo.setEnabled(self.fmt() in DTYPE_FORMATS)
         self.export_form.setRowVisible(self.samples_label, self.fmt() in CALIBRATED)

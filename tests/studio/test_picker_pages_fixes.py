@@ -66,7 +66,7 @@ def test_a_success_is_said_once_and_another_format_clears_the_last_verdict(qtbot
     assert "passed every check" in page.report.verdict.text() and page.status_label.text() == ""
     page.set_format("merged")
     assert "passed every check" not in page.report.verdict.text() and page.report.rows() == []
-    assert page.status_label.text() == ""
+    assert page.status_label.text() == "" and page.progress.value() == 0
 
 
 def test_the_serve_log_follows_new_lines_and_clears_for_another_run(qtbot):
