@@ -7,7 +7,6 @@ state objects (what is shown), so each of those stays testable on its own.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable, Literal
 
 from PySide6.QtCore import QObject, QTimer
@@ -15,9 +14,9 @@ from PySide6.QtWidgets import QApplication, QInputDialog, QLineEdit, QMessageBox
 
 from backend.core.config.run_config import RunConfig
 from backend.core.runs.memory_record import MemoryRecord
-from backend.core.paths import runs_dir
 from backend.core.protocol import WorkerReady
 from backend.api.distributed import RENDEZVOUS_HINT, rendezvous_wait
+from backend.api.run_index import RunIndex
 from backend.core.runs.run_continuation import checkpoint_step, continue_run, resume_mismatch
 from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome
@@ -40,20 +39,18 @@ INTERRUPTED = ("incomplete", "stopped", "failed")
 """Statuses of a run that ended before its last step (the window closed, Stop, a crash): Resume's first offer."""
 
 
-def newest_resumable(root: Path) -> RunFolder | None:
+def newest_resumable(index: RunIndex) -> RunFolder | None:
     """The run Resume offers after a restart: the newest interrupted run with a complete checkpoint, else
-    the newest finished one (to train more). A cancelled run was thrown away on purpose: never offered."""
-    if not root.is_dir():
-        return None
+    the newest finished one (to train more). A cancelled run was thrown away on purpose: never offered.
+    The statuses come from the run index, which re-reads only the runs whose events changed."""
     finished = None
-    for child in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
-        folder = RunFolder(child)
+    for summary in index.sync():  # newest first
+        folder = RunFolder(summary.path)
         if folder.latest_checkpoint() is None:
             continue
-        status = folder.status()
-        if status in INTERRUPTED:
+        if summary.status in INTERRUPTED:
             return folder
-        if status == "finished" and finished is None:
+        if summary.status == "finished" and finished is None:
             finished = folder
     return finished
 
@@ -160,7 +157,7 @@ class RunController(QObject):
         newest run on disk with a complete checkpoint. Named on the button, never a hidden selection."""
         if self.folder is not None:
             return self.folder if self.folder.latest_checkpoint() is not None else None
-        return None if self._started_over else newest_resumable(runs_dir())
+        return None if self._started_over else newest_resumable(self.runs_page.index())
 
     def forget_run(self) -> None:
         """Another preset or config file replaced the draft: the Train page drops the last run's charts,

@@ -118,7 +118,7 @@ def _interrupted(studio, name: str, status_event: dict | None) -> RunFolder:
 
 
 def test_resume_after_a_restart_offers_the_interrupted_run_not_the_newest_finished(qtbot, make_studio):
-    from backend.core.paths import runs_dir
+    from backend.api.run_index import RunIndex
     from studio.run_controller import newest_resumable
 
     studio = make_studio(fake_command("normal"))
@@ -128,7 +128,7 @@ def test_resume_after_a_restart_offers_the_interrupted_run_not_the_newest_finish
     checkpoint = finished.checkpoints_dir / "checkpoint-10"
     checkpoint.mkdir(parents=True)
     mark_checkpoint_complete(checkpoint, 10)
-    assert newest_resumable(runs_dir()).path == interrupted.path
+    assert newest_resumable(RunIndex()).path == interrupted.path
     restarted = make_studio(fake_command("normal"))
     action = restarted.window.resume_action
     assert action.isEnabled() and action.text() == "Resume cut-short (step 4)"  # the button names the run
@@ -136,19 +136,19 @@ def test_resume_after_a_restart_offers_the_interrupted_run_not_the_newest_finish
 
 
 def test_a_stopped_or_crashed_run_is_offered_too_and_a_lone_finished_one_trains_more(qtbot, make_studio):
-    from backend.core.paths import runs_dir
+    from backend.api.run_index import RunIndex
     from studio.run_controller import newest_resumable
 
     studio = make_studio(fake_command("normal"))
     finished = finished_run(studio, "done")
     (finished.checkpoints_dir / "checkpoint-10").mkdir(parents=True)
     mark_checkpoint_complete(finished.checkpoints_dir / "checkpoint-10", 10)
-    assert newest_resumable(runs_dir()).path == finished.path  # nothing interrupted: train the finished one more
+    assert newest_resumable(RunIndex()).path == finished.path  # nothing interrupted: train the finished one more
     crashed = _interrupted(studio, "crashed", {"type": "JobFailed", "kind": "crashed", "message": "exit 9"})
-    assert newest_resumable(runs_dir()).path == crashed.path
+    assert newest_resumable(RunIndex()).path == crashed.path
     crashed.append_event({"type": "JobStarted", "v": 1, "job": "finetune", "run_dir": str(crashed.path)})
     crashed.append_event({"type": "JobFinished", "v": 1, "run_dir": str(crashed.path), "stopped": True, "steps": 4})
-    assert newest_resumable(runs_dir()).path == crashed.path  # stopped
+    assert newest_resumable(RunIndex()).path == crashed.path  # stopped
 
 
 def test_a_conversation_picks_its_run_so_a_new_run_does_not_end_it(qtbot, make_studio):
