@@ -154,7 +154,8 @@ class RunController(QObject):
 
     def resume_candidate(self) -> RunFolder | None:
         """The run Resume continues: the one the Train page shows; before any run in this window, the
-        newest run on disk with a complete checkpoint. Named on the button, never a hidden selection."""
+        newest interrupted run on disk (else the newest finished one, to train more; see newest_resumable).
+        Named on the button, never a hidden selection."""
         if self.folder is not None:
             return self.folder if self.folder.latest_checkpoint() is not None else None
         return None if self._started_over else newest_resumable(self.runs_page.index())

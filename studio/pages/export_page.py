@@ -182,6 +182,7 @@ class ExportPage(QWidget):
             self.picker.refresh()
 
     def busy(self) -> bool:
+        """An export, evaluation or prune of the shown run is running."""
         return any(jobs.is_running() for jobs in (self.jobs, self.evaluation.jobs, self.prune.jobs))
 
     def fmt(self) -> str:
