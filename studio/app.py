@@ -197,6 +197,8 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     pages["chat"] = ChatPage(chatting, training_warning=training_warning, preferred_run=selected_run)
     for key in ("data", "techniques", "train", "runs", "export", "chat"):
         window.install_page(key, pages[key])
+    for key in ("export", "chat"):  # a page in view follows a run that just ended (hidden ones do when shown)
+        training.ended.connect(lambda _outcome, page=pages[key]: page.isVisible() and page.refresh_runs())
     controller = RunController(window, pages["train"], runs_page, training, store, telemetry, state, estimate,
                                config_factory=config.config, parent=window)
     recovery = RecoveryController(controller, config, parent=window)

@@ -7,7 +7,6 @@ state objects (what is shown), so each of those stays testable on its own.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Callable, Literal
 
 from PySide6.QtCore import QObject, QTimer
@@ -15,9 +14,9 @@ from PySide6.QtWidgets import QApplication, QInputDialog, QLineEdit, QMessageBox
 
 from backend.core.config.run_config import RunConfig
 from backend.core.runs.memory_record import MemoryRecord
-from backend.core.paths import runs_dir
 from backend.core.protocol import WorkerReady
 from backend.api.distributed import RENDEZVOUS_HINT, rendezvous_wait
+from backend.api.run_index import RunIndex
 from backend.core.runs.run_continuation import checkpoint_step, continue_run, resume_mismatch
 from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome
@@ -28,7 +27,7 @@ from studio.state.estimate_state import EstimateState
 from studio.state.metric_store import MetricStore
 from studio.state.run_state import RunState
 from studio.state.telemetry_store import TelemetryStore
-from studio.widgets.run_picker_widget import run_label
+from studio.widgets.run_picker_widget import resume_words
 
 CloseChoice = Literal["save", "discard", "cancel"]
 READOUT_S = 0.25
@@ -36,15 +35,24 @@ READOUT_S = 0.25
 (a progress bar repaints itself at once on every change: a few milliseconds each)."""
 
 
-def newest_resumable(root: Path) -> RunFolder | None:
-    """The newest run folder under `root` with a complete checkpoint (folder names start with the time)."""
-    if not root.is_dir():
-        return None
-    for child in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
-        folder = RunFolder(child)
-        if folder.latest_checkpoint() is not None:
+INTERRUPTED = ("incomplete", "stopped", "failed")
+"""Statuses of a run that ended before its last step (the window closed, Stop, a crash): Resume's first offer."""
+
+
+def newest_resumable(index: RunIndex) -> RunFolder | None:
+    """The run Resume offers after a restart: the newest interrupted run with a complete checkpoint, else
+    the newest finished one (to train more). A cancelled run was thrown away on purpose: never offered.
+    The statuses come from the run index, which re-reads only the runs whose events changed."""
+    finished = None
+    for summary in index.sync():  # newest first
+        folder = RunFolder(summary.path)
+        if folder.latest_checkpoint() is None:
+            continue
+        if summary.status in INTERRUPTED:
             return folder
-    return None
+        if summary.status == "finished" and finished is None:
+            finished = folder
+    return finished
 
 
 class RunController(QObject):
@@ -135,19 +143,22 @@ class RunController(QObject):
             self.resume(folder)
 
     def _on_runs_page_resume_requested(self, path: str) -> None:
+        """Resume or train more, then show the Train page; a "train more" the person cancelled stays here."""
         folder = RunFolder(path)
         if folder.status() == "finished":
-            self.train_more(folder)
+            if not self.train_more(folder):
+                return
         else:
             self.resume(folder)
         self.window.show_page("train")
 
     def resume_candidate(self) -> RunFolder | None:
         """The run Resume continues: the one the Train page shows; before any run in this window, the
-        newest run on disk with a complete checkpoint. Named on the button, never a hidden selection."""
+        newest interrupted run on disk (else the newest finished one, to train more; see newest_resumable).
+        Named on the button, never a hidden selection."""
         if self.folder is not None:
             return self.folder if self.folder.latest_checkpoint() is not None else None
-        return None if self._started_over else newest_resumable(runs_dir())
+        return None if self._started_over else newest_resumable(self.runs_page.index())
 
     def forget_run(self) -> None:
         """Another preset or config file replaced the draft: the Train page drops the last run's charts,
@@ -185,29 +196,31 @@ class RunController(QObject):
             return
         self._launch(folder, config, resume=True, history_up_to=checkpoint_step(checkpoint))
 
-    def train_more(self, source: RunFolder, steps: int | None = None) -> None:
-        """Train a finished run for `steps` more (asked when None) as a new run; the finished one is untouched."""
+    def train_more(self, source: RunFolder, steps: int | None = None) -> bool:
+        """Train a finished run for `steps` more (asked when None) as a new run; the finished one is untouched.
+        False when nothing happened: a run in progress, or the person cancelled the question."""
         if self.jobs.is_running():
-            return
+            return False
         try:
             checkpoint = source.latest_checkpoint()  # an epoch-counted run: as many steps again as it took
             default = source.load_config().train.max_steps or (checkpoint_step(checkpoint) if checkpoint else 1)
         except ValueError as exc:
             self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
-            return
+            return True
         steps = steps if steps is not None else self.ask_more_steps(source, default)
         if not steps:
-            return
+            return False
         try:
             folder = continue_run(source, steps)
             config = folder.load_config()
         except (OSError, ValueError) as exc:
             self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
-            return
+            return True
         checkpoint = folder.latest_checkpoint()
         self.state.note(f"Training {source.run_id} for {steps} more steps as a new run, {folder.run_id} "
                         f"(from its {checkpoint.name if checkpoint else 'checkpoint'}; the finished run is kept)")
         self._launch(folder, config, resume=True, history_up_to=checkpoint_step(checkpoint) if checkpoint else None)
+        return True
 
     def _launch(self, folder: RunFolder, config: RunConfig, resume: bool, history_up_to: int | None = None) -> None:
         self.folder = folder
@@ -347,28 +360,6 @@ class RunController(QObject):
             self.show_peaks()
 
     def update_resume_target(self) -> None:
-        """Name the run Resume acts on, on the button: "Resume NAME (step K)" or "Train NAME more"."""
+        """Name the run Resume acts on, on the button: "Resume NAME (step K)" or "Train NAME more…"."""
         folder = self.resume_candidate()
-        checkpoint = folder.latest_checkpoint() if folder is not None else None
-        if folder is None or checkpoint is None:
-            self.window.set_resume_target("", "")
-            return
-        try:
-            name = folder.load_config().name
-        except ValueError:
-            name = folder.run_id
-        step = checkpoint_step(checkpoint)
-        summary = folder.summary()
-        shown = f"{run_label(summary)} ({folder.run_id})"  # as the Runs page and the pickers name it
-        if summary.status == "finished":
-            self.window.set_resume_target(f"Train {_short(name)} more…",
-                                          f"{shown} has finished: train it for more steps as a new run "
-                                          f"from its {checkpoint.name} (the finished run is kept as it is)")
-        else:
-            self.window.set_resume_target(f"Resume {_short(name)} (step {step})",
-                                          f"Continue {shown} from {checkpoint.name}, its newest complete "
-                                          "checkpoint")
-
-
-def _short(name: str, width: int = 24) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
+        self.window.set_resume_target(*(resume_words(folder) if folder is not None else ("", "")))

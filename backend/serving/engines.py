@@ -25,6 +25,12 @@ from backend.serving.tf_server import TOKEN_ENV
 
 HOST = "127.0.0.1"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+"""A warnings filter for the server's multiprocessing resource tracker. The model's process (spawned by
+transformers serve, or vLLM's engine) holds named semaphores that a stop by SIGTERM never unregisters; the
+tracker, which outlives them, unlinks each one and warns "There appear to be N leaked semaphore objects to
+clean up at shutdown" at every Stop. Nothing is left behind (it is that clean-up that speaks), so the
+warning only alarms: the filter rides in PYTHONWARNINGS, which the tracker inherits."""
 HIDDEN = "<token>"
 
 
@@ -90,6 +96,7 @@ def choose_engine(source: ServeSource, engine: str, device: str) -> str:
 def _env(secret: dict[str, str]) -> dict[str, str]:
     env = worker_env()
     env.update(OFFLINE_ENV)
+    env["PYTHONWARNINGS"] = ",".join(part for part in (env.get("PYTHONWARNINGS", ""), TRACKER_WARNING) if part)
     env.update(secret)
     return env
 

@@ -150,6 +150,10 @@ class ChatPage(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
+        self.refresh_runs()
+
+    def refresh_runs(self) -> None:
+        """Re-read the finished runs (the picker may follow a new one), unless an answer is on its way."""
         if not self.answering:
             self.picker.refresh()
 
@@ -180,6 +184,7 @@ class ChatPage(QWidget):
         folder = self.picker.folder()
         if not text or folder is None or self.answering:
             return
+        self.picker.choose(str(folder.path))  # a conversation picks its run: a new run must not end it
         messages = self.history + [{"role": "user", "content": text}]
         if self.session_live() and self._session is not None and self._session.path == folder.path:
             if not self.jobs.send(ChatMessage(messages=messages, **self._sampling())):

@@ -165,15 +165,25 @@ class ExportPage(QWidget):
 
         jobs.event_received.connect(self._on_jobs_event_received)
         jobs.ended.connect(self._on_jobs_ended)
-        jobs.running_changed.connect(lambda _running: self._update_buttons())
+        for each in (jobs, eval_jobs, self.prune.jobs):
+            each.running_changed.connect(lambda _running: self._update_buttons())
         self._on_format_combo_current_index_changed(0)
         self._update_buttons()
 
     # --- choices --------------------------------------------------------------------------------
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt override)
         super().showEvent(event)
-        if not self.jobs.is_running():
+        self.refresh_runs()
+
+    def refresh_runs(self) -> None:
+        """Re-read the finished runs (the picker may follow a new one), unless an export, evaluation or prune
+        runs: the run it works on must stay the one shown."""
+        if not self.busy():
             self.picker.refresh()
+
+    def busy(self) -> bool:
+        """An export, evaluation or prune of the shown run is running."""
+        return any(jobs.is_running() for jobs in (self.jobs, self.evaluation.jobs, self.prune.jobs))
 
     def fmt(self) -> str:
         return str(self.format_combo.currentData())
@@ -189,12 +199,16 @@ class ExportPage(QWidget):
         text = self.out_edit.text().strip()
         return Path(text).expanduser() if text else None
 
-    def _on_picker_run_changed(self, path: str) -> None:
+    def _forget_export(self) -> None:
+        """Clear the last export's progress, verdict and checks: they were about another run or format."""
         self._out = None
         self.report.clear("")
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self._say("")  # another run: the last export's result belongs to the run it was made from
+        self._say("")
+
+    def _on_picker_run_changed(self, path: str) -> None:
+        self._forget_export()  # another run: the last export's result belongs to the run it was made from
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
         self.evaluation.set_run(path)
@@ -203,6 +217,8 @@ class ExportPage(QWidget):
         self._update_buttons()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
+        if not self.jobs.is_running():  # the last export's verdict was about another format
+            self._forget_export()
         self.format_help.setText(f"{self.fmt()}: {FORMATS.get(self.fmt(), '')}")
         self.dtype_combo.setEnabled(self.fmt() in DTYPE_FORMATS)
         self.export_form.setRowVisible(self.samples_label, self.fmt() in CALIBRATED)
@@ -273,11 +289,10 @@ class ExportPage(QWidget):
         elif not outcome.ok:
             self._say(failure_text("Export", outcome), error=True)
             self.status_label.setToolTip(outcome.report)
-        elif self.report.unverified:
-            self._say(f"Exported, not verified here ({', '.join(self.report.unverified)}: no independent reader "
-                      f"for this file; hover the report for how to check it): {self._out}")
+        elif self._out is not None and (self._out / REPORT).is_file():
+            self._say("")  # the report's verdict says it once, with the folder
         else:
-            self._say(f"Exported and verified: {self._out}")
+            self._say(f"Exported: {self._out}")
 
     def _show_report(self) -> None:
         if self._out is not None and (self._out / REPORT).is_file():
@@ -295,7 +310,7 @@ class ExportPage(QWidget):
         has_run = bool(self.picker.path())
         self.export_button.setEnabled(has_run and not running)
         self.stop_button.setEnabled(running)
-        self.picker.setEnabled(not running)
+        self.picker.setEnabled(not self.busy())
         self.open_button.setEnabled(has_run)
 
     def _say(self, text: str, error: bool = False) -> None:

@@ -8,7 +8,6 @@ they differ.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -37,8 +36,12 @@ from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics
 from studio.widgets.page_header_widget import PageHeaderWidget
 from studio.widgets.run_overlay_chart import RunOverlayChart
+from studio.widgets.run_picker_widget import STATUS_WORDS, resume_words, when_text
 
 COLUMNS = ("Run", "Status", "Steps", "Final loss", "Useful tokens/s", "Method", "Model", "Started", "Memory")
+CLAMPED = {"Run": 200, "Status": 220, "Model": 220}
+"""Columns whose text can be long (a failure's message, a model path): at most this wide, elided, whole
+on hover, so they never push the other columns off screen."""
 MAX_OVERLAY = 8
 METRIC_NAMES = {"loss": "Training loss", "rewards/chosen": "Reward of chosen answers",
                 "rewards/rejected": "Reward of rejected answers", "rewards/margins": "Reward margin",
@@ -68,9 +71,8 @@ def metric_title(name: str) -> str:
     return f"{head} ({', '.join(words[1:])})" if len(words) > 1 else head
 
 
-def _short(text: str, width: int = 60) -> str:
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def memory_cell(path: str) -> QTableWidgetItem:
@@ -120,6 +122,10 @@ class RunsPage(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.table.setWordWrap(False)
+        for name in CLAMPED:
+            self.table.horizontalHeader().setSectionResizeMode(COLUMNS.index(name), QHeaderView.ResizeMode.Interactive)
         self.table.itemSelectionChanged.connect(self._on_table_item_selection_changed)
         self.table.itemDoubleClicked.connect(lambda _item: self.open_selected())
 
@@ -215,22 +221,33 @@ class RunsPage(QWidget):
         self.table.blockSignals(True)
         self.table.setRowCount(len(self.summaries))
         for row, s in enumerate(self.summaries):
+            running = bool(self._running_dir) and Path(s.path) == Path(self._running_dir)
+            status = "running" if running else STATUS_WORDS.get(s.status, s.status)  # as the pickers say it
             cells = (
-                _cell(s.name, s.run_id), _cell(f"{s.status}: {_short(s.reason)}" if s.reason else s.status),
+                _cell(s.name, s.run_id), _cell(f"{status}: {_first_line(s.reason)}" if s.reason else status),
                 _cell(f"{s.steps:,}", right=True),
                 _cell(f"{s.final_loss:.4f}" if s.final_loss is not None else "—", right=True),
                 _cell(f"{s.tokens_per_s:,.0f}" if s.tokens_per_s else "—", right=True),
-                _cell(s.method), _cell(s.model), _cell(time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created))),
+                _cell(s.method), _cell(s.model), _cell(when_text(s.created)),
                 memory_cell(s.path),
             )
             cells[0].setToolTip(s.path)
-            cells[1].setToolTip(s.reason)
+            cells[1].setToolTip(s.reason)  # the whole message: the cell elides it
+            cells[6].setToolTip(s.model)
             for column, item in enumerate(cells):
                 self.table.setItem(row, column, item)
         self._select_rows([row for row, s in enumerate(self.summaries) if s.run_id in keep])
         self.table.blockSignals(False)
+        self._fit_columns()
         self.count_label.setText(f"{len(self.summaries)} run(s)")
         self._on_table_item_selection_changed()
+
+    def _fit_columns(self) -> None:
+        """The clamped columns as wide as their text, up to their limit (the view elides the rest)."""
+        for name, limit in CLAMPED.items():
+            column = COLUMNS.index(name)
+            self.table.resizeColumnToContents(column)
+            self.table.setColumnWidth(column, min(self.table.columnWidth(column), limit))
 
     def selected(self) -> list[RunSummary]:
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
@@ -361,9 +378,7 @@ class RunsPage(QWidget):
         self.open_button.setEnabled(len(chosen) == 1)
         self.delete_button.setEnabled(bool(chosen))
         self.config_button.setEnabled(len(chosen) == 1)
-        resumable = len(chosen) == 1 and RunFolder(chosen[0].path).latest_checkpoint() is not None
-        finished = resumable and chosen[0].status == "finished"
-        self.resume_button.setEnabled(resumable)
-        self.resume_button.setText("Train more…" if finished else "Resume")
-        self.resume_button.setToolTip("Train the finished run for more steps, as a new run (it is kept as it is)"
-                                      if finished else "Continue the selected run from its newest complete checkpoint")
+        text, tip = resume_words(RunFolder(chosen[0].path)) if len(chosen) == 1 else ("", "")
+        self.resume_button.setEnabled(bool(text))
+        self.resume_button.setText(text or "Resume")
+        self.resume_button.setToolTip(tip or "Select one run with a complete checkpoint to resume it")

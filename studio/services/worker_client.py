@@ -186,6 +186,8 @@ class WorkerClient(QObject):
         event = reply.event
         if event is None:
             return
+        if isinstance(event, (JobFinished, JobFailed)):
+            self._on_log_timer_timeout()  # what the worker logged before its last word ("stopping at step N") first
         self.event_received.emit(event)
         if isinstance(event, JobFinished):
             self._mark_terminal()

@@ -24,6 +24,7 @@ from backend.core.runs.start_adapter import start_adapter_folder
 from studio.state.config_state import ConfigState
 from studio.state.form_values import display_path
 from studio.widgets.field_editors import description
+from studio.widgets.run_picker_widget import run_labels
 
 KEY = "model.adapter"
 CHECKED_KEYS = ("", KEY, "model.path", "technique.method", "technique.lora_rank", "technique.lora_alpha")
@@ -36,7 +37,8 @@ def adapter_runs(index: RunIndex) -> list[tuple[str, str]]:
     which re-reads only the folders that changed)."""
     found = [s for s in index.sync() if s.status == "finished"
              and (RunFolder(s.path).adapter_dir / "adapter_config.json").is_file()]
-    return [(f"{s.run_id} ({s.method})", s.path) for s in sorted(found, key=lambda s: s.run_id, reverse=True)]
+    found.sort(key=lambda s: (s.created, s.run_id), reverse=True)
+    return list(zip(run_labels(found), (s.path for s in found)))  # named as the other pickers name runs
 
 
 def adapter_problem(state: ConfigState) -> str:

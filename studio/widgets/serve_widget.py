@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QPushButton,
     QSpinBox,
     QVBoxLayout,
@@ -32,6 +31,7 @@ from PySide6.QtWidgets import (
 from backend.api.launch import module_command, worker_env
 from backend.core.registries.serving_options import DEVICES, ENGINES, SERVED_FORMATS, TOKEN_ENV
 from studio.services.line_buffer import LineBuffer
+from studio.widgets.log_view_widget import LogViewWidget
 
 STOP_GRACE_MS = 20_000
 """How long Stop waits for the CLI's clean stop before killing it."""
@@ -86,9 +86,7 @@ class ServeWidget(QWidget):
             edit.setReadOnly(True)
         self.token_edit.setToolTip("clients send it as the API key (Authorization: Bearer …); shown for this "
                                    "server only, a new one is made at every start")
-        self.log = QPlainTextEdit()
-        self.log.setReadOnly(True)
-        self.log.setMaximumBlockCount(LOG_LINES)
+        self.log = LogViewWidget(LOG_LINES)  # follows new lines unless the person scrolled up
         options = QGridLayout()  # two options a row: the panel sits under Evaluate and must stay short
         for index, (label, field) in enumerate((("Format", self.format_combo), ("Engine", self.engine_combo),
                                                 ("Device", self.device_combo), ("Port", self.port_spin))):
@@ -117,7 +115,11 @@ class ServeWidget(QWidget):
 
     # --- state ----------------------------------------------------------------------------------
     def set_target(self, path: str) -> None:
-        """The run (or export, or model folder) Start serves."""
+        """The run (or export, or model folder) Start serves. Another one clears what the last server said,
+        unless that server still runs (its log and URL are still true)."""
+        if path != self._target and not self.running():
+            self.log.clear()
+            self._say("")
         self._target = path
         self._update_buttons()
 
@@ -207,7 +209,7 @@ class ServeWidget(QWidget):
         if line.startswith("token:"):
             self.token_edit.setText(self._token)
             return  # the token is in its field; the log keeps no copy
-        self.log.appendPlainText(line)
+        self.log.append_line(line)
         head, _, rest = line.partition(":")
         rest = rest.strip()
         if head == "command":

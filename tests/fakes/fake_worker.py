@@ -218,6 +218,7 @@ class FakeWorker:
             time.sleep(self.delay)
 
     def finish_stopped(self, step: int, loss: float) -> int:
+        print(f"fake worker: stopping at step {step} (save={self.save_on_stop})", file=sys.stderr, flush=True)
         if not self.save_on_stop:
             kept = self.resume_point()[1]
             saved = f"nothing saved since {Path(kept).name}, which is kept" if kept else "nothing saved"

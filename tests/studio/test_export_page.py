@@ -39,7 +39,7 @@ def test_export_runs_shows_progress_and_the_passing_report(qtbot, make_studio):
     assert page.jobs.is_running() and not page.export_button.isEnabled()
     qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
     assert page.progress.value() == page.progress.maximum() == 1
-    assert "verified" in page.status_label.text()
+    assert page.status_label.text() == ""  # the verdict says it, once
     rows = page.report.rows()
     assert [r[0] for r in rows] == ["logits", "tokenizer"] and rows[0][1:4] == ("0.0031", "0.01", "pass")
     what = page.report.table.item(0, 4)
@@ -167,12 +167,12 @@ def test_another_run_in_the_picker_clears_the_last_export_and_a_refresh_keeps_it
     page.set_format("adapter")
     page.export_button.click()
     qtbot.waitUntil(lambda: not page.jobs.is_running(), timeout=WAIT_MS)
-    assert page.report.rows() and "verified" in page.status_label.text()
+    assert page.report.rows() and "passed every check" in page.report.verdict.text()
     studio.window.show_page("train")
     studio.window.show_page("export")  # the picker refreshes, the same run stays chosen: the result stays
-    assert page.report.rows() and "verified" in page.status_label.text()
+    assert page.report.rows() and "passed every check" in page.report.verdict.text()
     page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(other.path)))
-    assert page.report.rows() == [] and page.status_label.text() == ""  # that export was of another run
+    assert page.report.rows() == [] and page.report.verdict.text() == ""  # that export was of another run
 
 
 def test_overwrite_never_offers_to_replace_the_users_own_folder(qtbot, make_studio, tmp_path):

@@ -81,7 +81,7 @@ def test_the_adapter_picker_offers_finished_runs_and_checks_the_choice(qtbot, ma
     picker = studio.pages["model"].adapter
     picker.refresh()
     labels = [picker.combo.itemText(i) for i in range(picker.combo.count())]
-    assert labels[0].startswith("None") and labels[1] == f"Run {sft.run_id} (lora)"
+    assert labels[0].startswith("None") and labels[1].startswith("Run sft-first · lora · 0 steps · finished · ")
     picker.combo.setCurrentIndex(1)
     assert studio.config.get("model.adapter") == str(sft.path) and picker.problem() == ""
     assert f"--set model.adapter={sft.path}" in studio.pages["techniques"].command_line.text()

@@ -27,6 +27,8 @@ def test_real_worker_stops_resumes_and_finishes_from_the_window(qtbot, make_stud
     page.stop_button.click()
     qtbot.waitUntil(lambda: not jobs.is_running(), timeout=300_000)
     assert [o.status for o in outcomes] == ["stopped"], outcomes
+    log = studio.window.log_text()
+    assert log.index("stopping at step") < log.index("Stopped at step")  # the worker's line first, as it happened
     folder = RunFolder(studio.controller.folder.path)
     checkpoint = folder.latest_checkpoint()
     assert folder.status() == "stopped" and checkpoint is not None

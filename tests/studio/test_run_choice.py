@@ -63,7 +63,7 @@ def test_chat_keeps_its_own_run_and_both_pickers_name_runs_as_the_runs_page_does
     for picker in (chat.picker, export.picker):
         label = picker.combo.currentText()
         summary = summaries[picker.path()]
-        assert label.startswith(summary.name + " · " + summary.method + " · 20"), label
+        assert label.startswith(f"{summary.name} · {summary.method} · {summary.steps} steps · finished · "), label
         assert RunFolder(picker.path()).run_id not in label and picker.path() in picker.combo.toolTip()
 
 

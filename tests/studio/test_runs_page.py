@@ -76,7 +76,7 @@ def test_resume_from_the_runs_page(qtbot, make_studio):
     page.select_runs([plain.run_id])
     assert not page.resume_button.isEnabled()
     page.select_runs([resumable.run_id])
-    assert page.resume_button.isEnabled() and page.resume_button.text() == "Resume"
+    assert page.resume_button.isEnabled() and page.resume_button.text() == "Resume resumable (step 2)"
     page.resume_button.click()
     assert studio.window.current_page() == "train"
     qtbot.waitUntil(lambda: not studio.client.is_running(), timeout=30_000)

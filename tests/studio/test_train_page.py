@@ -60,7 +60,8 @@ def test_stop_and_save_then_resume_from_the_checkpoint(qtbot, make_studio):
     checkpoint = folder.latest_checkpoint()
     assert studio.state.status == "stopped" and checkpoint is not None
     assert page.resume_button.isEnabled() and checkpoint.name in window.resume_action.toolTip()
-    assert f"{studio.config.get('name')} · lora · 20" in window.resume_action.toolTip()  # named as on the Runs page
+    assert f"{studio.config.get('name')} · lora · " in window.resume_action.toolTip()  # named as the pickers name it
+    assert " steps · stopped · " in window.resume_action.toolTip()
     stopped_at = studio.store.step
     page.resume_button.click()
     assert studio.client.is_running()
