@@ -118,7 +118,7 @@ class RunController(QObject):
         self.estimate.recompute()
         blocker = self.estimate.start_blocker(anyway=anyway)
         if blocker:
-            self.state.mark_error(f"cannot start: {blocker.splitlines()[0]}")
+            self.state.mark_error(blocker.splitlines()[0])
             return
         overridden = self.estimate.blocking_lines() if anyway else []
         try:
