@@ -232,7 +232,9 @@ class ModelPage(QWidget):
         f["context"].setText(f"{info.context_length:,} tokens" if info.context_length else "unknown")
         f["dtype"].setText(info.dtype or "not stated")
         f["vocab"].setText(f"{info.vocab_size:,} tokens" if info.vocab_size else "—")
-        f["weights"].setText(info.weights or ("no weight files found" if info.folder else "—"))
+        f["weights"].setText(info.weights or ("no weight files found: enough to estimate, Start waits for the "
+                                              "weights" if info.folder else "—"))
+        f["weights"].setStyleSheet("color: #dc2626;" if info.folder and not info.weights else "")
         f["tokenizer"].setText("tokenizer.json found" if info.has_tokenizer else "no tokenizer.json")
         if info.warnings:
             f["parameters"].setToolTip("\n".join(info.warnings))

@@ -110,3 +110,25 @@ def test_config_only_offline_says_why(qtbot, make_studio):
     studio = make_studio(fake_command("normal"), sampler=NO_GPU)
     hub = studio.pages["model"].hub
     assert not hub.config_button.isEnabled() and hub.config_button.toolTip().startswith("offline: HF_HUB_OFFLINE")
+
+
+def test_the_full_download_reuses_the_fetched_config(qtbot, make_studio, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    studio = make_studio(fake_command("normal"), sampler=NO_GPU)
+    hub = studio.pages["model"].hub
+    hub.refresh_availability()
+    repo = "acme/tiny-llama"
+    with FakeHub(repo, BUNDLED_MODEL) as fake:
+        hub.download.endpoint = fake.endpoint
+        hub.edit.setText(repo)
+        hub.config_button.click()
+        qtbot.waitUntil(lambda: hub.config_button.isEnabled(), timeout=30_000)
+        hub.button.click()
+        qtbot.waitUntil(lambda: not hub.download.is_running() and hub.button.text() == "Download", timeout=60_000)
+        config_gets = [r for r in fake.requests if r.startswith("GET ") and r.endswith("/config.json")]
+    assert len(config_gets) == 1, fake.requests  # fetched once: the download found it in its folder
+    qtbot.waitUntil(lambda: studio.window.start_action.isEnabled(), timeout=5000)  # the weights are here now
