@@ -115,17 +115,17 @@ class RunController(QObject):
         focused = QApplication.focusWidget()
         if isinstance(focused, QLineEdit):
             focused.editingFinished.emit()  # a name typed, then Ctrl+Return: the run gets that name
+        try:
+            config = self.config_factory()
+        except ValueError as exc:  # ConfigError and pydantic's ValidationError are ValueErrors
+            self.state.mark_error(str(exc))
+            return
         self.estimate.recompute()
         blocker = self.estimate.start_blocker(anyway=anyway)
         if blocker:
             self.state.mark_error(blocker.splitlines()[0])
             return
         overridden = self.estimate.blocking_lines() if anyway else []
-        try:
-            config = self.config_factory()
-        except ValueError as exc:  # ConfigError and pydantic's ValidationError are ValueErrors
-            self.state.mark_error(str(exc))
-            return
         try:
             folder = RunFolder.create(config)
             if overridden:
