@@ -168,6 +168,13 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     if pages["data"].profile is not None:  # read while the page was built (synchronously, in tests)
         measured(pages["data"].profile)
     pages["techniques"] = TechniquesPage(config, editors, estimate)
+
+    def counted(profile: Any) -> None:  # the length row's steps <-> epochs
+        pages["techniques"].set_examples(None if profile.problem else profile.count)
+
+    pages["data"].profile_ready.connect(counted)
+    if pages["data"].profile is not None:
+        counted(pages["data"].profile)
     pages["train"] = TrainPage(store, telemetry, editors, window.start_action, window.stop_action,
                                window.cancel_action, window.resume_action)
     pages["runs"] = RunsPage()

@@ -208,7 +208,8 @@ class RunController(QObject):
         if self.jobs.is_running():
             return
         try:
-            default = source.load_config().train.max_steps
+            checkpoint = source.latest_checkpoint()  # an epoch-counted run: as many steps again as it took
+            default = source.load_config().train.max_steps or (checkpoint_step(checkpoint) if checkpoint else 1)
         except ValueError as exc:
             self.state.mark_error(f"cannot continue {source.run_id}: {exc}")
             return
@@ -230,7 +231,7 @@ class RunController(QObject):
         self.folder = folder
         self._history = (folder, history_up_to) if resume else None
         self._details = ""
-        self.state.begin(str(folder.path), config.train.max_steps)
+        self.state.begin(str(folder.path), config.train.max_steps or 0)  # num_epochs: known from the worker
         self.jobs.start(folder, config, job="finetune", resume=resume)
         if config.hardware.num_machines > 1:
             notice, failure = rendezvous_wait(config)
@@ -344,7 +345,7 @@ class RunController(QObject):
             message = NOT_READY  # "Ready" beside a disabled Start would contradict it
         self.page.set_status(message, details=self._details)
         self.window.run_status.setText(message)
-        self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None)
+        self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None, state.running)
         self.page.set_throughput(state.tokens_per_s, state.mfu, state.compile_seconds)
         self.page.set_plan(state.plan)
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from transformers import PrinterCallback, TrainerState, TrainingArguments
 
-from backend.core.config.run_config import RunConfig
-from backend.core.errors import JobError
+from backend.core.config.run_config import ConfigError, RunConfig
+from backend.core.config.schedule import Schedule
+from backend.core.errors import JobError, bad_input
 from backend.evaluation.samples import SampleGenerator
 from backend.core.protocol import Capabilities, JobFailed, JobFinished, JobStarted, PhaseChanged
 from backend.core.runs.run_continuation import resume_mismatch
@@ -42,23 +43,27 @@ from backend.runtime.stop_listener import StopListener
 log = logging.getLogger(__name__)
 
 
-def _training_arguments(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool) -> TrainingArguments:
-    return TrainingArguments(**training_kwargs(config, output_dir, plan, has_eval))
+def _training_arguments(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool,
+                        schedule: Schedule) -> TrainingArguments:
+    return TrainingArguments(**training_kwargs(config, output_dir, plan, has_eval, schedule))
 
 
-def training_kwargs(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool) -> dict:
-    """The Trainer's arguments, as keywords: the DPO trainer's config takes the same ones (preference.py)."""
+def training_kwargs(config: RunConfig, output_dir: Path, plan: TechniquePlan, has_eval: bool,
+                    schedule: Schedule) -> dict:
+    """The Trainer's arguments, as keywords: the DPO, KTO and GRPO configs take the same ones (their doors).
+    The length is always the schedule's steps, so num_epochs ends on the step its schedule line named."""
     train, technique = config.train, config.technique
     eval_strategy = "steps" if has_eval and train.eval_steps else "no"
     return dict(
         output_dir=str(output_dir),
-        max_steps=train.max_steps,
+        max_steps=schedule.steps,
         per_device_train_batch_size=train.micro_batch_size,
         per_device_eval_batch_size=train.micro_batch_size,
         gradient_accumulation_steps=train.gradient_accumulation_steps,
         learning_rate=train.learning_rate,
-        lr_scheduler_type="linear",
-        warmup_steps=train.warmup_steps,
+        lr_scheduler_type=train.lr_scheduler,
+        warmup_steps=schedule.warmup,
+        max_grad_norm=train.max_grad_norm,
         weight_decay=train.weight_decay,
         logging_strategy="steps",
         logging_steps=train.logging_steps,
@@ -92,6 +97,17 @@ def training_kwargs(config: RunConfig, output_dir: Path, plan: TechniquePlan, ha
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def run_schedule(config: RunConfig, examples: int, reporter: Reporter) -> Schedule:
+    """The steps and learning rate over the training examples the door built, said in one `schedule` line
+    (which of max_steps and num_epochs rules, the steps it comes to); a warmup they cannot hold is bad input."""
+    try:
+        schedule = config.schedule(examples, world_size())
+    except ConfigError as exc:
+        raise bad_input(str(exc)) from None
+    reporter.emit(PhaseChanged(phase="schedule", detail=schedule.describe()))
+    return schedule
 
 
 def run_finetune(
@@ -133,7 +149,9 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
         if mismatch:
             raise JobError("bad_input", mismatch)
         resume_from = str(latest)
-    reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps, resumed_from=resume_from))
+    # max_steps 0 with num_epochs: the steps are known once the data is read (the `schedule` line)
+    reporter.emit(JobStarted(run_dir=str(run_dir), max_steps=config.train.max_steps or 0,
+                             resumed_from=resume_from))
     if resume_from:
         reporter.emit(PhaseChanged(phase="resume", detail=f"from {Path(resume_from).name}, the newest complete checkpoint"))
 
@@ -156,7 +174,7 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
         model, trainer, callback, eval_examples = _sft_trainer(config, folder, plan, model_path, tokenizer,
                                                                reporter, stop, ledger, peak, peak_dtype, capabilities)
     done = int(Path(resume_from).name.rsplit("-", 1)[1]) if resume_from else 0
-    if done >= config.train.max_steps:
+    if done >= trainer.args.max_steps:
         # Resuming at the last step would run one step too many: the checkpoint is the result.
         trainer._load_from_checkpoint(resume_from)
         trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
@@ -215,6 +233,7 @@ def _sft_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, mode
               f"{stats.truncated} truncated to {config.train.seq_len} tokens"
               + (", tokenized earlier (cache reused)" if stats.from_cache else ""))
     reporter.emit(PhaseChanged(phase="tokenize", detail=detail))
+    schedule = run_schedule(config, stats.train_examples, reporter)
 
     torch.manual_seed(config.train.seed)
     ledger.start(plan.device, capabilities)  # the process baseline: everything but the model
@@ -227,7 +246,7 @@ def _sft_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, mode
     callback.peak_flops = peak
     if eval_set is not None and world_size() == 1:  # sharded ranks cannot generate on one process alone
         callback.sampler = SampleGenerator.for_run(config, tokenizer, eval_set, reporter)
-    args = _training_arguments(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)
+    args = _training_arguments(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None, schedule=schedule)
     trainer = sft.make_trainer(model, args, train_set, eval_set, collator, [callback, PhaseCallback()])
     callback.trainer = trainer
     installed = install_for_job(plan.shortcuts, model, trainer)
@@ -261,6 +280,7 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
         reporter.emit(PhaseChanged(phase="data_warning", detail=note))
     reporter.emit(PhaseChanged(phase="tokenize", detail=f"{stats.train_examples} train / {stats.eval_examples} "
                                                         f"validation {stats.format}"))
+    schedule = run_schedule(config, stats.train_examples, reporter)
     torch.manual_seed(config.train.seed)
     ledger.start(plan.device, capabilities)  # the estimate counts the objective's passes (backend/estimate/objectives.py)
     base, lora = adapter_config(load_model(model_path, config, plan), config, plan)
@@ -269,7 +289,7 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
         base, lora = load_start_adapter(base, start), None
     callback = ReportingCallback(reporter, stop, plan.device)
     callback.peak_flops = peak
-    arguments = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None)
+    arguments = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None, schedule=schedule)
     trainer = objective.make_trainer(config, base, lora, tokenizer, train_set, eval_set, arguments,
                                      [callback, PhaseCallback()], reporter)
     callback.trainer = trainer

@@ -1,9 +1,10 @@
-"""The serving estimate: what an export needs on a card under vLLM, and the `vllm serve` line it implies.
+"""What serving an export takes: the serving estimate (how much of a card, the `vllm serve` line) and the servers.
 
 kv_cache.py counts the KV cache (per token, per sequence, sliding windows at their window),
 weights.py the weights by export format (calibrated.py: a compressed-tensors export's from its files), sizing.py vLLM's memory split and solves it for
 max_num_seqs at a context and for the context at a concurrency, source.py finds the model in a run,
-export or model folder. `estimate_serving` ties them together for the CLI. Torch-free.
+export or model folder. `estimate_serving` ties them together for the CLI. engines.py and
+server_process.py run the chosen server (tf_server.py is transformers' own, behind a token). Torch-free here.
 """
 
 from __future__ import annotations

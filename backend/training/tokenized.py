@@ -19,6 +19,7 @@ from datasets import Dataset
 from jinja2 import TemplateError
 
 from backend.core.config.run_config import RunConfig
+from backend.core.config.schedule import held_out
 from backend.core.errors import bad_input
 from backend.core.data.examples import DatasetReader, Example
 from backend.core.data.lengths import LengthFacts
@@ -150,9 +151,7 @@ def split_rows(config: RunConfig, rows: list[Any]) -> tuple[list[Any], list[Any]
     four rows up); the training rows keep the file's order. Every objective splits the same way."""
     order = list(range(len(rows)))
     random.Random(config.train.seed).shuffle(order)
-    n_eval = int(len(rows) * config.data.validation_split)
-    if config.data.validation_split > 0 and n_eval == 0 and len(rows) >= 4:
-        n_eval = 1
+    n_eval = held_out(len(rows), config.data.validation_split)
     return [rows[i] for i in sorted(order[n_eval:])], [rows[i] for i in order[:n_eval]]
 
 

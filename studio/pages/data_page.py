@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backend.core.config.schedule import held_out
 from backend.core.paths import resolve_resource
 from studio.services.background_call import BackgroundCall
 from backend.api.previews import DatasetProfile
@@ -277,7 +278,7 @@ class DataPage(QWidget):
             self.approx_label.setText("")
             return
         used = min(profile.count, self._state.get("data.max_examples") or profile.count)
-        held = int(used * float(self._state.get("data.validation_split")))
+        held = held_out(used, float(self._state.get("data.validation_split")))
         self.split_label.setText(f"{used - held:,} train · {held:,} validation")
         if self.records is not None:  # token lengths are measured for supervised data only
             return

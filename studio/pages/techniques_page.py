@@ -9,18 +9,24 @@ same setup headless.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
     QLabel,
     QLayout,
+    QLineEdit,
+    QSizePolicy,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
-from backend.core.config.run_config import TechniqueSection
+from backend.core.config.run_config import ConfigError, TechniqueSection
+from backend.core.config.schedule import Schedule, held_out
 from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
 from studio.widgets.column_flow_widget import ColumnFlowWidget
@@ -47,18 +53,30 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                           ("technique.gradient_checkpointing", "Gradient checkpointing"),
                           ("technique.activation_offload", "Offload activations"),
                           ("technique.optimizer", "Optimizer"), ("technique.offload", "Offload"),
-                          ("technique.shortcuts", "Speed shortcuts"))),
+                          ("technique.shortcuts", "Speed shortcuts"), ("technique.liger_kernel", "Liger kernel"),
+                          ("technique.torch_compile", "Torch compile"))),
     ("Data shaping", (("technique.packing", "Packing"), ("technique.neftune_alpha", "NEFTune alpha"))),
     ("Batch, length and schedule", (("train.micro_batch_size", "Micro batch size"),
                                     ("train.gradient_accumulation_steps", "Gradient accumulation"),
-                                    ("train.seq_len", "Sequence length"), ("train.max_steps", "Max steps"),
-                                    ("train.learning_rate", "Learning rate"), ("train.warmup_steps", "Warmup steps"),
-                                    ("train.save_steps", "Save every (steps)"), ("train.eval_steps", "Evaluate every (steps)"))),
+                                    ("train.seq_len", "Sequence length"), ("train.max_steps", "Steps or epochs"),
+                                    ("train.learning_rate", "Learning rate"), ("train.lr_scheduler", "LR schedule"),
+                                    ("train.warmup_steps", "Warmup steps or ratio"),
+                                    ("train.max_grad_norm", "Clip gradient norm"),
+                                    ("train.save_steps", "Save / evaluate every"))),
 )
-"""The page's groups: (title, ((dotted key, label), ...)). Every TechniqueSection field is here."""
-COLUMNS = {"Objective": 0, "Method": 0, "Memory and speed": 1, "Data shaping": 1, "Batch, length and schedule": 1}
-"""Each group's column when the form has two; any other group (More techniques, Hardware) goes to the
-shorter column, so a DPO, KTO or GRPO section does not make the left column scroll alone."""
+"""The page's groups: (title, ((dotted key, label), ...)). Every TechniqueSection field is here (the
+form stays in two columns at 1280x800 with GRPO's settings, so liger and compile join Memory and speed)."""
+PAIRS = {"train.max_steps": ("train.num_epochs", "or"), "train.warmup_steps": ("train.warmup_ratio", "or"),
+         "train.save_steps": ("train.eval_steps", "/")}
+"""Fields side by side in one row: two ways to set one thing (schedule.ALTERNATIVES: setting one turns the
+other off), and the two step intervals."""
+PAIRED = {key for first, (second, _) in PAIRS.items() for key in (first, second)}
+PAIRED_WIDTH = (84, 108)
+"""Each editor of a pair, narrowest and widest, in pixels: seven digits show whole (the units are in the
+row's label), and the form keeps its two columns at 1280x800 with GRPO's settings."""
+COLUMNS = {"Objective": 0, "Method": 0, "Memory and speed": 1, "Batch, length and schedule": 1}
+"""Each group's column when the form has two; any other group (Data shaping, Hardware, More techniques)
+goes to the shorter column, so a DPO, KTO or GRPO section does not make the left column scroll alone."""
 OBJECTIVE_ONLY = {"technique.dpo_beta": "dpo", "technique.dpo_loss": "dpo", "kto.beta": "kto",
                   "kto.desirable_weight": "kto", "kto.undesirable_weight": "kto", "grpo.num_generations": "grpo",
                   "grpo.max_completion_length": "grpo", "grpo.temperature": "grpo", "grpo.loss": "grpo",
@@ -83,7 +101,8 @@ SFT_ONLY = {"technique.packing": "DPO, KTO and GRPO build their own batches (a p
                                    "shortcuts' exactness tests cover the SFT step only)"}
 """Settings a TRL objective ignores (backend.training.model.techniques: no packing, shortcuts off), with why."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
-DECIMALS = {"train.learning_rate": 6, "technique.lora_dropout": 2, "technique.lora_alpha": 1,
+DECIMALS = {"train.learning_rate": 6, "train.warmup_ratio": 2, "train.max_grad_norm": 2, "technique.lora_dropout": 2,
+            "technique.lora_alpha": 1,
             "technique.neftune_alpha": 1, "grpo.temperature": 2, "grpo.beta": 4, "kto.desirable_weight": 2,
             "kto.undesirable_weight": 2}
 
@@ -106,6 +125,23 @@ def dense(form: QLayout) -> None:
     form.setContentsMargins(margins.left(), max(margins.top() - 3, 2), margins.right(), max(margins.bottom() - 3, 2))
 
 
+def pair_row(first: QWidget, joiner: str, second: QWidget) -> QWidget:
+    """Two editors side by side in one form row: "first or second"."""
+    row = QWidget()
+    layout = QHBoxLayout(row)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.setSpacing(4)
+    layout.addWidget(first, 1)
+    layout.addWidget(QLabel(joiner))
+    layout.addWidget(second, 1)
+    return row
+
+
+def epochs_text(epochs: float) -> str:
+    """An epoch count as a person reads it: 0.84, 1.6, 12."""
+    return f"{epochs:.2f}" if epochs < 1 else f"{epochs:.1f}" if epochs < 10 else f"{epochs:,.0f}"
+
+
 class TechniquesPage(QWidget):
     """The technique and training form, the live memory breakdown, and the command line."""
 
@@ -114,6 +150,8 @@ class TechniquesPage(QWidget):
         super().__init__(parent)
         self._state = state
         self._editors = editors
+        self._examples: int | None = None
+        """How many examples the Data page counted (None until it has)."""
         header = PageHeaderWidget("Techniques", "Choose how to train. Hover over an option to see what it "
                                                 "saves and what it costs; the estimate on the right follows "
                                                 "every change.")
@@ -129,11 +167,15 @@ class TechniquesPage(QWidget):
             form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
             dense(form)
             for key, label in fields:
-                widget = editors.editor(key, decimals=DECIMALS.get(key, 3))
-                widget.setMinimumWidth(150)
+                widget = self._field(key)
                 text = QLabel(label)
                 text.setToolTip(widget.toolTip())
                 self.labels[key] = text
+                if key in PAIRS:  # one row, two editors: "Steps or epochs [60] or [2]"
+                    other, joiner = PAIRS[key]
+                    text.setToolTip(f"{description(key)}\n\n{description(other)}")
+                    self.labels[other] = text
+                    widget = pair_row(widget, joiner, self._field(other))
                 form.addRow(text, widget)
                 if key == "train.seq_len":  # the inverse question, right under the field it answers
                     self.max_seq_len_label = QLabel("Longest that fits: …")  # one short line; the sentence in its tooltip
@@ -181,6 +223,65 @@ class TechniquesPage(QWidget):
         self._on_state_changed("")
         self.marks.refresh()
 
+    def _field(self, key: str) -> QWidget:
+        """The editor of `key` as this page shows it: paired fields narrower and with their unit."""
+        if key not in PAIRED:
+            widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3))
+            widget.setMinimumWidth(150)
+            return widget
+        widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3), none_text="—")
+        if isinstance(widget, QAbstractSpinBox) and key == "train.eval_steps":
+            widget.setSpecialValueText("at end")  # 0: only once, when training ends
+        # Two in the row of one: sized for the values people set, not for the ten digits an int may hold.
+        widget.setSizePolicy(QSizePolicy.Policy.Ignored, widget.sizePolicy().verticalPolicy())
+        widget.setMinimumWidth(PAIRED_WIDTH[0])
+        widget.setMaximumWidth(PAIRED_WIDTH[1])
+        return widget
+
+    def set_examples(self, count: int | None) -> None:
+        """The Data page read the data (`count` examples; None when it could not): the length row says
+        what the ruling field comes to in the other unit."""
+        self._examples = count
+        self._show_length()
+
+    def _show_length(self) -> None:
+        """The inactive one of steps and epochs shows what the active one comes to (approximate: the
+        worker counts after tokenizing, and says the exact steps in its schedule line)."""
+        steps, epochs = self.editor("train.max_steps"), self.editor("train.num_epochs")
+        plan = self._length_plan()
+        steps.setSpecialValueText(f"≈ {plan.steps:,}" if plan and plan.epochs else "—")
+        epochs.setSpecialValueText(f"≈ {epochs_text(plan.steps / plan.steps_per_epoch)}" if plan and not plan.epochs
+                                   else "—")
+        for key, box in (("train.max_steps", steps), ("train.num_epochs", epochs)):  # the derived one in grey
+            text = box.findChild(QLineEdit)  # the style sheet keeps a spin box's palette off its line edit
+            palette = QPalette()  # no role of its own: the theme's, and it follows a change of theme
+            if self._state.get(key) is None:
+                palette.setColor(QPalette.ColorRole.Text, self.palette().color(QPalette.ColorRole.PlaceholderText))
+            text.setPalette(palette)
+        tip = f"{description('train.max_steps')}\n\n{description('train.num_epochs')}"
+        if plan is not None:
+            tip += (f"\n\nWith the Data page's {self._examples:,} examples: {plan.describe()}. Approximate: the "
+                    "worker counts the rows after tokenizing (examples whose prompt fills seq_len are left out) "
+                    "and says the exact steps when the run starts.")
+        self.labels["train.max_steps"].setToolTip(tip)
+
+    def _length_plan(self) -> Schedule | None:
+        """The schedule over the examples the Data page counted, less the validation split; None when unknown."""
+        if not self._examples:
+            return None
+        try:
+            config = self._state.config()
+            used = min(self._examples, config.data.max_examples or self._examples)
+            return config.schedule(used - held_out(used, config.data.validation_split), config.hardware.world_size)
+        except ConfigError:
+            return None
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        """A new theme re-polishes every widget, the derived length's grey included: grey it again after."""
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.StyleChange):
+            QTimer.singleShot(0, self, self._show_length)  # (dropped if the page is gone by then)
+
     def editor(self, key: str) -> QWidget:
         """The editor this page made for `key`."""
         return next(w for w in self._editors.editors[key] if self.isAncestorOf(w))
@@ -196,6 +297,7 @@ class TechniquesPage(QWidget):
         problem = self._state.problem()
         self.problem_label.setText(f"Cannot start: {problem}" if problem else "")
         self.problem_label.setVisible(bool(problem))
+        self._show_length()
 
     def _show_max_seq_len(self) -> None:
         """The longest seq_len that fits this device's memory (EstimateState.seq_len_answer)."""

@@ -243,9 +243,11 @@ class TrainPage(QWidget):
         self.plan_label.setText(f"Plan: {text}" if text else "")
         self.plan_label.setVisible(bool(text))
 
-    def set_progress(self, step: int, max_steps: int, eta_s: float | None) -> None:
-        """Step of max_steps; before a run (max_steps 0) the bar is empty and says so, not "step 0 / 1"."""
-        self.progress.setFormat("step %v / %m" if max_steps > 0 else "no run yet")
+    def set_progress(self, step: int, max_steps: int, eta_s: float | None, running: bool = False) -> None:
+        """Step of max_steps; before a run (max_steps 0) the bar is empty and says so, not "step 0 / 1"; a
+        run counted in epochs learns its steps once the worker has read the data."""
+        waiting = "counting the steps…" if running else "no run yet"
+        self.progress.setFormat("step %v / %m" if max_steps > 0 else waiting)
         self.progress.setRange(0, max(max_steps, 1))
         self.progress.setValue(min(step, max(max_steps, 1)))
         self.eta_label.setText(f"about {clock_text(eta_s)} left" if eta_s is not None else "")

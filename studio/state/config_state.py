@@ -18,7 +18,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from backend.core.config.run_config import ConfigError, RunConfig, TrainSection, warmup_outlasts, yaml_scalar
+from backend.core.config.run_config import ConfigError, RunConfig, yaml_scalar
+from backend.core.config.schedule import TrainSection, alternative_to_clear, warmup_outlasts
 
 
 def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -126,15 +127,27 @@ class ConfigState(QObject):
 
     # --- writing ----------------------------------------------------------------------------
     def set(self, key: str, value: Any) -> None:
-        """Change one value (no validation here; see problem())."""
+        """Change one value (no validation here; see problem()). Setting one of two ways to say the same
+        thing (num_epochs, max_steps) turns the other off first, as --set does on the command line, so no
+        listener sees both."""
+        if not self._put(key, value):
+            return
+        partner = alternative_to_clear(key, value)
+        cleared = partner is not None and self._put(*partner)
+        self.changed.emit(key)
+        if cleared:
+            self.changed.emit(partner[0])
+
+    def _put(self, key: str, value: Any) -> bool:
+        """Write one value into the draft; False when it already held it."""
         *path, last = key.split(".")
         node = self._raw
         for part in path:
             node = node.setdefault(part, {})
         if node.get(last, object()) == value and type(node.get(last)) is type(value):
-            return
+            return False
         node[last] = value
-        self.changed.emit(key)
+        return True
 
     def replace(self, raw: dict[str, Any], source: Path | None = None) -> None:
         """Start over from another file's contents (a loaded or saved config)."""

@@ -33,6 +33,7 @@ PHASE_WORDS = {
     "load_model": "Loading the model",
     "load_data": "Loading the data",
     "tokenize": "Tokenizing",
+    "schedule": "Schedule",
     "threads": "CPU threads",
     "train": "Training",
     "eval": "Evaluating",
@@ -132,6 +133,8 @@ class RunState(QObject):
             self.phase = event.phase
             if event.phase == "plan":
                 self.plan = event.detail
+            elif event.phase == "schedule":  # the steps the data came to, after the techniques
+                self.plan = "; ".join(part for part in (self.plan, event.detail) if part)
             words = PHASE_WORDS.get(event.phase, event.phase.replace("_", " ").capitalize())
             text = f"{words}: {event.detail}" if event.detail else f"{words}…"
             self._say(text, log=f"Phase: {text}", quiet=self.status == "stopping")

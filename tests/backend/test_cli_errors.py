@@ -87,7 +87,7 @@ def test_set_error_is_blamed_on_the_set_not_the_file(capsys):
     assert "(got a mapping)" in line
 
 
-# Every check across several fields (TechniqueSection, HardwareSection and RunConfig validators).
+# Every check across several fields (TechniqueSection, HardwareSection, TrainSection and RunConfig validators).
 CROSS_FIELD = [
     (["technique.precision=fp32", "technique.attention=flash_attention_2"], ["technique.attention", "technique.precision"]),
     (["technique.optimizer=adamw_8bit", "technique.offload=zero2_optimizer", "hardware.strategy=deepspeed_zero2"],
@@ -102,6 +102,9 @@ CROSS_FIELD = [
     (["technique.objective=dpo", "data.format=alpaca"], ["data.format alpaca", "technique.objective dpo"]),
     (["technique.objective=kto", "train.micro_batch_size=1"], ["technique.objective kto", "train.micro_batch_size"]),
     (["train.warmup_steps=60"], ["train.warmup_steps", "train.max_steps"]),
+    (["train.max_steps=null"], ["train.max_steps", "train.num_epochs", "set one"]),
+    (["train.num_epochs=2", "train.max_steps=5"], ["train.max_steps 5", "train.num_epochs 2", "set the other to null"]),
+    (["train.warmup_ratio=0.1", "train.warmup_steps=3"], ["train.warmup_steps 3", "train.warmup_ratio 0.1"]),
     (["schema_version=99"], ["schema_version"]),
     (["schema_version=0"], ["schema_version 0", "schema_version: 1"]),
     (["train.max_steps=yes"], ["train.max_steps", "not a number"]),
@@ -120,13 +123,15 @@ def test_cross_field_checks_name_fields_not_the_config(sets, fields, capsys):
 
 
 def test_every_cross_field_check_is_covered():
-    """Each case above trips a different check, one per `raise ValueError` in backend/core/config/run_config.py:
-    a new check with no case here fails this test."""
+    """Each case above trips a different check, one per `raise ValueError` in backend/core/config/run_config.py
+    and schedule.py (the train section): a new check with no case here fails this test."""
     import inspect
 
     import backend.core.config.run_config
+    import backend.core.config.schedule
 
-    assert inspect.getsource(backend.core.config.run_config).count("raise ValueError(") == len(CROSS_FIELD)
+    modules = (backend.core.config.run_config, backend.core.config.schedule)
+    assert sum(inspect.getsource(m).count("raise ValueError(") for m in modules) == len(CROSS_FIELD)
     messages = set()
     for sets, _ in CROSS_FIELD:
         with pytest.raises(ConfigError) as caught:

@@ -38,7 +38,10 @@ def test_help_lists_every_field_with_its_description(command, capsys):
 
 def test_help_shows_type_default_and_section_groups(capsys):
     text = help_text("train", capsys)
-    assert "  train.max_steps  (int >= 1, default 60)  Optimizer steps to run." in text
+    assert "  train.max_steps  (int >= 1 or null, default 60)  Optimizer steps to run; null when" in text
+    assert "train.lr_scheduler  (linear|cosine|constant_with_warmup, default linear)" in text
+    assert "train.warmup_ratio  (float in [0, 1), default 0.0)" in text
+    assert "train.max_grad_norm  (float >= 0, default 1.0)" in text
     assert "technique.method  (lora|dora|qlora|lora8|full, default lora)" in text
     assert "(float > 0 or null, default null)" in text  # technique.neftune_alpha
     assert "(list of adapter, default [adapter])" in text

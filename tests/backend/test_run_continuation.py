@@ -12,8 +12,8 @@ from backend.core.runs.run_continuation import ORIGIN, continue_run
 from backend.core.runs.run_folder import CHECKPOINT_MARKER, RunFolder
 
 
-def _finished(tmp_path) -> RunFolder:
-    folder = RunFolder.create(RunConfig(name="base-run"), root=tmp_path)
+def _finished(tmp_path, config: RunConfig | None = None) -> RunFolder:
+    folder = RunFolder.create(config or RunConfig(name="base-run"), root=tmp_path)
     checkpoint = folder.checkpoints_dir / "checkpoint-10"
     checkpoint.mkdir(parents=True)
     (checkpoint / "adapter_model.safetensors").write_bytes(b"weights")
@@ -43,6 +43,13 @@ def test_continue_run_links_the_checkpoint_and_carries_the_history(tmp_path):
     assert {p: p.read_bytes() for p in source.path.rglob("*") if p.is_file()} == before
     (linked / "adapter_model.safetensors").unlink()  # the new run rotating its checkpoints...
     assert original.read_bytes() == b"weights"  # ...never removes the finished run's files
+
+
+def test_an_epoch_counted_run_continues_counted_in_steps(tmp_path):
+    """num_epochs ruled the first run; the new one is its checkpoint's step plus N, so max_steps rules."""
+    source = _finished(tmp_path, RunConfig.from_dict({"name": "epochs", "train": {"num_epochs": 2}}))
+    config = continue_run(source, 7).load_config()
+    assert (config.train.max_steps, config.train.num_epochs) == (17, None)
 
 
 def test_continue_run_refuses_what_it_cannot_do(tmp_path):

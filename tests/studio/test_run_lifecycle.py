@@ -61,6 +61,21 @@ def test_a_finished_run_trains_more_steps_as_a_new_run_and_keeps_its_record(qtbo
     assert window.resume_action.text() == "Train run-b-more more…"
 
 
+def test_an_epoch_counted_run_trains_more_counted_in_steps(qtbot, make_studio):
+    """num_epochs ruled the finished run: the suggestion is the steps it took, the new run counts steps."""
+    studio = make_studio(fake_command("normal"))
+    studio.config.set("train.num_epochs", 2)
+    finished = _start(qtbot, studio, "epochs", "normal")
+    assert finished.load_config().train.max_steps is None
+    asked = []
+    studio.controller.ask_more_steps = lambda folder, default: asked.append(default) or 5
+    studio.train_page.resume_button.click()
+    qtbot.waitUntil(lambda: not studio.jobs["train"].is_running(), timeout=WAIT_MS)
+    step = int(finished.latest_checkpoint().name.rsplit("-", 1)[1])
+    train = RunFolder(studio.controller.folder.path).load_config().train
+    assert asked == [step] and (train.max_steps, train.num_epochs) == (step + 5, None)
+
+
 def test_a_new_run_clears_what_the_previous_one_showed(qtbot, make_studio):
     studio = make_studio(fake_command("normal"))
     page = studio.train_page

@@ -54,6 +54,22 @@ def test_run_state_wording(qtbot):
     assert "Checkpoint saved at step 4: /runs/x/checkpoints/checkpoint-4" in logs
 
 
+def test_an_epoch_run_learns_its_steps_from_the_worker_and_its_eta_follows_them(qtbot):
+    """num_epochs: the window cannot know the steps before the worker reads the data (max_steps 0 until then);
+    the schedule line joins the plan, and the ETA counts the derived steps."""
+    clock = [0.0]
+    state = RunState(clock=lambda: clock[0])
+    state.begin("/runs/x", 0)
+    state.apply(JobStarted(run_dir="/runs/x", max_steps=0))
+    state.apply(PhaseChanged(phase="plan", detail="device cpu"))
+    state.apply(PhaseChanged(phase="schedule", detail="train.num_epochs rules: 2 epochs of 40 rows = 20 steps"))
+    assert state.plan == "device cpu; train.num_epochs rules: 2 epochs of 40 rows = 20 steps"
+    for step in (1, 2, 3):
+        clock[0] = float(step)  # a second a step
+        state.apply(MetricsLogged(step=step, max_steps=20))
+    assert state.max_steps == 20 and state.eta_s == 17.0
+
+
 def test_run_state_failure_is_one_line_with_hint(qtbot):
     state = RunState()
     logs: list[str] = []

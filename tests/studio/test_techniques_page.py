@@ -127,3 +127,73 @@ def test_cpu_weights_follow_native_bf16(qtbot, make_studio, monkeypatch):
         assert ("held in bf16" in tip) is native
     linears = 4 * 256 * (256 + 128 + 128 + 256 + 3 * 768)  # the bundled model's adapted linears
     assert sizes[False] - sizes[True] == 2 * linears
+
+
+def test_the_schedule_fields_are_on_the_page_with_their_tooltips(qtbot, make_studio):
+    from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox
+
+    from backend.core.config.schedule import TrainSection
+
+    page = make_studio().pages["techniques"]
+    kinds = {"train.max_steps": QSpinBox, "train.num_epochs": QSpinBox, "train.lr_scheduler": QComboBox,
+             "train.warmup_steps": QSpinBox, "train.warmup_ratio": QDoubleSpinBox,
+             "train.max_grad_norm": QDoubleSpinBox}
+    for key, kind in kinds.items():
+        editor = page.editor(key)
+        assert isinstance(editor, kind) and editor.isVisibleTo(page), key
+        assert editor.toolTip() == description(key) == " ".join(TrainSection.model_fields[key[6:]].description.split())
+        assert description(key) in page.labels[key].toolTip(), key  # a paired row's label says both
+    schedule = page.editor("train.lr_scheduler")
+    assert [schedule.itemText(i) for i in range(schedule.count())] == ["linear", "cosine", "constant_with_warmup"]
+    assert schedule.currentText() == "linear" and page.editor("train.max_grad_norm").value() == 1.0
+    assert page.editor("train.warmup_ratio").maximum() < 1.0  # the field's lt=1
+
+
+def test_epochs_or_steps_one_rules_and_the_other_shows_what_it_comes_to(qtbot, make_studio):
+    """tiny_lora: 600 demo examples, 5% held out: 570 rows at micro-batch 8, 72 steps an epoch."""
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QLineEdit
+
+    from tests.studio.test_command_line_parity import assert_same_run
+
+    studio = make_studio()
+    page, config = studio.pages["techniques"], studio.config
+    steps, epochs = page.editor("train.max_steps"), page.editor("train.num_epochs")
+    assert steps.text() == "60" and epochs.text() == "≈ 0.83"  # 60 / 72
+    epochs.setValue(2)
+    assert config.get("train.max_steps") is None and config.problem() == ""
+    assert steps.text() == "≈ 144" and epochs.text() == "2"
+    grey = page.palette().color(QPalette.ColorRole.PlaceholderText)  # the derived one is greyed, not a setting
+    assert steps.findChild(QLineEdit).palette().color(QPalette.ColorRole.Text) == grey
+    assert epochs.findChild(QLineEdit).palette().color(QPalette.ColorRole.Text) != grey
+    assert "2 epochs of 570 rows = 144 steps" in page.labels["train.max_steps"].toolTip()
+    line = page.command_line.text()
+    assert "--set train.num_epochs=2" in line and "--set train.max_steps=null" in line
+    assert_same_run(studio)  # the CLI runs the window's config
+    steps.setValue(10)  # the other way round: steps rule again
+    assert config.get("train.num_epochs") is None and epochs.text() == "≈ 0.14"
+    page.editor("train.warmup_steps").setValue(3)
+    page.editor("train.warmup_ratio").setValue(0.1)  # a ratio turns the steps off, as --set does
+    assert (config.get("train.warmup_steps"), config.get("train.warmup_ratio")) == (0, 0.1)
+    assert config.config().train.warmup_ratio == 0.1
+
+
+def test_the_derived_length_stays_grey_in_a_new_theme(qtbot, make_studio):
+    """A theme change re-polishes every widget; the page greys the derived one of steps and epochs again."""
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication, QLineEdit
+
+    from studio.services.theme import Theme
+
+    app = QApplication.instance()
+    palette, sheet = app.palette(), app.styleSheet()
+    try:
+        page = make_studio().pages["techniques"]
+        page.editor("train.num_epochs").setValue(2)
+        Theme(app).apply("dark")
+        text = page.editor("train.max_steps").findChild(QLineEdit)
+        qtbot.waitUntil(lambda: text.palette().color(QPalette.ColorRole.Text)
+                        == page.palette().color(QPalette.ColorRole.PlaceholderText), timeout=3000)
+    finally:
+        app.setStyleSheet(sheet)
+        app.setPalette(palette)

@@ -90,6 +90,8 @@ def test_shortcuts_drive_the_run(qtbot, make_studio):
 def test_before_any_run_the_bar_does_not_read_step_0_of_1(make_studio):
     page = make_studio().train_page
     assert page.progress.text() == "no run yet" and "step" not in page.progress.text()
+    page.set_progress(0, 0, None, running=True)  # num_epochs: the worker has not counted the steps yet
+    assert page.progress.text() == "counting the steps…"
 
 
 def test_stop_is_off_once_the_run_ended_while_the_worker_is_still_exiting(qtbot, make_studio):

@@ -18,6 +18,7 @@ from backend.core.config.base import Section as _Section
 from backend.core.config.errors import ConfigError, describe_error, is_cross_field, override_for, short_item, yaml_line
 from backend.core.config.file import parse_config_yaml, read_config_text
 from backend.core.config.objectives import GrpoSection, KtoSection, Objective
+from backend.core.config.schedule import Schedule, TrainSection, clear_alternatives, plan_schedule
 from backend.core.paths import resolve_resource
 
 SCHEMA_VERSION = 1
@@ -130,36 +131,6 @@ class TechniqueSection(_Section):
         return self
 
 
-class TrainSection(_Section):
-    max_steps: int = Field(default=60, ge=1)
-    """Optimizer steps to run."""
-    micro_batch_size: int = Field(default=8, ge=1)
-    """Examples per forward pass. Memory for activations grows linearly with it."""
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
-    """Forward passes per optimizer step: a larger effective batch without more activation memory."""
-    learning_rate: float = Field(default=2e-3, gt=0, le=1.0)
-    """Peak learning rate (after warmup, then linear decay to zero)."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Steps of linear warmup from zero."""
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    """AdamW weight decay."""
-    seq_len: int = Field(default=256, ge=8, le=1_048_576)
-    """Longest example in tokens; longer ones are truncated or refused (see data.truncate)."""
-    save_steps: int = Field(default=50, ge=1)
-    """Write a complete, resumable checkpoint every N steps."""
-    save_total_limit: int | None = Field(default=2, ge=1)
-    """Keep only the newest N checkpoints (None keeps all)."""
-    logging_steps: int = Field(default=1, ge=1)
-    """Report loss every N steps; 1 makes the chart move every step."""
-    eval_steps: int = Field(default=0, ge=0)
-    """Evaluate on the validation split every N steps (0: only at the end)."""
-    seed: int = 42
-    """Seed for weights of new adapters, data order and dropout: same seed, same run."""
-    cpu_threads: int = Field(default=0, ge=0)
-    """Torch CPU threads; 0 means measured: at most all cores but one (the desktop stays
-    responsive), fewer where one training pass of this model runs faster on fewer (thread_choice.py)."""
-
-
 class ExportSection(_Section):
     formats: list[Literal["adapter"]] = Field(default_factory=lambda: ["adapter"])
     """What to write when training ends: adapter (the PEFT folder, loadable on top of the base)."""
@@ -252,9 +223,16 @@ class RunConfig(_Section):
             raise ValueError("technique.objective kto needs train.micro_batch_size 2 or more: KTO estimates its KL "
                              "term from the other answers of the same batch (TRL refuses a batch of 1); set "
                              "train.micro_batch_size to 2 or more")
-        if warmup_outlasts(self.train.warmup_steps, self.train.max_steps):
-            raise ValueError(warmup_problem(self.train.warmup_steps, self.train.max_steps))
         return self
+
+    def schedule(self, examples: int, processes: int) -> Schedule:
+        """The steps and learning rate over `examples` training examples (after the split and what training
+        drops); a GRPO step's rows are completions, num_generations for each prompt."""
+        if self.technique.objective == "grpo":
+            generations = self.grpo.num_generations
+            return plan_schedule(self.train, examples * generations, processes,
+                                 f"{examples:,} prompts x {generations} generations")
+        return plan_schedule(self.train, examples, processes)
 
     # --- files ------------------------------------------------------------------------------
 
@@ -319,22 +297,10 @@ def describe_validation_error(exc: ValidationError) -> str:
     return describe_error(exc.errors()[0], field_paths(), section_models())
 
 
-def warmup_outlasts(warmup_steps: Any, max_steps: Any) -> bool:
-    """The one warmup rule, for the CLI and the window: a warmup of max_steps or more never reaches
-    the peak learning rate, so it is refused (0 is no warmup). Values that are not ints are left to
-    the field checks."""
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (warmup_steps, max_steps))
-    return ints and warmup_steps > 0 and warmup_steps >= max_steps
-
-
-def warmup_problem(warmup_steps: int, max_steps: int) -> str:
-    """The sentence for a warmup that outlasts the run, with both fixes."""
-    return (f"train.warmup_steps {warmup_steps} must be below train.max_steps {max_steps}; "
-            "set train.warmup_steps=0 (no warmup) or a smaller number, or raise train.max_steps")
-
-
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
-    """Apply `dotted.key=value` strings in place; values are parsed as YAML scalars."""
+    """Apply `dotted.key=value` strings in place; values are parsed as YAML scalars. What they set wins
+    over the file's alternative (train.num_epochs over its max_steps: schedule.ALTERNATIVES)."""
+    keys: list[str] = []
     for item in overrides:
         key, sep, value = item.partition("=")
         shown = short_item(item)
@@ -351,6 +317,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> None:
                 raise ConfigError(f"--set {shown!r}: {part} is not a section")
             node = child
         node[parts[-1]] = parse_scalar(value)
+        keys.append(".".join(parts))
+    clear_alternatives(raw, keys)
 
 
 def parse_scalar(value: str) -> Any:

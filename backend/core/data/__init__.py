@@ -1,1 +1,1 @@
-"""Training data: reading dataset files, their shapes and layouts, and tokenizing them for a fine-tune."""
+"""Dataset files -> rows -> conversations: the readers the trainers and the Data page share (torch-free)."""

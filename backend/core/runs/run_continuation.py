@@ -2,7 +2,8 @@
 
 A finished run's record (events, summary, adapter, exports) is the result a person may already have
 exported or compared; resuming it in place would rewrite that. So "train N more steps" makes a new
-run whose config is the old one with max_steps raised, whose newest checkpoint is the old run's
+run whose config is the old one with max_steps raised (and num_epochs off: a continued run is counted in
+steps, whichever field ruled the first), whose newest checkpoint is the old run's
 (hard links: no copy of the weights, and the new run deleting its own checkpoints never touches the
 old one's files), and whose events start with the old run's metrics, so its charts continue. Torch-free.
 """
@@ -80,7 +81,7 @@ def continue_run(source: RunFolder, more_steps: int, root: Path | None = None) -
         raise ValueError(f"{source.run_id} has no complete checkpoint to continue from")
     step = checkpoint_step(checkpoint)
     config = source.load_config()
-    train = config.train.model_copy(update={"max_steps": step + more_steps})
+    train = config.train.model_copy(update={"max_steps": step + more_steps, "num_epochs": None})
     config = config.model_copy(update={"train": train, "name": f"{config.name}-more"})
     config = RunConfig.model_validate(config.model_dump(mode="json"))
     folder = RunFolder.create(config, root=root or source.path.parent)
