@@ -82,7 +82,7 @@ class RunController(QObject):
         self._readout_timer.setSingleShot(True)
         self._readout_timer.timeout.connect(self._show_state)
 
-        window.start_requested.connect(self._on_window_start_requested)
+        window.start_requested.connect(self.start)
         train_page.start_anyway_requested.connect(self._on_page_start_anyway_requested)
         window.stop_requested.connect(self._on_window_stop_requested)
         window.cancel_requested.connect(self._on_window_cancel_requested)
@@ -101,13 +101,10 @@ class RunController(QObject):
         self.update_resume_target()
 
     # --- requests from the window -----------------------------------------------------------------
-    def _on_window_start_requested(self) -> None:
-        self.start(anyway=False)
-
     def _on_page_start_anyway_requested(self) -> None:
         self.start(anyway=True)
 
-    def start(self, anyway: bool) -> None:
+    def start(self, anyway: bool = False) -> None:
         """A new run of the draft, once the verdicts, judged again now (a data file deleted since the last
         change), let it; `anyway` overrides the memory verdict and records that in the run folder."""
         if self.jobs.is_running():
