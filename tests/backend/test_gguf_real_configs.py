@@ -141,16 +141,18 @@ def test_gguf_export_of_a_real_config_ends_with_a_truthful_report(name, runs, tm
         assert "not_verified" in phases and "verified" not in phases and "passed" not in phases["report"]
     else:
         assert report["outcome"] == "passed" and report["passed"] is True, report["checks"]
-        assert report["check"]["dtype"] == "fp32"  # F16 read exactly on the CPU, never in bf16
+        assert report["check"]["dtype"] == "fp16 weights, fp32 activations"  # F16 exactly, never in bf16
         assert check(report, "perplexity")["outcome"] == check(report, "top1")["outcome"] == "passed"
         assert phases["report"] == "export_report.json: passed" and "not_verified" not in phases
 
 
-def test_gemma2_q8_0_is_read_back_in_fp32_and_passes(runs, tmp_path):
-    """Quantized blocks are an fp16 scale times integers: only fp32 holds what transformers dequantizes."""
+def test_gemma2_q8_0_is_read_back_with_fp32_activations_and_passes(runs, tmp_path):
+    """Quantized blocks are an fp16 scale times integers, read in fp16 (rounding far below Q8_0's own);
+    Gemma's activations, which overflow fp16, in fp32."""
     events, report = export(runs("google--gemma-2-2b-it"), "gguf-q8_0", tmp_path / "q8")
     assert events[-1]["type"] == "JobFinished" and report["outcome"] == "passed", report["checks"]
-    assert report["check"]["dtype"] == "fp32" and "float32 on cpu" in report["loaded_as"]
+    assert report["check"]["dtype"] == "fp16 weights, fp32 activations"
+    assert "float16 weights, float32 activations and products on cpu" in report["loaded_as"]
 
 
 def test_cli_not_verified_exits_zero_and_says_the_same_as_the_report(runs, tmp_path):
