@@ -226,7 +226,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     result = estimate_run(config, device, caps=device_caps(device, found.bf16 if found.kind == device else None,
                                                            found.devices if found.kind == device else ()),
                           target_tokens=answer, calibration=Calibration.read(), num_gpus=args.gpus,
-                          zero_stage=args.zero_stage)
+                          zero_stage=args.zero_stage, data_rows=not args.worst_case)
     breakdown = result.breakdown
     if breakdown is None:  # an unusable config.json: one line naming the file, the key and the fix
         raise ConfigError(result.problem)
