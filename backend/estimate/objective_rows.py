@@ -5,6 +5,8 @@ padding to max_length), so an estimate at seq_len-long rows counts the demo's 42
 and over-states the step 1.3-1.6x. The rows are the trainers' own (preference_shapes, prompt_records,
 as_trl_row), rendered through the model's chat template (chat_template_text, as TRL's
 apply_chat_template) and tokenized with its tokenizer.json; torch-free, cached per file version.
+As for SFT's longest answer (DatasetProfile), data of more than MAX_MEASURED records is not read
+(a sample could miss the longest row): the estimate then counts seq_len-long rows, the worst case.
 
 - DPO: the prompt with its longer answer (chosen and rejected run as rows of one batch).
 - KTO: the longest prompt plus the longest completion: the bound of the training rows and of the KL
@@ -23,6 +25,7 @@ from typing import Any
 from backend.core.config.run_config import RunConfig
 from backend.core.data import preference_shapes
 from backend.core.data.chat_template_text import template_renderer
+from backend.core.data.dataset_profile import MAX_MEASURED
 from backend.core.data.prompt_records import read_prompts
 from backend.core.paths import resolve_resource
 
@@ -52,11 +55,14 @@ def _measured(path: str, _mtime: int, _size: int, model: str, objective: str, li
         return None
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     render = template_renderer(Path(model))
+    cap = MAX_MEASURED + 1 if limit is None else min(limit, MAX_MEASURED + 1)
     if objective == "grpo":
-        prompts = [[r["prompt"]] for r in read_prompts(Path(path), (), limit)]
-        return max(_lengths(tokenizer, render, prompts, answer=False))
-    rows = (preference_shapes.read_pairs(Path(path), limit) if objective == "dpo"
-            else preference_shapes.read_unpaired(Path(path), limit)[0])
+        prompts = [[r["prompt"]] for r in read_prompts(Path(path), (), cap)]
+        return max(_lengths(tokenizer, render, prompts, answer=False)) if len(prompts) <= MAX_MEASURED else None
+    rows = (preference_shapes.read_pairs(Path(path), cap) if objective == "dpo"
+            else preference_shapes.read_unpaired(Path(path), cap)[0])
+    if len(rows) > MAX_MEASURED:
+        return None
     rows = [preference_shapes.as_trl_row(r, render is not None, Path(path)) for r in rows]
     if objective == "dpo":
         whole = [[r["prompt"], r[name]] for r in rows for name in ("chosen", "rejected")]

@@ -37,6 +37,20 @@ def test_sft_has_no_objective_row(bundled_model):
     assert longest_row(RunConfig.load(PRESETS / "tiny_lora.yaml")) is None
 
 
+def test_data_too_large_to_read_whole_counts_seq_len_rows(bundled_model, tmp_path, monkeypatch):
+    """As SFT's longest answer: past MAX_MEASURED records a sample could miss the longest row."""
+    from backend.estimate import objective_rows
+
+    monkeypatch.setattr(objective_rows, "MAX_MEASURED", 10)
+    lines = (PRESETS.parent / "datasets" / "demo_dpo.jsonl").read_text().splitlines()
+    config = RunConfig.load(PRESETS / "tiny_dpo.yaml")
+    for count, expected in ((10, True), (11, False)):
+        data = tmp_path / f"pairs{count}.jsonl"
+        data.write_text("\n".join(lines[:count]) + "\n")
+        measured = longest_row(config.model_copy(update={"data": config.data.model_copy(update={"path": str(data)})}))
+        assert (measured is not None) is expected
+
+
 @pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
 def test_the_windows_pair_agrees_within_ten_percent(bundled_model, objective):
     config = RunConfig.load(PRESETS / f"tiny_{objective}.yaml",
