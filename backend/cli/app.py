@@ -247,7 +247,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                        found.devices if found.kind == device else ())
     result = estimate_run(config, device, caps=caps,
                           target_tokens=answer, calibration=Calibration.read(), num_gpus=args.gpus,
-                          zero_stage=args.zero_stage)
+                          zero_stage=args.zero_stage, data_rows=not args.worst_case)
     breakdown = result.breakdown
     if breakdown is None:  # an unusable config.json: one line naming the file, the key and the fix
         raise ConfigError(result.problem)
