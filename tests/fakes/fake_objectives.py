@@ -4,7 +4,7 @@ The objective comes from the StartJob's config (technique.objective). Each step 
 objective's own metrics in MetricsLogged.extra, named as TRL names them (DPO/KTO: rewards/chosen,
 rewards/rejected, rewards/margins, rewards/accuracies, KTO also kl; GRPO: reward, reward_std,
 rewards/<label>/mean and /std for each configured reward, kl, completions/mean_length,
-clip_ratio/region_mean, entropy). GRPO steps first send CompletionScored for every sampled completion
+clip_ratio/region_mean, low_mean, high_mean, low_min, high_max, entropy). GRPO steps first send CompletionScored for every sampled completion
 (two prompts x grpo.num_generations), so a ten-step run sends more than the window keeps. SFT runs
 log no extra metrics. A StopJob ends the run at the next step with a checkpoint, like the real one.
 """
@@ -40,7 +40,9 @@ def extra_metrics(objective: str, step: int, labels: list[str]) -> dict[str, flo
         return extra
     if objective == "grpo":
         extra = {"reward": 0.2 + 0.6 * progress, "reward_std": 0.45 - 0.2 * progress, "kl": 0.001 * step,
-                 "completions/mean_length": 6.0 - 2.0 * progress, "clip_ratio/region_mean": 0.05 * math.sin(step),
+                 "completions/mean_length": 6.0 - 2.0 * progress, "clip_ratio/region_mean": 0.05 * abs(math.sin(step)),
+                 "clip_ratio/low_mean": 0.02 * abs(math.sin(step)), "clip_ratio/high_mean": 0.03 * abs(math.sin(step)),
+                 "clip_ratio/low_min": 0.02 * abs(math.sin(step)), "clip_ratio/high_max": 0.03 * abs(math.sin(step)),
                  "entropy": 1.2 - 0.5 * progress}
         for index, label in enumerate(labels):
             extra[f"rewards/{label}/mean"] = min(1.0, 0.1 * (index + 1) + 0.6 * progress)
