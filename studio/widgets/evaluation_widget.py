@@ -79,7 +79,7 @@ class EvaluationWidget(QWidget):
         self.legend.setWordWrap(True)
         self.legend.setStyleSheet("color: palette(placeholder-text);")
         self.examples = QTextBrowser()
-        self.examples.setPlaceholderText("Example answers of both models appear here after an evaluation.")
+        self.examples.setPlaceholderText("Both models' example answers show here.")  # short: never cut
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(buttons)

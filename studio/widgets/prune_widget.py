@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -59,7 +60,8 @@ class PruneWidget(QGroupBox):
         self._path = ""
         self._last: Path | None = None  # the file the running job will write
         self.layers_edit = QLineEdit()
-        self.layers_edit.setPlaceholderText("e.g. 12,13 (indices from the ranking)")
+        self.layers_edit.setPlaceholderText("e.g. 12,13, or tick below")  # short: the field is narrow
+        self.layers_edit.setToolTip("Layer indices to remove, from the ranking (ticking a layer there fills this)")
         self.count_spin = QSpinBox()
         self.count_spin.setRange(0, 999)
         self.count_spin.setSpecialValueText("none")
@@ -70,9 +72,10 @@ class PruneWidget(QGroupBox):
         self.heads_spin.setToolTip("Key/value groups removed from every layer, each with its query heads: "
                                    "transformers keeps one head count for all layers")
         self.heads_edit = QLineEdit()
-        self.heads_edit.setPlaceholderText("e.g. 0:1,1:0 (layer:group, the same count in every layer)")
-        self.heads_edit.setToolTip("The key/value groups to remove, as LAYER:GROUP from the ranking; "
-                                   "when given, the count above is not used")
+        self.heads_edit.setPlaceholderText("e.g. 0:1,1:0 (layer:group)")
+        self.heads_edit.setToolTip("The key/value groups to remove, as LAYER:GROUP from the ranking (ticking a group "
+                                   "there fills this), the same number in every layer; when given, the count above "
+                                   "is not used")
         self.ffn_spin = QDoubleSpinBox()
         self.ffn_spin.setDecimals(3)
         self.ffn_spin.setRange(MIN_FFN_KEEP, 1.0)  # the floor the CLI refuses below (pruning/request.py)
@@ -115,7 +118,7 @@ class PruneWidget(QGroupBox):
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
-        layout.addWidget(self.hint)
+        layout.addWidget(self.hint, 1, Qt.AlignmentFlag.AlignTop)
         layout.addWidget(self.ranking, 1)
         layout.addWidget(self.text, 1)
         self._show_view(self.hint)
