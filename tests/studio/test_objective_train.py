@@ -56,6 +56,8 @@ def test_a_dpo_run_charts_chosen_against_rejected_and_an_sft_run_looks_as_before
     assert charts["margin"].point_count() == 10 and charts["accuracy"].point_count() == 10
     assert studio.store.objective.latest("rewards/accuracies") == 1.0
     assert not charts["kl"].isVisibleTo(page.objective_charts)  # DPO logs no KL
+    samples = page.samples.samples()  # a DPO run samples answers at each evaluation too
+    assert len(samples) == 4 and samples[0].endswith("→  yes") and "Does the model learn?" in samples[1]
 
     _run(qtbot, studio, "sft")  # a new run: nothing of the DPO run stays
     assert page.objective_charts.kind() == "" and page.tabs.tabBar().isHidden()
