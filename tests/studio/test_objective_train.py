@@ -114,3 +114,19 @@ def test_a_completions_line_breaks_stay_visible_in_its_row():
     assert completion_text(event).endswith(f": tes S {NEWLINE} no")
     spaced = CompletionScored(step=2, prompt="p", completion="a   b\n\n c ", rewards={}, reward=1.0)
     assert completion_text(spaced).endswith(f": a b {NEWLINE}  {NEWLINE} c")
+
+
+def test_an_empty_sample_list_says_when_samples_come_and_why_a_run_has_none(qtbot):
+    from PySide6.QtGui import QColor, QImage
+
+    from studio.widgets.sample_list_widget import EMPTY, SampleListWidget
+
+    samples = SampleListWidget()
+    qtbot.addWidget(samples)
+    samples.resize(260, 160)
+    samples.show()
+    image = samples.viewport().grab().toImage().convertToFormat(QImage.Format.Format_RGB32)
+    background = QColor(image.pixel(image.width() - 2, image.height() - 2))
+    drawn = {QColor(image.pixel(x, y)).rgb() for x in range(0, image.width(), 2) for y in range(0, 40, 2)}
+    assert len(drawn - {background.rgb()}) > 1  # the wrapped text is drawn at the top
+    assert "validation split" in EMPTY and "eval_steps" in EMPTY
