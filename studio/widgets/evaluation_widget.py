@@ -62,8 +62,7 @@ class EvaluationWidget(QWidget):
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
         self.progress = QProgressBar()
-        self.progress.setTextVisible(False)
-        self.progress.setMaximumHeight(8)
+        self.progress.setFormat("%v / %m")  # the measure's count; a busy bar (a model loading) shows none
         self.progress.setVisible(False)
         self.table = QTableWidget(len(ROWS), 2)
         self.table.setHorizontalHeaderLabels(("Base", "Tuned"))
