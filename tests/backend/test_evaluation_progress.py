@@ -26,3 +26,14 @@ def test_perplexity_counts_examples_from_zero():
     perplexity(TinyModel(), rows, 0, 2, lambda done, total: calls.append((done, total)))
     assert calls == [(0, 5), (2, 5), (4, 5), (5, 5)]
 
+
+
+def test_the_cli_prints_a_measure_once_its_count_is_complete():
+    import io
+
+    from backend.cli.eval import _eval_progress
+
+    out = io.StringIO()
+    for detail in ("base 0/5 examples", "base 2/5 examples", "base 5/5 examples"):
+        _eval_progress({"type": "PhaseChanged", "phase": "perplexity", "detail": detail}, out)
+    assert out.getvalue() == "[perplexity] base 5/5 examples\n"
