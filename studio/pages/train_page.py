@@ -28,6 +28,7 @@ from studio.widgets.completion_list_widget import CompletionListWidget
 from studio.widgets.failure_panel_widget import FailurePanelWidget
 from studio.widgets.field_editors import FieldEditors
 from studio.widgets.gpu_panel_widget import GpuPanelWidget
+from studio.widgets.chart_legend import with_legend
 from studio.widgets.loss_chart import LossChart
 from studio.widgets.metric_chart import MetricChart
 from studio.widgets.objective_charts_widget import ObjectiveChartsWidget
@@ -126,7 +127,7 @@ class TrainPage(QWidget):
         charts = QWidget()
         grid = QGridLayout(charts)
         grid.setContentsMargins(0, 0, 0, 0)
-        grid.addWidget(self.chart, 0, 0, 2, 1)
+        grid.addWidget(with_legend(self.chart), 0, 0, 2, 1)
         grid.addWidget(self.lr_chart, 0, 1)
         grid.addWidget(self.grad_chart, 1, 1)
         grid.addWidget(self.speed_chart, 0, 2)
