@@ -175,3 +175,25 @@ def test_moe_gguf_is_what_llama_cpp_converter_writes(family, fmt, models, tokeni
         assert why is None and type(read).__name__ == "Qwen3MoeForCausalLM" and "float32 on cpu" in loaded
     else:
         assert read is None and CHECK[family] in why, why
+
+
+def test_an_adapter_on_the_fused_experts_is_merged_into_the_gguf_experts(tokenizer, tmp_path):
+    """peft's ParamWrapper on Qwen3-MoE's fused experts (lora_targets naming gate/up/down): the streaming
+    merge writes peft's merge_and_unload into every expert of the F16 file, within one F16 rounding."""
+    from backend.export.gguf_writer import GgufExport
+    from tests.backend.test_export_merge import make_adapter, peft_merged, stream
+    from tests.families import build_tiny_model
+
+    base = build_tiny_model("qwen3_moe", tmp_path / "base", dtype="bfloat16")
+    adapter = make_adapter(base, tmp_path / "adapter", targets=["q_proj", "gate_proj", "up_proj", "down_proj"])
+    expected = peft_merged(base, adapter)
+    source = stream(base, adapter, dtype=torch.float32, load_dtype=torch.bfloat16)
+    assert any(".experts.3.up_proj." in name for name in source.adapter.modules)
+    GgufExport(source, tokenizer, "gguf-f16", "tiny").write(tmp_path / "model.gguf")
+    _, tensors = fields(tmp_path / "model.gguf")
+    for layer in range(2):
+        for kind in ("gate", "up", "down"):
+            want = torch.stack([expected[f"model.layers.{layer}.mlp.experts.{e}.{kind}_proj.weight"] for e in range(4)])
+            got = torch.from_numpy(tensors[f"blk.{layer}.ffn_{kind}_exps.weight"].astype(np.float32))
+            step = torch.finfo(torch.float16).eps * want.abs().clamp(min=2**-14)
+            assert ((got - want.to(torch.float16).float()).abs() <= step).all(), (layer, kind)
