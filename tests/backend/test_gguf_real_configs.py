@@ -82,12 +82,12 @@ def build_base(name: str, folder: Path) -> Path:
     return folder
 
 
-def train(root: Path, base: Path, name: str) -> RunFolder:
+def train(root: Path, base: Path, name: str, *overrides: str) -> RunFolder:
     from backend.jobs.finetune import run_finetune
 
     config = RunConfig.load(PRESET, [f"model.path={base}", "train.max_steps=2", "train.seq_len=64",
                                      "train.micro_batch_size=4", "train.cpu_threads=1", "train.save_steps=2",
-                                     f"name={name}"])
+                                     f"name={name}", *overrides])
     folder = RunFolder.create(config, root=root)
     reporter = Reporter(io.StringIO())
     reporter.attach_run(folder.path)
@@ -173,6 +173,24 @@ def test_qwen3_moe_run_exports_q8_0_with_its_experts_and_passes(runs, tmp_path):
     assert types["blk.1.ffn_gate_inp.weight"] == "F32"
     assert reader.fields["qwen3moe.expert_count"].contents() == 16
     assert reader.fields["qwen3moe.expert_used_count"].contents() == 8
+
+
+def test_a_run_that_adapts_the_experts_exports_them_merged_and_passes(runs, tmp_path):
+    """lora_targets naming the experts' projections (peft's ParamWrapper on the fused experts): the GGUF's
+    experts are the merged ones, and transformers' reader of the file agrees with the trained model."""
+    import gguf
+    from safetensors import safe_open
+
+    name = "Qwen--Qwen3-30B-A3B"
+    run = train(tmp_path, runs(name).load_config().resolved_model_path(), "experts",
+                "technique.lora_targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                "technique.lora_dropout=0")
+    with safe_open(str(run.adapter_dir / "adapter_model.safetensors"), "pt") as adapter:
+        assert any(".mlp.experts." in key for key in adapter.keys())
+    events, report = export(run, "gguf-q8_0", tmp_path / "q8")
+    assert events[-1]["type"] == "JobFinished" and report["outcome"] == "passed", report["checks"]
+    reader = gguf.GGUFReader(tmp_path / "q8" / "model.gguf")
+    assert {t.name: t.tensor_type.name for t in reader.tensors}["blk.0.ffn_up_exps.weight"] == "Q8_0"
 
 
 def test_cli_not_verified_exits_zero_and_says_the_same_as_the_report(runs, tmp_path):
