@@ -3,7 +3,8 @@
 Qwen3-MoE and Mixtral are tiny random-weight models built from the real Qwen3-30B-A3B and
 Mixtral-8x7B config.json files (tests/fixtures/model_configs: every key kept, the sizes shrunk; Qwen3's
 expert size stays the released 768); Qwen2-MoE, which has no fixture, is tests/families.py's tiny model
-(shared expert and its sigmoid gate). Each is written as F16 and Q8_0 from the in-memory model (fused
+(shared expert and its sigmoid gate). Each is written in every GGUF type (F16, Q8_0, Q5_0, Q4_0) from
+the in-memory model (fused
 3-D `gate_up_proj`/`down_proj`) and from its saved checkpoint (per-expert tensors), and the file must
 hold what convert_hf_to_gguf.py (conversion/qwen.py's Qwen2MoeModel/Qwen3MoeModel, llama.py's experts)
 writes: the arch's own tensor names (gguf.constants.MODEL_TENSORS), experts stacked as (expert, ...),
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from backend.core.registries.export_formats import GGUF_TYPES
 from tests import model_configs
 from tests.backend.test_gguf_families import SafetensorsSource, fields, write
 from tests.families import BUNDLED, FAMILIES, SPECIAL, VOCAB
@@ -117,7 +119,7 @@ def experts_of(model: Any, layer: int) -> dict[str, np.ndarray]:
             "ffn_gate_inp": model.model.layers[layer].mlp.gate.weight.detach().float().numpy()}
 
 
-@pytest.mark.parametrize("fmt", ["gguf-f16", "gguf-q8_0"])
+@pytest.mark.parametrize("fmt", list(GGUF_TYPES))
 @pytest.mark.parametrize("family", list(SHRUNK))
 def test_moe_gguf_is_what_llama_cpp_converter_writes(family, fmt, models, tokenizer, tmp_path):
     import gguf
@@ -138,8 +140,10 @@ def test_moe_gguf_is_what_llama_cpp_converter_writes(family, fmt, models, tokeni
 
     shapes = expected_shapes(cfg, arch)
     assert {n: tensors[n].shape for n in tensors} == shapes
-    quant = "F16" if fmt == "gguf-f16" else "Q8_0"
+    quant = GGUF_TYPES[fmt]
     want_types = {n: "F32" if len(s) == 1 or ".ffn_gate_inp" in n else quant for n, s in shapes.items()}
+    if quant in ("Q5_0", "Q4_0"):
+        want_types["output.weight"] = "Q8_0"  # the head above 4/5 bits, as llama-quantize keeps it
     assert types == want_types
 
     experts = int(getattr(cfg, "num_local_experts", None) or cfg.num_experts)
@@ -160,12 +164,13 @@ def test_moe_gguf_is_what_llama_cpp_converter_writes(family, fmt, models, tokeni
                 assert np.array_equal(got, want), name
             elif fmt == "gguf-f16":
                 assert np.array_equal(got, want.astype(np.float16)), name
-            else:  # Q8_0 as gguf-py quantizes it: half a step of each 32-value block, plus its fp16 scale's rounding
-                q = gguf.quants.dequantize(gguf.quants.quantize(want, gguf.GGMLQuantizationType.Q8_0),
-                                           gguf.GGMLQuantizationType.Q8_0).reshape(want.shape)
+            else:  # blocks of 32 as gguf-py quantizes them
+                qtype = getattr(gguf.GGMLQuantizationType, quant)
+                q = gguf.quants.dequantize(gguf.quants.quantize(want, qtype), qtype).reshape(want.shape)
                 assert np.array_equal(got, q), name
-                step = np.abs(want.reshape(-1, 32)).max(axis=1) / 127
-                assert (np.abs(got - want).reshape(-1, 32).max(axis=1) <= (0.5 + 127 * 2**-11) * step + 1e-7).all(), name
+                if quant == "Q8_0":  # half a step of each block's scale, plus that fp16 scale's rounding
+                    step = np.abs(want.reshape(-1, 32)).max(axis=1) / 127
+                    assert (np.abs(got - want).reshape(-1, 32).max(axis=1) <= (0.5 + 127 * 2**-11) * step + 1e-7).all()
     if family == "qwen2_moe":
         mlp = model.model.layers[0].mlp
         assert np.array_equal(tensors["blk.0.ffn_gate_inp_shexp.weight"], mlp.shared_expert_gate.weight[0].detach().numpy())
