@@ -74,3 +74,8 @@ def test_a_quantized_format_gets_a_larger_probe_of_validation_then_training_rows
     assert len(quantized.rows) == 40 > len(precise.rows)  # every row the run has, within the budget
     assert quantized.source == "the run's validation split (all 2 rows), then its training data (all 38 rows)"
     assert quantized.tokens <= quantized.budget
+    # the run's data gone: the bundled demo_eval set, its 100 rows as far as the quantized budget goes
+    moved = RunConfig.load(PRESET, ["data.max_examples=40"])
+    moved.data.path = "/nonexistent/data.jsonl"
+    fallback = build_probe(moved, tokenizer, "cpu", tolerance("gptq-int4", "bf16")[0])
+    assert fallback.source.startswith("the bundled demo_eval set") and len(fallback.rows) > len(precise.rows)
