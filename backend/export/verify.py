@@ -1,14 +1,15 @@
 """Measuring an export against the trained model: next-token choices and perplexity on a fixed token budget.
 
 `build_probe` fixes what is measured once per export: four chat prompts rendered with the run's own
-template and examples of the run's validation split (its training data when it has none, the bundled
+template and examples of the run's validation split, then of its training data (the bundled
 demo_eval set when the data file is gone), cut to a budget of tokens fed to the model
-(TOKEN_BUDGET: it bounds the check's time on the CPU, and the longest sequence bounds its logits in
-memory). `measure` runs one 16-bit model over them, one sequence at a time, and keeps only small
-summaries (the top-5 logits of every scored position, the negative log-likelihood of every answer
-token, the prompts' logits); `compare` turns two measurements into the figures of
-export_report.json and `perplexity_check` / `top1_check` into pass or fail (tolerances: formats.py,
-reasoning: docs/export.md).
+(TOKEN_BUDGET, QUANTIZED_BUDGET for formats with a wider tolerance: it bounds the check's time on the
+CPU, and the longest sequence bounds its logits in memory). `measure` runs one 16-bit model over them
+and keeps only small summaries (the top-5 logits of every scored position, the negative
+log-likelihood of every answer token and each row's count of them, the prompts' logits); `compare`
+turns two measurements into the figures of export_report.json (the perplexity increase's row-level
+standard error: check_statistics) and `perplexity_check` / `top1_check` into pass or fail
+(tolerances: formats.py, reasoning: docs/export.md).
 """
 
 from __future__ import annotations
