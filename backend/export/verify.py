@@ -1,14 +1,15 @@
 """Measuring an export against the trained model: next-token choices and perplexity on a fixed token budget.
 
 `build_probe` fixes what is measured once per export: four chat prompts rendered with the run's own
-template and examples of the run's validation split (its training data when it has none, the bundled
+template and examples of the run's validation split, then of its training data (the bundled
 demo_eval set when the data file is gone), cut to a budget of tokens fed to the model
-(TOKEN_BUDGET: it bounds the check's time on the CPU, and the longest sequence bounds its logits in
-memory). `measure` runs one 16-bit model over them, one sequence at a time, and keeps only small
-summaries (the top-5 logits of every scored position, the negative log-likelihood of every answer
-token, the prompts' logits); `compare` turns two measurements into the figures of
-export_report.json and `perplexity_check` / `top1_check` into pass or fail (tolerances: formats.py,
-reasoning: docs/export.md).
+(TOKEN_BUDGET, QUANTIZED_BUDGET for formats with a wider tolerance: it bounds the check's time on the
+CPU, and the longest sequence bounds its logits in memory). `measure` runs one 16-bit model over them
+and keeps only small summaries (the top-5 logits of every scored position, the negative
+log-likelihood of every answer token and each row's count of them, the prompts' logits); `compare`
+turns two measurements into the figures of export_report.json (the perplexity increase's row-level
+standard error: check_statistics) and `perplexity_check` / `top1_check` into pass or fail
+(tolerances: formats.py, reasoning: docs/export.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import math
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -26,12 +27,19 @@ import torch
 from backend.core.config.run_config import RunConfig
 from backend.core.registries.export_formats import DECIDED_MARGIN
 from backend.core.runs.export_report import FAILED, PASSED
+from backend.export.check_statistics import Increase, precision, relative_increase
 from backend.core.paths import resolve_resource
 from backend.training.tokenized import IGNORE, build_datasets, encode_conversation
 
 log = logging.getLogger(__name__)
 TOKEN_BUDGET = {"cuda": 4096, "cpu": 512}
 """Tokens fed to each model per check (prompts + examples); the CPU's is smaller because it is slow."""
+QUANTIZED_BUDGET = {"cuda": 16384, "cpu": 4096}
+"""The same for a format whose perplexity tolerance is wider than 16-bit rounding's (PRECISE): a 4-bit
+export's increase varies more from row to row, and its standard error must stay under a fifth of the
+tolerance (check_statistics); bounded so that the check stays below a calibrated export's calibration."""
+PRECISE = 0.03
+"""The widest 16-bit tolerance (bf16): formats above it are quantized and get QUANTIZED_BUDGET."""
 MAX_SEQUENCE = 512
 """Most tokens (padding included) in one forward pass: its logits (MAX_SEQUENCE x vocabulary, 16-bit) are
 the check's largest buffer."""
@@ -70,6 +78,7 @@ class Measurement:
     nll: torch.Tensor  # (answer tokens,) fp32
     prompt_logits: list[torch.Tensor]  # per prompt (length, vocabulary), in the model's dtype, on the CPU
     seconds: float
+    row_tokens: list[int] = field(default_factory=list)  # answer tokens of each row, in nll's order
 
     @property
     def perplexity(self) -> float:
@@ -80,20 +89,28 @@ class Measurement:
         return int(self.nll.numel())
 
 
-def build_probe(config: RunConfig, tokenizer: Any, device: str) -> Probe:
-    budget = TOKEN_BUDGET["cuda" if device.startswith("cuda") else "cpu"]
+def build_probe(config: RunConfig, tokenizer: Any, device: str, max_increase: float = PRECISE) -> Probe:
+    """The probe of a format whose perplexity tolerance is `max_increase` (a wider one gets more tokens)."""
+    budgets = TOKEN_BUDGET if max_increase <= PRECISE else QUANTIZED_BUDGET
+    budget = budgets["cuda" if device.startswith("cuda") else "cpu"]
     prompts = [tokenize_prompt(tokenizer, text)[-MAX_SEQUENCE:] for text in PROMPTS]
-    candidates, source = perplexity_rows(config, tokenizer)
     left = budget - sum(len(p) for p in prompts)
-    rows = []
-    for row in candidates:
-        row = _window(row, min(MAX_SEQUENCE, left))
-        if row is None:
+    rows: list[dict[str, list[int]]] = []
+    used: list[str] = []
+    for candidates, source in _row_sources(config, tokenizer):
+        taken = len(rows)
+        for row in candidates:
+            row = _window(row, min(MAX_SEQUENCE, left))
+            if row is None:
+                break
+            rows.append(row)
+            left -= len(row["input_ids"])
+        if len(rows) > taken:
+            used.append(source if len(rows) - taken < len(candidates) else f"{source} (all {len(candidates)} rows)")
+        if len(rows) - taken < len(candidates):  # the budget is spent
             break
-        rows.append(row)
-        left -= len(row["input_ids"])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    return Probe(prompts, rows, source, budget, int(pad))
+    return Probe(prompts, rows, ", then ".join(used) or "no rows", budget, int(pad))
 
 
 def _window(row: dict[str, list[int]], limit: int) -> dict[str, list[int]] | None:
@@ -128,15 +145,24 @@ def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
 
 
 def perplexity_rows(config: RunConfig, tokenizer: Any) -> tuple[list[dict[str, list[int]]], str]:
-    """The tokenized rows a check scores (the validation split, else the training rows), and where from:
+    """The tokenized rows a check scores (the validation split, then the training rows), and where from:
     shared with the calibrated exports, which calibrate on the same rows."""
+    parts = _row_sources(config, tokenizer)
+    return [row for rows, _ in parts for row in rows], ", then ".join(source for _, source in parts)
+
+
+def _row_sources(config: RunConfig, tokenizer: Any) -> list[tuple[list[dict[str, list[int]]], str]]:
+    """(rows, where from) in the order a probe takes them: the validation split first, then training rows, which
+    measure an export's fidelity as well when a quantized check needs more rows than the split has."""
     from backend.core.data.records import detect_format, read_records, to_conversation
 
     try:
         train, evaluation, _ = build_datasets(config, tokenizer)
+        training = [train[i] for i in range(min(1024, len(train)))]
         if evaluation is not None and len(evaluation):
-            return [evaluation[i] for i in range(len(evaluation))], "the run's validation split"
-        return [train[i] for i in range(min(1024, len(train)))], "the run's training data (it has no validation split)"
+            return [([evaluation[i] for i in range(len(evaluation))], "the run's validation split"),
+                    (training, "its training data")]
+        return [(training, "the run's training data (it has no validation split)")]
     except Exception as exc:  # the data file moved or changed: fall back to the bundled eval set
         log.warning("run data unusable for perplexity (%s); using the bundled demo_eval set", exc)
     path = resolve_resource("bundled:datasets/demo_eval.jsonl")
@@ -146,7 +172,7 @@ def perplexity_rows(config: RunConfig, tokenizer: Any) -> tuple[list[dict[str, l
     for index, record in enumerate(records):
         ids, labels = encode_conversation(tokenizer, to_conversation(record, fmt, f"{path} record {index + 1}"))
         rows.append({"input_ids": ids, "labels": labels})
-    return rows, "the bundled demo_eval set (the run's data could not be read)"
+    return [(rows, "the bundled demo_eval set (the run's data could not be read)")]
 
 
 # --- running a model ----------------------------------------------------------------------------
@@ -209,7 +235,7 @@ def measure(model: Any, probe: Probe, should_stop: Callable[[], bool] | None = N
     `should_stop` is asked between passes: InterruptedError when it says so."""
     began = time.monotonic()
     device = _device_of(model)
-    values, ids, nll, prompt_logits = [], [], [], []
+    values, ids, nll, prompt_logits, row_tokens = [], [], [], [], []
     sequences = [(p, None) for p in probe.prompts] + [(r["input_ids"], r["labels"]) for r in probe.rows]
     with cpu_products_in_fp32(model), _quiet("bitsandbytes.autograd._functions"):
         for batch in _batches(sequences):
@@ -230,10 +256,11 @@ def measure(model: Any, probe: Probe, should_stop: Callable[[], bool] | None = N
                 else:
                     shifted = torch.tensor(labels[1:], device=device)
                     positions = torch.nonzero(shifted != IGNORE).flatten()
+                    row_tokens.append(int(positions.numel()))
                     _summarize(row, positions, shifted[positions], values, ids, nll)
             del logits
     return Measurement(torch.cat(values), torch.cat(ids), torch.cat(nll) if nll else torch.zeros(0),
-                       prompt_logits, time.monotonic() - began)
+                       prompt_logits, time.monotonic() - began, row_tokens)
 
 
 def _batches(sequences: list) -> Iterator[list]:
@@ -269,8 +296,7 @@ def compare(reference: Measurement, candidate: Measurement) -> dict[str, Any]:
     margin = reference.top_values[:, 0] - reference.top_values[:, 1]
     decided = margin >= DECIDED_MARGIN
     agree = ref_top == got_top
-    diff = candidate.nll.double() - reference.nll.double()
-    n = max(int(diff.numel()), 1)
+    increase = relative_increase((candidate.nll.double() - reference.nll.double()).tolist(), candidate.row_tokens)
     max_diff = max(((a.float() - b.float()).abs().max().item() for a, b in
                     zip(reference.prompt_logits, candidate.prompt_logits)), default=0.0)
     return {
@@ -280,25 +306,31 @@ def compare(reference: Measurement, candidate: Measurement) -> dict[str, Any]:
         "top1_agreement_decided": float(agree[decided].float().mean()) if decided.any() else None,
         "reference_perplexity": reference.perplexity,
         "export_perplexity": candidate.perplexity,
-        "relative_increase": candidate.perplexity / reference.perplexity - 1.0,
-        "increase_standard_error": float(diff.std()) / math.sqrt(n) if n > 1 else 0.0,
-        "tokens": candidate.tokens,
+        "relative_increase": increase.relative,
+        "increase_standard_error": increase.standard_error,  # per row, delta method: check_statistics
+        "tokens": increase.tokens,
+        "rows": increase.rows,
         "max_abs_logit_diff": max_diff,
         "max_abs_logit": max((a.float().abs().max().item() for a in reference.prompt_logits), default=0.0),
     }
 
 
 def perplexity_check(figures: dict[str, Any], tolerance: float, source: str) -> dict[str, Any]:
+    """Decided by the tolerance alone; its standard error and whether that is under a fifth of the tolerance are
+    reported beside it (check_statistics.precision)."""
     measured = figures["relative_increase"]
+    increase = Increase(measured, figures["increase_standard_error"], figures["tokens"], figures["rows"])
     return {
         "name": "perplexity",
-        "what": f"relative perplexity increase over the trained model's, on {figures['tokens']} answer tokens of {source}",
+        "what": f"relative perplexity increase over the trained model's, on {figures['tokens']} answer tokens in "
+                f"{figures['rows']} rows of {source}",
         "measured": measured,
         "tolerance": tolerance,
         "outcome": PASSED if measured <= tolerance else FAILED,
         "passed": bool(measured <= tolerance),
+        **precision(increase, tolerance),
         "figures": {k: figures[k] for k in ("reference_perplexity", "export_perplexity", "relative_increase",
-                                            "increase_standard_error", "tokens")},
+                                            "increase_standard_error", "tokens", "rows")},
     }
 
 

@@ -1,8 +1,8 @@
 """ExportReportWidget: the verification of an export, one row per check, a failed check in red.
 
 Reads export_report.json (backend/jobs/export.py): each check has a name, what it measures, the
-measured figure, the tolerance and its outcome (backend/core/runs/export_report.py: passed, failed or not
-verified). Nothing is hidden: a failed check is shown with its figure, in red, above the verdict; a
+measured figure (the perplexity's with its standard error and token count), the tolerance and its
+outcome (backend/core/runs/export_report.py: passed, failed or not verified). Nothing is hidden: a failed check is shown with its figure, in red, above the verdict; a
 check no independent reader could run is "not verified", in amber, with how to run it elsewhere,
 never "pass" nor "FAIL".
 """
@@ -90,7 +90,7 @@ class ExportReportWidget(QWidget):
             open_ = check_outcome(check) == NOT_VERIFIED
             ok = check_outcome(check) != FAILED
             result = "FAIL" if not ok else "not verified" if open_ else "pass"
-            measured = "not verified" if open_ else figure(name, check.get("measured"))  # the reason: its tooltip
+            measured = "not verified" if open_ else check.get("shown") or figure(name, check.get("measured"))
             cells = (name, measured, figure(name, check.get("tolerance")), result, str(check.get("what", "")))
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -101,8 +101,8 @@ class ExportReportWidget(QWidget):
                 if open_:
                     item.setToolTip(f"{check.get('reason') or check.get('measured')}. To check it elsewhere: "
                                     f"{check.get('how_to_verify') or 'llama.cpp'}")
-                else:
-                    item.setToolTip(text)  # a narrow window cuts the cell: the whole text on hover
+                else:  # a narrow window cuts the cell: the whole text on hover, with the standard error's verdict
+                    item.setToolTip(f"{text}: {check['precision']}" if column == 1 and check.get("precision") else text)
                 self.table.setItem(row, column, item)
 
     def rows(self) -> list[tuple[str, ...]]:

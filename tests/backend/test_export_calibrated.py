@@ -52,6 +52,10 @@ def test_each_format_is_written_in_compressed_tensors_reloaded_and_checked(runs,
     assert "compressed-tensors" in report["loaded_as"]
     assert {"write", "check", "reference"} <= set(report["timings"]) and report["dtype"] == "bf16"
     assert any(n.startswith("calibrated on 16 rows of the run's training data") for n in report["notes"])
+    ppl = report["checks"][0]  # every row of the run's data (2 validation, 38 training) within the quantized budget
+    assert ppl["name"] == "perplexity" and ppl["rows"] == ppl["figures"]["rows"] == 40
+    assert ppl["shown"].endswith(f"({ppl['tokens']:,} tokens in 40 rows)") and " ± " in ppl["shown"]
+    assert ppl["precise_enough"] and ppl["standard_error"] < ppl["tolerance"] / 5, ppl["precision"]
     quant = json.loads((out / "config.json").read_text())["quantization_config"]
     assert quant["quant_method"] == "compressed-tensors"
     assert quant["format"] == ("int-quantized" if fmt == "w8a8" else "pack-quantized")

@@ -42,6 +42,16 @@ def test_figure_never_formats_a_sentence_as_a_number():
     assert figure(PASSED_PPL) == "+0.40% (tolerance +3%)"
 
 
+def test_figure_carries_the_standard_error_and_says_when_it_is_too_wide():
+    """issue 34: the perplexity with its standard error and token count, and a word when it is over tolerance / 5."""
+    from backend.export.check_statistics import Increase, precision
+
+    tight = dict(PASSED_PPL, measured=0.123, tolerance=0.25, **precision(Increase(0.123, 0.011, 2048, 64), 0.25))
+    assert figure(tight) == "+12.3% ± 1.1% (2,048 tokens in 64 rows) (tolerance +25%)"
+    loose = dict(tight, **precision(Increase(0.123, 0.08, 300, 6), 0.25))
+    assert figure(loose).endswith("(tolerance +25%; standard error above a fifth of it)")
+
+
 @pytest.mark.parametrize("checks, verdict, marks", [
     ([OPEN_PPL, TOKENIZER], "WRITTEN, NOT VERIFIED", ["---- perplexity", "ok   tokenizer"]),
     ([PASSED_PPL, TOKENIZER], "PASSED", ["ok   perplexity"]),

@@ -35,3 +35,17 @@ def test_not_verified_outcome_is_amber_with_how_to_check_never_fail(qtbot):
     passed = dict(OPEN, outcome="passed", passed=True, checks=[OPEN["checks"][1]])
     widget.show_report(passed)
     assert "passed every check" in widget.verdict.text() and GREEN in widget.verdict.styleSheet()
+
+
+def test_the_perplexity_shows_its_standard_error_and_its_precision_on_hover(qtbot):
+    """issue 34: "+12.3% ± 1.1% (2,048 tokens in 64 rows)", and whether that error is under a fifth of the tolerance."""
+    from backend.export.check_statistics import Increase, precision
+    from studio.widgets.export_report_widget import ExportReportWidget
+
+    widget = ExportReportWidget()
+    qtbot.addWidget(widget)
+    check = {"name": "perplexity", "what": "relative perplexity increase", "measured": 0.123, "tolerance": 0.25,
+             "outcome": "passed", "passed": True, **precision(Increase(0.123, 0.08, 2048, 64), 0.25)}
+    widget.show_report({"format": "gptq-int4", "outcome": "passed", "path": "/x", "checks": [check]})
+    assert widget.rows()[0][1:4] == ("+12.3% ± 8.0% (2,048 tokens in 64 rows)", "+25.00%", "pass")
+    assert "about 164 rows would bring it under" in widget.table.item(0, 1).toolTip()

@@ -59,7 +59,9 @@ def figure(check: dict[str, Any]) -> str:
     if check_outcome(check) == NOT_VERIFIED or not isinstance(measured, (int, float)) or isinstance(measured, bool):
         return str(measured)
     if check["name"] == "perplexity":
-        return f"{measured:+.2%} (tolerance {tolerance:+.0%})"
+        shown = check.get("shown") or f"{measured:+.2%}"  # with its standard error and tokens (newer reports)
+        short = "" if check.get("precise_enough", True) else "; standard error above a fifth of it"
+        return f"{shown} (tolerance {tolerance:+.0%}{short})"
     if check["name"] == "top1" and isinstance(measured, float):
         return f"{measured:.1%} (tolerance {tolerance:.1%})"
     if isinstance(measured, float):
