@@ -90,7 +90,7 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
 
     from backend.export import verify
 
-    probe = verify.build_probe(config, tokenizer, device, tolerance(fmt.name, job.dtype)[0])
+    probe = verify.build_probe(config, tokenizer, device, tolerance(fmt.name, job.dtype)[0], fmt.calibrated)
     stage("load_model", f"the trained model: {run.method} run, base {run.base_path.name} as trained "
                         f"({run.quantization or run.precision}) + {'full weights' if run.full else 'adapter'}, "
                         f"{job.dtype} on {device}")

@@ -69,13 +69,16 @@ def test_a_quantized_format_gets_a_larger_probe_of_validation_then_training_rows
     tokenizer = AutoTokenizer.from_pretrained(bundled_model)
     config = RunConfig.load(PRESET, ["data.max_examples=40"])  # the calibrated tests' runs: 2 validation rows
     precise = build_probe(config, tokenizer, "cpu", tolerance("merged", "bf16")[0])
-    quantized = build_probe(config, tokenizer, "cpu", tolerance("gptq-int4", "bf16")[0])
+    quantized = build_probe(config, tokenizer, "cpu", tolerance("gptq-int4", "bf16")[0], calibrated=True)
     assert precise.budget == TOKEN_BUDGET["cpu"] and quantized.budget == QUANTIZED_BUDGET["cpu"]
+    # a GGUF on the CPU keeps the short probe (its report says when that leaves the error wide); a GPU widens it
+    assert build_probe(config, tokenizer, "cpu", tolerance("gguf-q4_0", "bf16")[0]).budget == TOKEN_BUDGET["cpu"]
+    assert build_probe(config, tokenizer, "cuda:0", tolerance("gguf-q4_0", "bf16")[0]).budget == QUANTIZED_BUDGET["cuda"]
     assert len(quantized.rows) == 40 > len(precise.rows)  # every row the run has, within the budget
     assert quantized.source == "the run's validation split (all 2 rows), then its training data (all 38 rows)"
     assert quantized.tokens <= quantized.budget
     # the run's data gone: the bundled demo_eval set, its 100 rows as far as the quantized budget goes
     moved = RunConfig.load(PRESET, ["data.max_examples=40"])
     moved.data.path = "/nonexistent/data.jsonl"
-    fallback = build_probe(moved, tokenizer, "cpu", tolerance("gptq-int4", "bf16")[0])
+    fallback = build_probe(moved, tokenizer, "cpu", tolerance("gptq-int4", "bf16")[0], calibrated=True)
     assert fallback.source.startswith("the bundled demo_eval set") and len(fallback.rows) > len(precise.rows)
