@@ -31,7 +31,7 @@ from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
 from studio.widgets.column_flow_widget import ColumnFlowWidget
 from studio.widgets.command_line_widget import CommandLineWidget
-from studio.widgets.feasibility_marks import FeasibilityMarks
+from studio.widgets.feasibility_marks import AMBER, FeasibilityMarks
 from studio.widgets.field_editors import FieldEditors, description
 from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
@@ -101,6 +101,11 @@ SFT_ONLY = {"technique.packing": "DPO, KTO and GRPO build their own batches (a p
             "technique.shortcuts": "a DPO, KTO or GRPO run trains the plain transformers + peft way (the "
                                    "shortcuts' exactness tests cover the SFT step only)"}
 """Settings a TRL objective ignores (backend.training.model.techniques: no packing, shortcuts off), with why."""
+OFFLOAD_NEEDS = (("technique.gradient_checkpointing", False, "needs gradient checkpointing (it keeps the inputs of "
+                                                              "the checkpointed layers in host memory)"),
+                 ("technique.torch_compile", True, "torch.compile would trace the copies"))
+"""When technique.activation_offload does nothing (backend/core/registries/shortcuts.py _activation_offload):
+(key, value that stops it, why); it also needs CUDA and a single or DDP run."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "train.warmup_ratio": 2, "train.max_grad_norm": 2, "technique.lora_dropout": 2,
             "technique.lora_alpha": 1,
@@ -221,6 +226,7 @@ class TechniquesPage(QWidget):
                                   Qt.ItemDataRole.ToolTipRole)
         self._estimate = estimate
         estimate.answers_changed.connect(self._show_max_seq_len)
+        estimate.changed.connect(self._show_offload)
         self._show_max_seq_len()
         state.changed.connect(self._on_state_changed)
         self._on_state_changed("")
@@ -297,6 +303,10 @@ class TechniquesPage(QWidget):
                 self.labels[name].setVisible(lora)
         if key in ("", "technique.objective", "technique.method"):
             self._show_objective()
+        if key in ("", "technique.objective", "technique.packing"):
+            self._show_packing()
+        if key in ("", "technique.activation_offload", "hardware.strategy") or any(key == k for k, *_ in OFFLOAD_NEEDS):
+            self._show_offload()
         problem = self._state.problem()
         self.problem_label.setText(f"Cannot start: {problem}" if problem else "")
         self.problem_label.setVisible(bool(problem))
@@ -336,3 +346,33 @@ class TechniquesPage(QWidget):
                 f"{description(key)}\n\nNot used by {objective.upper()}: {why}."
             editor.setToolTip(tip)
             label.setToolTip(tip)
+
+    def _show_packing(self) -> None:
+        """Off for a TRL objective, the box shows unticked (the draft keeps its value for SFT), as an option
+        that cannot run here shows; its tooltip says why (SFT_ONLY)."""
+        box = self.editor("technique.packing")
+        box.blockSignals(True)  # what is shown, not what the draft holds
+        box.setChecked(bool(self._state.get("technique.packing")) and self._state.get("technique.objective") == "sft")
+        box.blockSignals(False)
+
+    def offload_reason(self) -> str:
+        """Why technique.activation_offload would do nothing with this draft here ("" when it would act)."""
+        if self._estimate.device != "cuda":
+            return "needs a CUDA GPU (it copies layer inputs to pinned host memory)"
+        for key, value, why in OFFLOAD_NEEDS:
+            if bool(self._state.get(key)) == value:
+                return why
+        strategy = self._state.get("hardware.strategy")
+        return "" if strategy in ("single", "ddp") else f"{strategy} checkpoints its own way"
+
+    def _show_offload(self) -> None:
+        """Marked as the CUDA-only options are (feasibility_marks.py): unticked and disabled with why where
+        it cannot act; ticked, it stays enabled to untick, its label amber."""
+        key = "technique.activation_offload"
+        box, label, reason = self.editor(key), self.labels[key], self.offload_reason()
+        ticked = bool(self._state.get(key))
+        box.setEnabled(ticked or not reason)
+        label.setStyleSheet(f"color: {AMBER};" if reason and ticked else "")
+        tip = f"{description(key)}\n\nDoes nothing here: {reason}." if reason else description(key)
+        box.setToolTip(tip)
+        label.setToolTip(tip)
