@@ -119,6 +119,7 @@ def build_core(window: MainWindow | None = None, settings: Settings | None = Non
     for key, remembered in (("model", settings.last_model), ("data", settings.last_dataset)):
         if _remembered(remembered):  # a change on top of the preset, so the command line names it
             config.set(f"{key}.path", remembered)
+    config.mark_clean()  # the restored model and data are not edits to ask about before starting over
     editors = FieldEditors(config, parent=window)
     estimate = EstimateState(config, parent=window)
     core = _Core(window, settings, config, editors, estimate, problem)
@@ -273,11 +274,14 @@ def open_config(window: MainWindow, config: Any, path: str) -> bool:
     """File > Open config: the draft starts over from a RunConfig YAML; a file that does not load is
     one line naming the file, line and field (the draft stays as it was)."""
     from backend.core.config.run_config import ConfigError, RunConfig
+    from studio.widgets.discard_question import discard_edits
 
     try:
         raw = RunConfig.load(path).model_dump(mode="json")
     except ConfigError as exc:
         window.show_problem(f"Cannot open the config: {exc}")
+        return False
+    if not discard_edits(window, config, Path(path).name):
         return False
     config.replace(raw, source=Path(path))
     window.statusBar().showMessage(f"Opened {path}", 8000)

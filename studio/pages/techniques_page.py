@@ -366,13 +366,11 @@ class TechniquesPage(QWidget):
         return "" if strategy in ("single", "ddp") else f"{strategy} checkpoints its own way"
 
     def _show_offload(self) -> None:
-        """Marked as the CUDA-only options are (feasibility_marks.py): unticked and disabled with why where
-        it cannot act; ticked, it stays enabled to untick, its label amber."""
+        """Marked as the CUDA-only options are (feasibility_marks.py): disabled where it cannot act, why in
+        the label's tooltip; ticked, it stays enabled to untick, its label amber."""
         key = "technique.activation_offload"
         box, label, reason = self.editor(key), self.labels[key], self.offload_reason()
         ticked = bool(self._state.get(key))
         box.setEnabled(ticked or not reason)
         label.setStyleSheet(f"color: {AMBER};" if reason and ticked else "")
-        tip = f"{description(key)}\n\nDoes nothing here: {reason}." if reason else description(key)
-        box.setToolTip(tip)
-        label.setToolTip(tip)
+        label.setToolTip(f"{description(key)}\n\nDoes nothing here: {reason}." if reason else description(key))

@@ -35,7 +35,7 @@ def test_offload_activations_is_marked_where_it_cannot_act(qtbot, make_studio):
     page, config, estimate = studio.pages["techniques"], studio.config, studio.estimate
     box, label = page.editor("technique.activation_offload"), page.labels["technique.activation_offload"]
     config.set("technique.activation_offload", False)
-    assert not box.isEnabled() and "needs a CUDA GPU" in box.toolTip() and "needs a CUDA GPU" in label.toolTip()
+    assert not box.isEnabled() and "Does nothing here: needs a CUDA GPU" in label.toolTip()
     estimate.set_card(24)  # the estimate for a 24 GB card: CUDA
     qtbot.waitUntil(lambda: estimate.device == "cuda", timeout=10000)
     config.set("technique.gradient_checkpointing", True)
@@ -45,3 +45,65 @@ def test_offload_activations_is_marked_where_it_cannot_act(qtbot, make_studio):
     assert not box.isEnabled() and "needs gradient checkpointing" in label.toolTip()
     config.set("technique.activation_offload", True)  # ticked where it does nothing: enabled, to untick it
     assert box.isEnabled() and "needs gradient checkpointing" in label.toolTip() and label.styleSheet()
+
+
+def _preset(name: str):
+    from backend.core.paths import resources_dir
+
+    return resources_dir() / "presets" / f"{name}.yaml"
+
+
+def test_open_config_updates_the_preset_list_and_the_hub_id(qtbot, make_studio, tmp_path):
+    from backend.core.config.run_config import RunConfig
+    from studio.app import open_config
+
+    studio = make_studio(sampler=FakeSampler(nvml=False))
+    page = studio.pages["model"]
+    page.use_preset(_preset("llama-3.1-8b_qlora_16gb"))
+    assert page.hub.edit.text().startswith("meta-llama/")  # not downloaded: offered
+    assert page.presets.list.currentData() == str(_preset("llama-3.1-8b_qlora_16gb"))
+    mine = tmp_path / "mine.yaml"
+    RunConfig.from_dict({"name": "mine"}).save(mine)  # the bundled model, no preset
+    assert open_config(studio.window, studio.config, str(mine))
+    assert page.hub.edit.text() == ""  # Download would no longer fetch the 8B
+    assert page.presets.list.currentIndex() == -1 and not page.presets.use.isEnabled()
+    assert "mine.yaml, not a preset" in page.presets.about.text()
+    preset = _preset("tiny_dpo")
+    assert open_config(studio.window, studio.config, str(preset))  # a preset opened as a file: shown
+    assert page.presets.list.currentData() == str(preset) and page.presets.use.isEnabled()
+
+
+def test_starting_over_asks_only_when_the_draft_has_edits(qtbot, make_studio, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    from backend.core.config.run_config import RunConfig
+    from studio.app import open_config
+
+    asked: list[str] = []
+    answer = QMessageBox.StandardButton.Cancel
+
+    def question(parent, title, text, buttons, default):
+        asked.append(text)
+        assert buttons & QMessageBox.StandardButton.Discard and default == QMessageBox.StandardButton.Cancel
+        return answer
+
+    monkeypatch.setattr(QMessageBox, "question", question)
+    studio = make_studio(sampler=FakeSampler(nvml=False))
+    config, presets = studio.config, studio.pages["model"].presets
+    assert not config.edited()  # the restored model and data are no edits
+    presets.chosen.emit(_preset("tiny_dpo"))
+    assert asked == [] and config.get("technique.objective") == "dpo"
+    config.set("technique.dpo_beta", 0.3)
+    presets.chosen.emit(_preset("tiny_kto"))  # Cancel: the draft stays
+    assert len(asked) == 1 and "tiny_kto" in asked[0] and config.get("technique.dpo_beta") == 0.3
+    mine = tmp_path / "mine.yaml"
+    RunConfig.from_dict({"name": "mine"}).save(mine)
+    assert not open_config(studio.window, config, str(mine))
+    assert len(asked) == 2 and config.get("technique.dpo_beta") == 0.3
+    answer = QMessageBox.StandardButton.Discard
+    assert open_config(studio.window, config, str(mine))
+    assert config.get("name") == "mine" and not config.edited()
+    config.set("train.seq_len", 64)
+    config.save(tmp_path / "saved.yaml")  # saved: nothing to lose
+    presets.chosen.emit(_preset("tiny_kto"))
+    assert len(asked) == 3 and config.get("technique.objective") == "kto"  # no question after a save
