@@ -173,9 +173,15 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     def counted(profile: Any) -> None:  # the length row's steps <-> epochs
         pages["techniques"].set_examples(None if profile.problem else profile.count)
 
-    pages["data"].profile_ready.connect(counted)
-    if pages["data"].profile is not None:
-        counted(pages["data"].profile)
+    def columns_read(_profile: Any) -> None:  # the rewards that read a column the data lacks turn red
+        records = pages["data"].records
+        known = records is not None and records.objective == "grpo" and bool(records.columns)
+        pages["techniques"].rewards.set_columns(records.columns if known else None)
+
+    for slot in (counted, columns_read):
+        pages["data"].profile_ready.connect(slot)
+        if pages["data"].profile is not None:
+            slot(pages["data"].profile)
     pages["train"] = TrainPage(store, telemetry, editors, window.start_action, window.stop_action,
                                window.cancel_action, window.resume_action)
     pages["runs"] = RunsPage()

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.state.config_state import ConfigState
-from studio.widgets.reward_editor_widget import KEY, RewardEditorWidget, reward_problem, summary
+from studio.widgets.reward_editor_widget import KEY, RewardEditorWidget, rewards_problem, summary
 
 
 LINES_WIDTH = 150
@@ -87,12 +87,17 @@ class RewardSummaryWidget(QWidget):
     def problem(self) -> str:
         return self.problem_label.text()
 
+    def set_columns(self, columns: tuple[str, ...] | None) -> None:
+        """The data's columns as the Data page read them (None: unknown): a reward reading another is flagged."""
+        self.editor.set_columns(columns)
+        self._on_state_changed("")
+
     def _on_state_changed(self, key: str) -> None:
         if key not in ("", KEY):
             return
         rows = self.editor.rewards()  # the editor read the config first (it connected to it first)
         self.lines.setText("\n".join(short(r) for r in rows) or "none")
         self.lines.setToolTip("\n".join(summary(r) for r in rows) or "No reward function: GRPO needs one")
-        problem = reward_problem(rows)
+        problem = rewards_problem(rows, self.editor.columns)
         self.problem_label.setText(problem)
         self.problem_label.setVisible(bool(problem))

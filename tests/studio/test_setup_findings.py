@@ -107,3 +107,23 @@ def test_starting_over_asks_only_when_the_draft_has_edits(qtbot, make_studio, tm
     config.save(tmp_path / "saved.yaml")  # saved: nothing to lose
     presets.chosen.emit(_preset("tiny_kto"))
     assert len(asked) == 3 and config.get("technique.objective") == "kto"  # no question after a save
+
+
+def test_a_reward_reading_a_column_the_data_lacks_is_flagged_red(qtbot, make_studio):
+    from PySide6.QtWidgets import QLabel
+
+    studio = make_studio(sampler=FakeSampler(nvml=False))
+    studio.pages["model"].use_preset(_preset("tiny_grpo"))
+    summary = studio.pages["techniques"].rewards
+    editor = summary.editor
+    assert "answer" in editor.columns and summary.problem() == "" and editor.list.item(0).toolTip() == ""
+    new = [label.text() for label in editor.findChildren(QLabel)]
+    assert "New reward:" in new  # the kind beside Add is the new reward's, not the selected row's
+    editor.set_field("column", "solution")  # the Data page reads again with the new column
+    assert "answer" in editor.columns
+    item = editor.list.item(0)
+    assert "the data has no column 'solution'" in item.toolTip() and item.foreground().color().name() == "#dc2626"
+    assert summary.problem() == "Reward 1 (exact_match): the data has no column 'solution'"
+    assert editor.problem() == summary.problem()
+    editor.set_field("column", "answer")
+    assert summary.problem() == "" and editor.list.item(0).toolTip() == ""

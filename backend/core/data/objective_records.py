@@ -117,8 +117,11 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
                 continue
             try:
                 row = check_prompt(record, f"{part.path} {part.locate(index)}", tuple(needed))
-            except JobError as exc:
-                return ObjectiveRecords(data_path, objective, count=count, problem=exc.message, hint=exc.hint)
+            except JobError as exc:  # the columns seen so far stay: the rewards editor flags a column none has
+                if isinstance(record, dict):
+                    columns.update(dict.fromkeys(map(str, record)))
+                return ObjectiveRecords(data_path, objective, tuple(columns), count=count, problem=exc.message,
+                                        hint=exc.hint)
             if len(rows) < limit:
                 columns.update(dict.fromkeys(map(str, row)))
                 rows.append(_safely(row, render, {str(key): as_text(value) for key, value in row.items()}))
