@@ -127,3 +127,26 @@ def test_a_reward_reading_a_column_the_data_lacks_is_flagged_red(qtbot, make_stu
     assert editor.problem() == summary.problem()
     editor.set_field("column", "answer")
     assert summary.problem() == "" and editor.list.item(0).toolTip() == ""
+
+
+def test_the_histogram_counts_only_max_examples_with_whole_ticks(qtbot, make_studio, tmp_path):
+    import json
+
+    studio = make_studio(sampler=FakeSampler(nvml=False))
+    page, histogram = studio.pages["data"], studio.pages["data"].histogram
+    path = tmp_path / "three.jsonl"
+    rows = [{"instruction": "Say hi", "input": "", "output": "hi"}] * 2 + [
+        {"instruction": "Tell a long story " * 30, "input": "", "output": "once upon a time " * 30}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page.choose(str(path))
+    studio.config.set("train.seq_len", 64)
+    histogram.flush()
+    assert histogram.bar_count == 2 and histogram.tallest_bar() == 2 and "33.3%" in page.truncated_label.text()
+    studio.config.set("data.max_examples", 2)  # training reads the first two: the long one is not among them
+    histogram.flush()
+    assert histogram.bar_count == 1 and histogram.tallest_bar() == 2 and "0.0%" in page.truncated_label.text()
+    for name in ("left", "bottom"):  # a count of 2 and a few tokens: whole ticks only
+        axis = histogram.getPlotItem().getAxis(name)
+        low, high = histogram.getPlotItem().getViewBox().viewRange()[0 if name == "bottom" else 1]
+        values = [v for _, level in axis.tickValues(low, high, 300) for v in level]
+        assert values and all(float(v).is_integer() for v in values), (name, values)
