@@ -15,9 +15,7 @@ from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
-    QLayout,
     QLineEdit,
     QSizePolicy,
     QSplitter,
@@ -33,6 +31,7 @@ from studio.widgets.column_flow_widget import ColumnFlowWidget
 from studio.widgets.command_line_widget import CommandLineWidget
 from studio.widgets.feasibility_marks import AMBER, FeasibilityMarks
 from studio.widgets.field_editors import FieldEditors, description
+from studio.widgets.form_rows import beside_row, dense, pair_row
 from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
 from studio.widgets.memory_target_widget import MemoryTargetWidget
@@ -71,6 +70,8 @@ PAIRS = {"train.max_steps": ("train.num_epochs", "or"), "train.warmup_steps": ("
          "train.save_steps": ("train.eval_steps", "/")}
 """Fields side by side in one row: two ways to set one thing (schedule.ALTERNATIVES: setting one turns the
 other off), and the two step intervals."""
+BESIDE = {"technique.liger_kernel": "technique.torch_compile"}
+"""Two check boxes in one row, each with its own label (marked apart): a row less in Memory and speed."""
 PAIRED = {key for first, (second, _) in PAIRS.items() for key in (first, second)}
 PAIRED_WIDTH = (84, 108)
 """Each editor of a pair, narrowest and widest, in pixels: seven digits show whole (the units are in the
@@ -113,36 +114,6 @@ DECIMALS = {"train.learning_rate": 6, "train.warmup_ratio": 2, "train.max_grad_n
             "kto.undesirable_weight": 2}
 
 
-ROW_SPACING = 2
-"""Between a form's rows (Fusion's default is 6): with GRPO's settings the page then fits 1280x800 unscrolled."""
-
-
-def dense(form: QLayout) -> None:
-    """Tighter rows and margins for one of the page's group boxes (about 30 rows a column at 1280x800)."""
-    if isinstance(form, QFormLayout):
-        form.setVerticalSpacing(ROW_SPACING)
-    else:  # a box whose form sits in a column with other widgets (Hardware)
-        form.setSpacing(ROW_SPACING)
-        for index in range(form.count()):
-            inner = form.itemAt(index).layout()
-            if isinstance(inner, QFormLayout):
-                inner.setVerticalSpacing(ROW_SPACING)
-    margins = form.contentsMargins()
-    form.setContentsMargins(margins.left(), max(margins.top() - 3, 2), margins.right(), max(margins.bottom() - 3, 2))
-
-
-def pair_row(first: QWidget, joiner: str, second: QWidget) -> QWidget:
-    """Two editors side by side in one form row: "first or second"."""
-    row = QWidget()
-    layout = QHBoxLayout(row)
-    layout.setContentsMargins(0, 0, 0, 0)
-    layout.setSpacing(4)
-    layout.addWidget(first, 1)
-    layout.addWidget(QLabel(joiner))
-    layout.addWidget(second, 1)
-    return row
-
-
 def epochs_text(epochs: float) -> str:
     """An epoch count as a person reads it: 0.84, 1.6, 12."""
     return f"{epochs:.2f}" if epochs < 1 else f"{epochs:.1f}" if epochs < 10 else f"{epochs:,.0f}"
@@ -172,7 +143,10 @@ class TechniquesPage(QWidget):
             form = QFormLayout(box)
             form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
             dense(form)
+            names = dict(fields)
             for key, label in fields:
+                if key in BESIDE.values():
+                    continue  # in the row of the one it sits beside
                 widget = self._field(key)
                 text = QLabel(label)
                 text.setToolTip(widget.toolTip())
@@ -182,6 +156,11 @@ class TechniquesPage(QWidget):
                     text.setToolTip(f"{description(key)}\n\n{description(other)}")
                     self.labels[other] = text
                     widget = pair_row(widget, joiner, self._field(other))
+                if key in BESIDE:  # "Liger kernel [ ]   Torch compile [ ]"
+                    other = BESIDE[key]
+                    self.labels[other] = QLabel(names[other])
+                    self.labels[other].setToolTip(description(other))
+                    widget = beside_row(widget, self.labels[other], self._field(other))
                 form.addRow(text, widget)
                 if key == "train.seq_len":  # the inverse question, right under the field it answers
                     self.max_seq_len_label = QLabel("Longest that fits: …")  # one short line; the sentence in its tooltip
@@ -189,7 +168,7 @@ class TechniquesPage(QWidget):
                     form.addRow("", self.max_seq_len_label)
             if title == "Objective":
                 self.rewards = RewardSummaryWidget(state)
-                self.rewards_label = QLabel("Rewards")
+                self.rewards_label = self.rewards.label
                 self.rewards_label.setToolTip(description("grpo.rewards"))
                 form.addRow(self.rewards_label, self.rewards)
                 self.objective_form = form

@@ -41,7 +41,7 @@ def short(reward: dict) -> str:
 
 
 class RewardSummaryWidget(QWidget):
-    """One line per reward, the first problem in red, and "Edit…" for the editor dialog."""
+    """One line per reward and the first problem in red; its `label` holds "Edit…" for the editor dialog."""
 
     def __init__(self, state: ConfigState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -51,6 +51,14 @@ class RewardSummaryWidget(QWidget):
         self.edit_button = QPushButton("Edit…")
         self.edit_button.setToolTip("Add, remove and change the reward functions")
         self.edit_button.clicked.connect(self.open_editor)
+        self.label = QWidget()
+        """The form row's label, "Rewards" with Edit… under it: the label column has the room beside two
+        reward lines that the field column lacks under them (GRPO's page fits 1280x800 unscrolled)."""
+        label_layout = QVBoxLayout(self.label)
+        label_layout.setContentsMargins(0, 0, 0, 0)
+        label_layout.setSpacing(0)
+        label_layout.addWidget(QLabel("Rewards"))
+        label_layout.addWidget(self.edit_button, 0, Qt.AlignmentFlag.AlignLeft)
         self.problem_label = QLabel()
         self.problem_label.setStyleSheet("color: #dc2626;")
         self.problem_label.setWordWrap(True)
@@ -60,7 +68,7 @@ class RewardSummaryWidget(QWidget):
         layout.setSpacing(2)
         layout.addWidget(self.lines)
         layout.addWidget(self.problem_label)
-        layout.addWidget(self.edit_button, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addStretch(1)
 
         self.dialog = QDialog(self)
         self.dialog.setWindowTitle("GRPO rewards")
