@@ -165,7 +165,8 @@ class TechniquesPage(QWidget):
                 if key == "train.seq_len":  # the inverse question, right under the field it answers
                     self.max_seq_len_label = QLabel("Longest that fits: …")  # one short line; the sentence in its tooltip
                     self.max_seq_len_label.setStyleSheet("color: palette(placeholder-text);")
-                    form.addRow("", self.max_seq_len_label)
+                    self.max_seq_len_label.setWordWrap(True)  # "(model's limit)" wraps rather than widen the column
+                    form.addRow(self.max_seq_len_label)  # both columns: one line at 1280x800
             if title == "Objective":
                 self.rewards = RewardSummaryWidget(state)
                 self.rewards_label = self.rewards.label

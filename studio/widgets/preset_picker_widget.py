@@ -37,6 +37,7 @@ class PresetPickerWidget(QWidget):
         self.card.setToolTip("GPU memory of your card: the list shows the presets sized for it or smaller")
         self.card.currentIndexChanged.connect(self._refill)
         self.list = QComboBox()
+        self.list.setPlaceholderText("Not a preset: the setup comes from a file")
         self.list.currentIndexChanged.connect(self._describe)
         self.use = QPushButton("Use this preset")
         self.use.clicked.connect(self._on_use_clicked)

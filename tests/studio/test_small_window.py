@@ -68,6 +68,7 @@ def test_at_1280x800_the_kto_and_grpo_forms_fit_in_two_columns(qtbot, make_studi
         if preset == "tiny_grpo":  # two rewards: the page shows a line for each
             studio.config.set("grpo.rewards", [{"kind": "exact_match", "column": "answer", "weight": 1.0},
                                                {"kind": "regex", "pattern": "^(yes|no)$", "weight": 0.5}])
+        qtbot.waitUntil(lambda: studio.estimate.seq_len_answer is not None, timeout=10000)  # its line's width
         page = _show(qtbot, studio, "techniques", size)
         scroll = page.form.parentWidget().parentWidget()
         assert page.form.column_count == 2, preset
