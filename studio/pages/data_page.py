@@ -52,6 +52,8 @@ OBJECTIVE_GUIDES = {
 }
 """The page's guide for the objectives beyond SFT (the SFT guide is the header's own)."""
 FILTER = "Datasets (*.jsonl *.json *.csv *.parquet *.arrow *.txt);;All files (*)"
+TEMPLATED = " · shown through the chat template, its special tokens left out (hover over a cell for them)"
+"""The summary's words for records shown as the model reads them (objective_preview_widget.readable)."""
 
 
 def dropped_file(event: QDragEnterEvent | QDropEvent) -> str:
@@ -263,7 +265,7 @@ class DataPage(QWidget):
             notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in records.notes)
             self.summary_label.setText(f"<b>{records.what} for {records.objective}</b> · {records.count:,} records "
                                        f"· fields {html.escape(columns, quote=False)}"
-                                       f"{' · shown through the chat template' if records.templated else ''}{notes}")
+                                       f"{TEMPLATED if records.templated else ''}{notes}")
         self.profile = DatasetProfile(records.path, count=records.count, problem=records.problem, hint=records.hint)
         self._show_numbers()
         self.profile_ready.emit(self.profile)
