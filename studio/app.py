@@ -213,6 +213,7 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     config.started_over.connect(controller.forget_run)
     _wire_start_blocker(window, pages["train"], training, estimate, controller)
     monitor.sampled.connect(lambda sample: pages["techniques"].hardware.set_gpu_count(len(sample.devices)))
+    pages["model"].model_chosen.connect(lambda _path: estimate.recompute())  # its folder's files may have changed
 
     def size_presets(sample: Any) -> None:  # the first GPU seen sets the preset list's card filter, once
         if sample.devices:
@@ -258,7 +259,9 @@ def _wire_start_blocker(window: MainWindow, train_page: Any, jobs: JobController
     def show() -> None:
         reason = estimate.start_blocker()
         window.set_start_blocker(reason)
-        train_page.set_start_blocker("" if jobs.is_running() else reason)
+        running = jobs.is_running()
+        train_page.set_start_blocker("" if running else reason, anyway=estimate.may_start_anyway())
+        controller.show_readiness()
 
     def on_event(event: Any) -> None:
         if isinstance(event, WorkerReady):

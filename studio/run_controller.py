@@ -25,11 +25,12 @@ from studio.pages.runs_page import RunsPage
 from studio.pages.train_page import TrainPage
 from studio.state.estimate_state import EstimateState
 from studio.state.metric_store import MetricStore
-from studio.state.run_state import RunState
+from studio.state.run_state import READY, RunState
 from studio.state.telemetry_store import TelemetryStore
 from studio.widgets.run_picker_widget import resume_words
 
 CloseChoice = Literal["save", "discard", "cancel"]
+NOT_READY = "Not ready: Start waits for the problems listed below."
 READOUT_S = 0.25
 """Progress, status and speed readouts refresh at most four times a second while events stream
 (a progress bar repaints itself at once on every change: a few milliseconds each)."""
@@ -89,7 +90,8 @@ class RunController(QObject):
         self._readout_timer.setSingleShot(True)
         self._readout_timer.timeout.connect(self._show_state)
 
-        window.start_requested.connect(self._on_window_start_requested)
+        window.start_requested.connect(self.start)
+        train_page.start_anyway_requested.connect(self._on_page_start_anyway_requested)
         window.stop_requested.connect(self._on_window_stop_requested)
         window.cancel_requested.connect(self._on_window_cancel_requested)
         window.resume_requested.connect(self._on_window_resume_requested)
@@ -107,7 +109,12 @@ class RunController(QObject):
         self.update_resume_target()
 
     # --- requests from the window -----------------------------------------------------------------
-    def _on_window_start_requested(self) -> None:
+    def _on_page_start_anyway_requested(self) -> None:
+        self.start(anyway=True)
+
+    def start(self, anyway: bool = False) -> None:
+        """A new run of the draft, once the verdicts, judged again now (a data file deleted since the last
+        change), let it; `anyway` overrides the memory verdict and records that in the run folder."""
         if self.jobs.is_running():
             return
         focused = QApplication.focusWidget()
@@ -118,8 +125,16 @@ class RunController(QObject):
         except ValueError as exc:  # ConfigError and pydantic's ValidationError are ValueErrors
             self.state.mark_error(str(exc))
             return
+        self.estimate.recompute()
+        blocker = self.estimate.start_blocker(anyway=anyway)
+        if blocker:
+            self.state.mark_error(blocker.splitlines()[0])
+            return
+        overridden = self.estimate.blocking_lines() if anyway else []
         try:
             folder = RunFolder.create(config)
+            if overridden:
+                folder.record_started_anyway(overridden)
         except OSError as exc:
             self.state.mark_error(f"could not create the run folder: {exc}")
             return
@@ -335,13 +350,21 @@ class RunController(QObject):
         self._readout_timer.stop()
         state = self.state
         self._shown_at, self._shown_status = time.monotonic(), state.status
-        self.page.set_status(state.message, details=self._details)
-        self.window.run_status.setText(state.message)
+        message = state.message
+        if state.status == "idle" and message == READY and self.estimate.start_blocker():
+            message = NOT_READY  # "Ready" beside a disabled Start would contradict it
+        self.page.set_status(message, details=self._details)
+        self.window.run_status.setText(message)
         self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None, state.running)
         self.page.set_throughput(state.tokens_per_s, state.mfu, state.compile_seconds)
         self.page.set_plan(state.plan)
 
     # --- readouts ---------------------------------------------------------------------------------
+    def show_readiness(self) -> None:
+        """The status line between runs follows the verdicts: "Ready" only when Start may go."""
+        if not self.jobs.is_running():
+            self._show_state()
+
     def show_peaks(self) -> None:
         """Predicted peak beside the measured one: during a run the estimate it started with, else the
         current one (as the Techniques page shows it), with the last run's memory.json where it wrote one."""

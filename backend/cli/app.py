@@ -11,6 +11,7 @@ import argparse
 import json
 import sqlite3
 import sys
+from typing import Any
 
 from backend.cli.checks import load_for_train, non_negative_int, open_run_folder, positive_int, refuse_what_cannot_run
 from backend.cli.errors import OneLineParser, run_guarded
@@ -97,14 +98,20 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
             raise ConfigError("give a config file (e.g. resources/presets/tiny_lora.yaml) or --resume RUN_DIR")
         config = load_for_train(args.config, args.set)
         _check_rank(args.machine_rank, config)
-        refuse_what_cannot_run(config)  # every problem at once, before a folder is made or a worker starts
+        # every problem at once, before a folder is made or a worker starts
+        overridden = refuse_what_cannot_run(config, start_anyway=args.start_anyway)
         usable_home()  # a home that is a file is said before any folder is made
-        return RunFolder.create(config), config
+        folder = RunFolder.create(config)
+        if overridden:
+            folder.record_started_anyway(overridden)
+            sys.stderr.write(f"started anyway ({len(overridden)} verdict(s) overridden, recorded in "
+                             f"{folder.path / 'started_anyway.json'})\n")
+        return folder, config
     source = open_run_folder(args.resume)
     config = RunConfig.load(source.config_path, args.set)
     _check_rank(args.machine_rank, config)
     if args.more_steps is not None:
-        return _more_steps(source, args.more_steps, args.set)
+        return _more_steps(source, args.more_steps, args.set, args.start_anyway)
     if source.status() == "finished":
         raise ConfigError(f"{source.path} has finished; resuming would train it again and rewrite its results. "
                           f"Train it for more steps as a new run: --resume {source.path} --more-steps N")
@@ -117,7 +124,9 @@ def _train_target(args: argparse.Namespace) -> tuple[RunFolder, RunConfig]:
     mismatch = resume_mismatch(checkpoint, config)
     if mismatch:
         raise ConfigError(f"--resume {source.path}: {mismatch}")
-    refuse_what_cannot_run(config)
+    overridden = refuse_what_cannot_run(config, start_anyway=args.start_anyway)
+    if overridden:
+        source.record_started_anyway(overridden)
     return source, config
 
 
@@ -128,17 +137,21 @@ def _check_rank(rank: int, config: RunConfig) -> None:
                           f"so its ranks are 0 to {machines - 1}")
 
 
-def _more_steps(source: RunFolder, steps: int, overrides: list[str]) -> tuple[RunFolder, RunConfig]:
+def _more_steps(source: RunFolder, steps: int, overrides: list[str],
+                start_anyway: bool) -> tuple[RunFolder, RunConfig]:
     """A new run that trains `steps` past `source`'s newest checkpoint (run_continuation); source is kept."""
     from backend.core.runs.run_continuation import continue_run
 
-    refuse_what_cannot_run(RunConfig.load(source.config_path, overrides))  # before the new run's folder is made
+    # before the new run's folder is made
+    overridden = refuse_what_cannot_run(RunConfig.load(source.config_path, overrides), start_anyway=start_anyway)
     try:
         folder = continue_run(source, steps)
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(f"--resume {source.path}: {exc}") from None
+    if overridden:
+        folder.record_started_anyway(overridden)
     config = RunConfig.load(folder.config_path, overrides)
     if overrides:
         config.save(folder.config_path)  # the new run's folder records what it trains with
@@ -215,6 +228,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.estimate.run_estimate import estimate_run, longest_answer
 
     config = RunConfig.load(args.config, args.set)
+    if args.fetch_config:
+        from backend.api.hub_config import fetch_model_config
+
+        try:
+            print(f"config.json: {fetch_model_config(config.model.path)}", file=sys.stderr)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     _check_estimate_paths(config, args.worst_case)
     found = detected_device()  # torch-free: NVML, as the studio's monitor sees the machine
     device = cli_target(args, found)[0] if args.card_gb else (args.device or found.kind)  # refuses --device cpu
@@ -223,13 +243,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
            else f"from --device; this machine's would be {found.kind}: {found.why}")
     # As the studio does once its Data page has read the data (the same reading, the same answer).
     answer = None if args.worst_case else longest_answer(config)
-    result = estimate_run(config, device, caps=device_caps(device, found.bf16 if found.kind == device else None,
-                                                           found.devices if found.kind == device else ()),
+    caps = device_caps(device, found.bf16 if found.kind == device else None,
+                       found.devices if found.kind == device else ())
+    result = estimate_run(config, device, caps=caps,
                           target_tokens=answer, calibration=Calibration.read(), num_gpus=args.gpus,
-                          zero_stage=args.zero_stage)
+                          zero_stage=args.zero_stage, data_rows=not args.worst_case)
     breakdown = result.breakdown
     if breakdown is None:  # an unusable config.json: one line naming the file, the key and the fix
         raise ConfigError(result.problem)
+    blockers = _start_blockers(config, result, found, caps)
     calibration = result.calibration.note() if device == "cpu" else ""
     cards = cuda_cards(config, result, answer, args.gpus, args.zero_stage)
     seq = cli_longest_seq_len(args, config, found, answer) if args.max_seq_len else None
@@ -241,7 +263,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         extra.update({} if plan is None else {"fit": plan.to_json()})
         extra.update({} if card_fits is None else {"card_gb": args.card_gb, "card_fits": card_fits})
         print(json.dumps({**breakdown.to_json(), "device": device, "device_source": why, "calibration": calibration,
-                          "start_blocker": result.start_blocker(), "cards": cards, **extra,
+                          "start_blocker": result.start_blocker(), "start_blockers": blockers, "cards": cards,
+                          **extra,
                           "verdicts": [v.model_dump(mode="json") for v in result.verdicts]}))
         return 1 if plan is not None and not plan.fits else 0
     if seq is not None:
@@ -263,6 +286,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(f"runs as {verdict.downgrade_to}: {verdict.message()}" if verdict.downgrade_to else
               f"cannot run here: {verdict.message()} ({verdict.fix}); estimated as {verdict.field} = "
               f"{verdict.estimate_as}")
+    for line in blockers:
+        print(f"cannot start: {line}")
     return 0
 
 
@@ -275,6 +300,18 @@ def _print_fit(plan) -> int:
     for step in plan.steps:
         print(f"{' '.join(step.set_args())}  # {step.speed.title}: {step.speed.sentence()}")
     return 0
+
+
+def _start_blockers(config: RunConfig, result: Any, found: Any, caps: Any) -> list[str]:
+    """What `train` would refuse with here (start_verdicts), besides the choices printed above: files,
+    the runs folder, GPUs and, on this machine's own device, the estimate against its memory."""
+    from backend.estimate.feasibility import blocking_lines
+    from backend.estimate.start_verdicts import machine_limit, start_verdicts
+
+    limit = machine_limit(found) if result.device == found.kind else (None, "")
+    shown = {v.message() for v in result.verdicts}
+    verdicts = start_verdicts(config, caps, result, limit, override="train with --start-anyway")
+    return blocking_lines([v for v in verdicts if v.message() not in shown])
 
 
 def _check_estimate_paths(config: RunConfig, worst_case: bool) -> None:
@@ -308,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--more-steps", type=positive_int, metavar="N",
                        help="with --resume of a finished run: train N more steps as a new run "
                             "(the finished one is kept)")
+    train.add_argument("--start-anyway", action="store_true",
+                       help="start although the estimate is over this machine's memory (recorded in the run "
+                            "folder's started_anyway.json); every other problem still refuses")
     train.add_argument("--machine-rank", type=non_negative_int, default=0,
                        help="this machine's rank in a multi-node run (hardware.num_machines > 1)")
     train.set_defaults(func=cmd_train)
@@ -322,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="DeepSpeed ZeRO stage (default: the config's hardware.strategy)")
     est.add_argument("--json", action="store_true",
                      help='print {"total_bytes": N, "breakdown": {...}, "device": ..., "verdicts": [...]}')
+    est.add_argument("--fetch-config", action="store_true",
+                     help="for a hub:ORG/NAME model not downloaded: fetch its config.json alone (into the folder "
+                          "the download fills) and estimate from it")
     est.add_argument("--worst-case", action="store_true",
                      help="count logits at every position instead of reading the data for its longest answer")
     est.add_argument("--max-seq-len", action="store_true",

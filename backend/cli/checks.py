@@ -98,18 +98,25 @@ def refuse_unfinished(folder: RunFolder, config: RunConfig, merged: bool, then: 
         raise ConfigError(f"{problem[0]}; {problem[1]}")
 
 
-def refuse_what_cannot_run(config: RunConfig, problem: str = "") -> None:
+def refuse_what_cannot_run(config: RunConfig, problem: str = "", start_anyway: bool = False) -> list[str]:
     """Every reason `config` cannot run on this machine, at once (Refusals: exit 2), before a run folder
-    is made or a worker starts: the torch-free verdicts the window's Start and the estimate use. Only
-    when they all pass are the model folder's files checked in depth (that check reads transformers'
-    model-type table, which imports torch: seconds a refusal should not wait for). `problem` is a
-    config error already found, said first when there are more."""
+    is made or a worker starts: the torch-free verdicts the window's Start and the estimate use
+    (start_verdicts), the estimate against this machine's memory included. Only when they all pass
+    are the model folder's files checked in depth (that check reads transformers' model-type table,
+    which imports torch: seconds a refusal should not wait for). `problem` is a config error already
+    found, said first when there are more. With `start_anyway` the estimate over memory does not
+    block; the lines it overrode are returned, for the run folder's record."""
     from backend.core.device_caps import detected_device, device_caps
-    from backend.estimate.feasibility import before_start, blocking_lines
+    from backend.estimate.feasibility import blocking_lines
+    from backend.estimate.run_estimate import estimate_here
+    from backend.estimate.start_verdicts import machine_limit, start_verdicts
 
     machine = detected_device()  # torch-free: NVML, as the studio and `estimate` see the machine
     caps = device_caps(machine.kind, machine.bf16, machine.devices)
-    lines = blocking_lines(before_start(config, caps))
+    estimate = None if problem else estimate_here(config, machine.kind, caps)
+    found = start_verdicts(config, caps, estimate, machine_limit(machine), override="add --start-anyway")
+    overridden = blocking_lines([v for v in found if v.overridable]) if start_anyway else []
+    lines = [line for line in blocking_lines(found) if line not in overridden]
     if not lines and not problem:
         from backend.training.model.model_check import check_model_folder
 
@@ -118,7 +125,7 @@ def refuse_what_cannot_run(config: RunConfig, problem: str = "") -> None:
         except JobError as exc:
             lines = [exc.message + (f"; {exc.hint}" if exc.hint else "")]
     if not lines:
-        return  # (a config problem alone is raised by the caller as it was)
+        return overridden  # (a config problem alone is raised by the caller as it was)
     lines = ([problem] if problem else []) + lines
     what = "this problem" if len(lines) == 1 else f"these {len(lines)} problems"
     raise Refusals(lines, f"nothing was started; fix {what} and run again (this machine: {machine.kind}, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import IO, Any
 
@@ -50,8 +51,9 @@ def _eval_progress(event: dict[str, Any], out: IO[str]) -> None:
 
 
 def _stage_done(detail: str) -> bool:
-    done, _, total = detail.rsplit(" ", 1)[-1].partition("/")
-    return done == total
+    """The detail's count ("base 20/20 examples") is complete."""
+    count = re.search(r"(\d+)/(\d+)", detail)
+    return count is not None and count.group(1) == count.group(2)
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -52,6 +52,19 @@ def not_downloaded(path: str) -> str | None:
             f"or run `hf download {repo} --local-dir {folder}`")
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+"""Files that hold weights (backend/training/model/model_check.py judges which may load)."""
+
+
+def has_weight_files(folder: Path) -> bool:
+    """Whether `folder` holds a weights file (safetensors, or pickle ones model.allow_pickle admits): a
+    folder with config.json alone (fetched to estimate before a download) estimates but cannot train."""
+    try:
+        return any(p.suffix in WEIGHT_SUFFIXES and "training_args" not in p.name for p in folder.iterdir())
+    except OSError:
+        return False
+
+
 def studio_home() -> Path:
     """Root of runs and the run index (override: FINETUNE_STUDIO_HOME)."""
     override = os.environ.get("FINETUNE_STUDIO_HOME")

@@ -37,6 +37,7 @@ def estimate(
     target_tokens: int | None = None,
     cpu_bf16: bool = False,
     calibration: Calibration | None = None,
+    row_tokens: int | None = None,
 ) -> Breakdown:
     """Estimate the memory of one training step of `run` on one device.
 
@@ -69,15 +70,20 @@ def estimate(
     the runtime part as `process_baseline`: a CPU worker's RSS holds it besides the tensors. None:
     no baseline, the tensors alone (what bench/estimate_accuracy.py measures). The estimate itself
     reads no file but config.json, so the same arguments always give the same Breakdown.
+
+    row_tokens (DPO, KTO, GRPO): the data's longest row as the objective's trainer builds it
+    (backend.estimate.objective_rows; GRPO: its longest prompt). TRL pads each batch to its longest
+    row, so rows count that many tokens, at most seq_len (GRPO's prompts are not cut). None: seq_len.
     """
     if run.technique.objective != "sft":  # DPO, KTO, GRPO: SFT's estimate of their training forward, then their passes
         from backend.estimate.objectives import estimate_objective, sft_run
 
         kw = dict(num_gpus=num_gpus, zero_stage=zero_stage, device=device, bf16_supported=bf16_supported,
                   autocast=autocast, target_tokens=target_tokens, cpu_bf16=cpu_bf16, calibration=calibration)
-        base = estimate(model_config, sft_run(run), **kw)  # type: ignore[arg-type]
+        base = estimate(model_config, sft_run(run, row_tokens), **kw)  # type: ignore[arg-type]
         return estimate_objective(model_config, run, base, device=device, bf16_supported=bf16_supported,
-                                  autocast=autocast, target_tokens=target_tokens, zero_stage=zero_stage)
+                                  autocast=autocast, target_tokens=target_tokens, zero_stage=zero_stage,
+                                  row_tokens=row_tokens)
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if num_gpus < 1:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from backend.core.config.run_config import RunConfig
-from backend.core.paths import HUB_PREFIX, resolve_resource
+from backend.core.paths import HUB_PREFIX, has_weight_files, resolve_resource
 from backend.core.protocol import Capabilities
 
 Probe = Callable[[str, str], "str | None"]
@@ -53,6 +53,8 @@ class Verdict(BaseModel):
     kind: Literal["bad_input", "missing_dependency"] = "bad_input"
     estimate_as: Any = None
     """The value the memory estimate counts in its place: the downgrade, or the nearest that runs."""
+    overridable: bool = False
+    """A person who knows better may start anyway (the estimate over the device's memory only)."""
 
     @property
     def blocks(self) -> bool:
@@ -269,6 +271,11 @@ def input_verdicts(config: RunConfig) -> list[Verdict]:
     elif not (folder / "config.json").is_file():
         no("model.path", f"the folder {folder} has no config.json, so it is not a Hugging Face model folder",
            "point model.path at a downloaded model's folder")
+    elif not has_weight_files(folder):
+        how = (f"download the model first (the Model page, or `hf download {path[len(HUB_PREFIX):]} --local-dir "
+               f"{folder}`)" if path.startswith(HUB_PREFIX) else "download the model first, or point model.path at "
+               "a folder with its *.safetensors")
+        no("model.path", f"no weight files in {folder} (only config.json is enough to estimate, not to train)", how)
     data = config.resolved_data_path()
     if not data.exists():
         no("data.path", f"{data} does not exist", "pick a .jsonl, .json, .csv, .parquet or .txt file, or a dataset "

@@ -17,7 +17,10 @@ preference.py and grpo.py: no padding-free rows, no packing, ref log-probs not p
   batch; num_generations of them per prompt), with a KV cache of prompt + completion length per row
   and the prefill's no-grad transient; the old-policy log-probs are skipped (one generation per
   optimizer step) and the reference pass runs only when grpo.beta > 0. It then trains on micro_batch
-  rows of prompt + completion tokens. Prompts are counted at train.seq_len tokens (TRL does not cut them).
+  rows of prompt + completion tokens.
+- Rows are as long as the data's longest (`row_tokens`, backend/estimate/objective_rows.py: TRL pads
+  each batch to its longest row), cut at train.seq_len for DPO and KTO (max_length); GRPO's prompts are
+  not cut. Without the data's figure every row counts train.seq_len tokens, GRPO's prompts too.
 - With model.adapter, TRL copies the start adapter as a frozen "ref" adapter (DPO and KTO always,
   GRPO when beta > 0): one more adapter-sized part.
 
@@ -112,16 +115,23 @@ def _scored(setup: Setup, device: str, rows: int, seq: int, target: int | None) 
     return rows * (seq - 1)
 
 
-def sft_run(run: RunConfig) -> RunConfig:
+def prompt_tokens(run: RunConfig, row_tokens: int | None) -> int:
+    """GRPO's longest prompt: the data's (TRL does not cut prompts), else train.seq_len."""
+    return row_tokens if row_tokens is not None else run.train.seq_len
+
+
+def sft_run(run: RunConfig, row_tokens: int | None = None) -> RunConfig:
     """The run whose SFT estimate is the objective's training forward (DPO: 2 x micro-batch rows;
-    GRPO: prompt + completion tokens per row), unpacked and with the speed shortcuts off, as the worker
-    runs these objectives (so no bf16 base on the CPU either: techniques.py)."""
+    GRPO: prompt + completion tokens per row; rows as long as the data's longest, `row_tokens`),
+    unpacked and with the speed shortcuts off, as the worker runs these objectives (so no bf16 base
+    on the CPU either: techniques.py)."""
     t, train = run.technique, run.train
-    batch, seq = train.micro_batch_size, train.seq_len
+    batch = train.micro_batch_size
+    seq = train.seq_len if row_tokens is None else max(1, min(train.seq_len, row_tokens))
     if t.objective == "dpo":
         batch *= 2
     elif t.objective == "grpo":
-        seq += run.grpo.max_completion_length
+        seq = prompt_tokens(run, row_tokens) + run.grpo.max_completion_length
     return run.model_copy(update={
         "technique": t.model_copy(update={"objective": "sft", "packing": False, "liger_kernel": False,
                                           "shortcuts": "off"}),
@@ -130,11 +140,12 @@ def sft_run(run: RunConfig) -> RunConfig:
 
 
 def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, device: str, bf16_supported: bool,
-                       autocast: bool | None, target_tokens: int | None, zero_stage: int = 0) -> Breakdown:
-    """`base` (the SFT estimate of `sft_run(run)`) with the objective's parts and phases added."""
+                       autocast: bool | None, target_tokens: int | None, zero_stage: int = 0,
+                       row_tokens: int | None = None) -> Breakdown:
+    """`base` (the SFT estimate of `sft_run(run, row_tokens)`) with the objective's parts and phases added."""
     objective = run.technique.objective
     arch, d, _ = read_dims(load_model_config(model_config))
-    train_run = sft_run(run)
+    train_run = sft_run(run, row_tokens)
     deepspeed = device == "cuda" and (zero_stage > 0 or run.technique.offload != "none")
     s, _ = resolve_setup(arch, d, train_run, device, bf16_supported, autocast, deepspeed)
     notes: list[str] = []
@@ -152,10 +163,13 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
                      "reference pass over them" if objective == "dpo" else
                      "kto: after the policy's forward, no-grad passes over the KL batch and the reference "
                      "(micro_batch_size must be 2 or more: TRL refuses 1)")
+        if row_tokens is not None:
+            notes.append(f"{objective}: rows counted at {seq} tokens, the data's longest (TRL pads each batch "
+                         "to its longest row)")
     else:
         g = run.grpo
         gen_rows = run.train.micro_batch_size * run.train.gradient_accumulation_steps
-        prompt = run.train.seq_len
+        prompt = prompt_tokens(run, row_tokens)
         kv_e = s.weight_bytes if not s.quant else s.compute_bytes
         kv = d.layers * 2 * gen_rows * d.kv_heads * d.head_dim * (prompt + g.max_completion_length) * kv_e
         one_layer = kv // max(1, d.layers)  # the cache's cat makes each layer's K and V anew, one at a time
@@ -170,7 +184,8 @@ def estimate_objective(model_config: Any, run: RunConfig, base: Breakdown, *, de
         if g.beta > 0:
             reference = no_grad_pass(arch, d, s, rows, seq, head["positions"])
         notes.append(f"grpo: {gen_rows} completions per generation ({gen_rows // g.num_generations} prompt(s) x "
-                     f"{g.num_generations}), prompts counted at train.seq_len = {prompt} tokens; "
+                     f"{g.num_generations}), prompts counted at {prompt} tokens "
+                     + ("(the data's longest); " if row_tokens is not None else "(train.seq_len); ")
                      + ("reference pass counted (beta > 0)" if g.beta > 0 else "no reference pass (beta 0)"))
     needs_reference = objective != "grpo" or run.grpo.beta > 0
     ref_model = base.weights if s.full and needs_reference else 0

@@ -4,7 +4,8 @@ The figure a person sees must not depend on where they look. Every caller goes t
 the same config on the same machine gives the same total with the same parts: the feasibility
 verdicts first (backend.estimate.feasibility: a choice that cannot run here is estimated as what will run
 instead), then backend.estimate.estimate with the machine's CPU calibration, the data's longest
-answer, and the GPU count and ZeRO stage the config's hardware section gives. The total is the
+answer (for DPO, KTO and GRPO also their longest row, read here: backend.estimate.objective_rows),
+and the GPU count and ZeRO stage the config's hardware section gives. The total is the
 Breakdown's `total_bytes`: the step's peak phase plus the fixed runtime (on the CPU, the process
 baseline). Torch-free.
 """
@@ -21,6 +22,7 @@ import backend.core.cpu_features as cpu_features  # looked up at call time, as t
 from backend.core.device_caps import device_caps
 import backend.estimate as estimator  # looked up at call time: tests spy on backend.estimate.estimate
 from backend.estimate import Breakdown, load_model_config
+from backend.estimate.objective_rows import longest_row
 from backend.estimate.feasibility import AttentionFacts, Probe, Verdict, blocker, runnable, verdicts
 from backend.core.protocol import Capabilities
 
@@ -60,9 +62,10 @@ def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = 
                  target_tokens: int | None = None, calibration: Calibration | None = None,
                  num_gpus: int | None = None, zero_stage: int | None = None, data_problem: str = "",
                  probe: Probe | None = None, facts: AttentionFacts | None = None,
-                 model_config: dict[str, Any] | None = None) -> RunEstimate:
+                 model_config: dict[str, Any] | None = None, data_rows: bool = True) -> RunEstimate:
     """The estimate of `config` on `device` as it will run; never raises for an unreadable model
-    or an estimator gap (the sentence lands in `problem`). calibration None reads this machine's."""
+    or an estimator gap (the sentence lands in `problem`). calibration None reads this machine's.
+    data_rows: DPO, KTO and GRPO rows as long as the data's longest (False: train.seq_len, the worst case)."""
     caps = caps if caps is not None else device_caps(device)
     if caps.cuda != (device == "cuda"):
         caps = caps.model_copy(update={"cuda": device == "cuda"})
@@ -79,11 +82,12 @@ def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = 
         gpus = num_gpus if num_gpus is not None else config.hardware.num_processes
         stage = zero_stage if zero_stage is not None else ZERO_STAGES.get(config.hardware.strategy, 0)
         bf16 = caps.bf16 or device != "cuda"
+        rows = longest_row(config) if data_rows else None
         try:
             breakdown = estimator.estimate(model_config, runnable(config, found), device=device,  # type: ignore
                                            num_gpus=gpus, zero_stage=stage, bf16_supported=bf16,
                                            target_tokens=target_tokens, cpu_bf16=cpu_features.native_bf16(),
-                                           calibration=calibration)
+                                           calibration=calibration, row_tokens=rows)
         except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return RunEstimate(device, breakdown, tuple(found), calibration, problem)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -27,12 +26,12 @@ def is_match(answer: str, expected: str) -> bool:
 
 def exact_match(model: Any, tokenizer: Any, prompts: list[HeldOutPrompt], max_new_tokens: int, batch_size: int = 16,
                 on_batch: Callable[[int, int], None] = lambda done, total: None) -> ExactMatchResult:
-    """on_batch(k, n) is called after each batch of prompts (it may raise to stop)."""
+    """on_batch(done, n) with the prompts answered, before the first batch and after each (it may raise to stop)."""
     answers: list[str] = []
-    batches = max(1, math.ceil(len(prompts) / batch_size))
-    for k, start in enumerate(range(0, len(prompts), batch_size), start=1):
+    on_batch(0, len(prompts))
+    for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
         answers += greedy_answers(model, tokenizer, [prompt_ids(tokenizer, p.messages) for p in chunk], max_new_tokens)
-        on_batch(k, batches)
+        on_batch(min(start + batch_size, len(prompts)), len(prompts))
     hits = sum(is_match(a, p.expected) for a, p in zip(answers, prompts))
     return ExactMatchResult(hits / len(prompts) if prompts else 0.0, hits, len(prompts), answers)

@@ -8,7 +8,6 @@ completion, beside each function's own mean. Seeded, so base and tuned see the s
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,16 +37,17 @@ def _messages(prompt: Any) -> list[dict[str, str]]:
 def mean_reward(model: Any, tokenizer: Any, rows: list[dict[str, Any]], functions: list[RewardFn],
                 weights: list[float], samples: int, max_new_tokens: int, temperature: float, seed: int,
                 batch_size: int = 16, on_batch: Callable[[int, int], None] = lambda done, total: None) -> RewardResult:
-    """Score `samples` completions of every row's prompt; on_batch(k, n) after each batch (it may raise to stop)."""
+    """Score `samples` completions of every row's prompt; on_batch(done, n) with the prompts sampled in full,
+    before the first batch and after each (it may raise to stop)."""
     torch.manual_seed(seed)
     expanded = [row for row in rows for _ in range(samples)]
     completions: list[str] = []
-    batches = max(1, math.ceil(len(expanded) / batch_size))
-    for k, start in enumerate(range(0, len(expanded), batch_size), start=1):
+    on_batch(0, len(rows))
+    for start in range(0, len(expanded), batch_size):
         chunk = expanded[start: start + batch_size]
         ids = [prompt_ids(tokenizer, _messages(row["prompt"])) for row in chunk]
         completions += greedy_answers(model, tokenizer, ids, max_new_tokens, temperature)
-        on_batch(k, batches)
+        on_batch(min(start + batch_size, len(expanded)) // max(samples, 1), len(rows))
     columns = {key: [row.get(key) for row in expanded] for key in (expanded[0] if expanded else {}) if key != "prompt"}
     prompts = [row["prompt"] for row in expanded]
     totals = [0.0] * len(expanded)

@@ -31,13 +31,14 @@ class PerplexityResult:
 @torch.no_grad()
 def perplexity(model: Any, rows: Any, pad_id: int, batch_size: int,
                on_batch: Callable[[int, int], None] = lambda done, total: None) -> PerplexityResult:
-    """rows: a dataset of {input_ids, labels}; on_batch(k, n) after each batch (it may raise to stop)."""
+    """rows: a dataset of {input_ids, labels}; on_batch(done, n) with the examples measured, before the first
+    batch and after each (it may raise to stop), so a slow first batch already shows its count."""
     collate = PadCollator(pad_id)
     device = model_device(model)
     total_nll, total_tokens = 0.0, 0
     n = len(rows)
-    batches = max(1, math.ceil(n / batch_size))
-    for k, start in enumerate(range(0, n, batch_size), start=1):
+    on_batch(0, n)
+    for start in range(0, n, batch_size):
         batch = collate([rows[i] for i in range(start, min(start + batch_size, n))])
         labels = batch["labels"]
         logits = model(input_ids=batch["input_ids"].to(device),
@@ -50,6 +51,6 @@ def perplexity(model: Any, rows: Any, pad_id: int, batch_size: int,
                 logits[row, :-1].float(), shifted[row], ignore_index=IGNORE, reduction="sum"))
         total_tokens += int((shifted != IGNORE).sum())
         del logits
-        on_batch(k, batches)
+        on_batch(min(start + batch_size, n), n)
     loss = total_nll / max(total_tokens, 1)
     return PerplexityResult(math.exp(min(loss, 700.0)), loss, total_tokens, n)

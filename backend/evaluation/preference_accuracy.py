@@ -33,9 +33,10 @@ def _ids(tokenizer: Any, prompt: Any, answer: Any, seq_len: int) -> tuple[list[i
 def answer_logps(model: Any, tokenizer: Any, items: list[tuple[Any, Any]], seq_len: int,
                  on_item: Callable[[int, int], None] = lambda done, total: None) -> list[float]:
     """log p(answer | prompt) of each (prompt, answer), one row at a time (no padding to get wrong);
-    progress every 16 rows."""
+    progress before the first row and every 16 rows."""
     device = next(model.parameters()).device
     out: list[float] = []
+    on_item(0, len(items))
     for index, (prompt, answer) in enumerate(items):
         ids, start = _ids(tokenizer, prompt, answer, seq_len)
         tensor = torch.tensor([ids], device=device)

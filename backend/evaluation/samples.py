@@ -1,8 +1,9 @@
 """SampleGenerator: a few greedy answers at each evaluation of a fine-tune, for the Train page.
 
-The prompts are fixed for the whole run: the first held-out prompts (the eval file beside the
+The prompts are fixed for the whole run. SFT: the first held-out prompts (the eval file beside the
 training data) when there is one, else the prompts of the first validation examples (their tokens
-up to the first trained one). Each sample is PhaseChanged(phase="sample", detail=prompt) then
+up to the first trained one). DPO, KTO and GRPO: the `prompt` of the first validation rows (text or
+chat messages; a KTO prompt repeated for its other answers counts once). Each sample is PhaseChanged(phase="sample", detail=prompt) then
 TokensGenerated(text=answer, done=True). Cheap (24 new tokens at most) and harmless to the run:
 the model goes back to the mode it was in, the torch RNG state is restored, and a failure only
 writes a warning to worker.log.
@@ -54,6 +55,25 @@ class SampleGenerator:
                     first = max(1, min(16, len(ids) // 2))
                 shown = " ".join(tokenizer.decode(ids[:first], skip_special_tokens=True).split())
                 prompts.append((shown[-200:], list(ids[:first])))
+        return cls(reporter, tokenizer, prompts) if prompts else None
+
+    @classmethod
+    def for_prompt_rows(cls, tokenizer: Any, eval_set: Any, reporter: Reporter) -> "SampleGenerator | None":
+        """DPO, KTO and GRPO: the prompts of the first validation rows, or None when there are none."""
+        prompts: list[tuple[str, list[int]]] = []
+        try:
+            for row in eval_set.select(range(min(SAMPLES * 4, len(eval_set)))):
+                prompt = row["prompt"]
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                users = [str(m["content"]) for m in messages if m.get("role") == "user"]
+                shown = " ".join((users[-1] if users else "").split())[-200:]
+                if shown not in (seen for seen, _ in prompts):
+                    prompts.append((shown, prompt_ids(tokenizer, messages)))
+                if len(prompts) == SAMPLES:
+                    break
+        except Exception as exc:  # samples are a nicety: an odd prompt must not stop training
+            log.warning("no sample prompts from the validation rows: %s", exc)
+            prompts = []
         return cls(reporter, tokenizer, prompts) if prompts else None
 
     def __call__(self, model: Any, step: int | None = None) -> None:

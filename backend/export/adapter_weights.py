@@ -4,8 +4,9 @@ peft saves one `lora_A`/`lora_B` pair (and, for DoRA, a `lora_magnitude_vector`)
 keyed by the in-memory module name under `base_model.model.`. Each is matched here to the disk tensor
 it changes (through ModelLayout) with its own scaling: lora_alpha / r, or lora_alpha / sqrt(r) for
 rsLoRA, with peft's rank_pattern / alpha_pattern overrides. Anything this merge does not reproduce
-exactly (LoRA biases, modules_to_save, adapters on fused MoE experts, other peft methods) is refused
-in one sentence rather than merged approximately.
+exactly (LoRA biases, modules_to_save, other peft methods) is refused in one sentence rather than
+merged approximately. peft's ParamWrapper on fused MoE experts (`target_parameters`) is merged into
+each expert's own disk tensors, with peft's (expert, rank) layout of its A and B.
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ ROLES = {".lora_A.weight": "A", ".lora_B.weight": "B", ".lora_magnitude_vector":
 class AdaptedModule:
     module: str  # in-memory module name, as peft saw it
     disk_name: str  # the base checkpoint tensor it changes
-    kind: str  # linear | conv1d | embedding
+    kind: str  # linear | conv1d | embedding | experts (peft's ParamWrapper on a fused 3-D parameter)
     a_key: str
     b_key: str
     magnitude_key: str | None
     scaling: float
+    expert: int = -1  # kind experts: the expert this disk tensor holds (-1: a fused disk tensor, all of them)
+    rows: tuple[int, int] = (0, 0)  # kind experts: its rows of the fused parameter (gate, then up)
+    experts: int = 0
 
 
 class AdapterWeights:
@@ -54,6 +58,7 @@ class AdapterWeights:
         if self.config.get("lora_bias"):
             raise bad_input(f"{config_path}: lora_bias adapters are not merged here", "export format adapter instead")
         self.files = CheckpointFiles(self.folder)
+        self._factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # expert wrappers' A, B as (e, r, in), (out, r, e)
         self.use_dora = bool(self.config.get("use_dora"))
         parts: dict[str, dict[str, str]] = {}
         for key in self.files.names():
@@ -69,13 +74,13 @@ class AdapterWeights:
             self.modules.update(self._match(module, roles, layout))
 
     def _match(self, module: str, roles: dict[str, str], layout: ModelLayout) -> dict[str, AdaptedModule]:
-        owner = layout.fused_owner(module.removesuffix(".base_layer"))
-        if owner is not None or module.endswith(".base_layer"):
-            raise bad_input(f"the adapter trains the fused MoE experts {owner or module} (peft ParamWrapper), which "
-                            "export cannot merge yet", "export format adapter, or train with lora_targets that "
-                            "leave the experts out (e.g. q_proj,k_proj,v_proj,o_proj)")
         if "A" not in roles or "B" not in roles:
             raise bad_input(f"{self.folder}: module {module} has {sorted(roles)} but not both lora_A and lora_B")
+        owner = module
+        while owner.endswith(".base_layer"):
+            owner = owner.removesuffix(".base_layer")
+        if layout.expert_parameters(owner):
+            return self._match_experts(module, owner, roles, layout)
         disk = layout.to_disk.get(module + ".weight")
         if disk is None:
             raise bad_input(f"the adapter changes {module}, which has no weight in the base checkpoint "
@@ -98,6 +103,37 @@ class AdapterWeights:
         return {disk: AdaptedModule(module, disk, kind, roles["A"], roles["B"], roles.get("magnitude"),
                                     self._scaling(module, rank))}
 
+    def _match_experts(self, module: str, owner: str, roles: dict[str, str],
+                       layout: ModelLayout) -> dict[str, AdaptedModule]:
+        """peft's ParamWrapper on fused 3-D experts: one wrapper per targeted parameter, nested in the
+        parameters' registration order (the last targeted is the outermost, `owner` itself)."""
+        targets = self.config.get("target_parameters") or []
+        params = [p for p in layout.expert_parameters(owner) if any(p == t or p.endswith("." + t) for t in targets)]
+        depth = (len(module) - len(owner)) // len(".base_layer")
+        if depth >= len(params):
+            raise bad_input(f"{self.folder}: {module} adapts none of {owner}'s parameters named in target_parameters "
+                            f"{targets}", "export format adapter instead")
+        param = params[len(params) - 1 - depth]
+        experts, rows, cols = layout.experts[param]
+        if owner in layout.transposed:
+            raise bad_input(f"the adapter trains {param}, held (experts, in, out), which is not merged here",
+                            "export format adapter instead")
+        a_shape, b_shape = self.files.info(roles["A"]).shape, self.files.info(roles["B"]).shape
+        if (b_shape[0], a_shape[1]) != (rows, cols) or b_shape[1] != a_shape[0] or a_shape[0] % experts:
+            raise bad_input(f"{module}: adapter shapes A {list(a_shape)}, B {list(b_shape)} do not fit {param} "
+                            f"{[experts, rows, cols]}: the adapter was trained on another model",
+                            "check model.path in the run's config.yaml")
+        scaling = self._scaling(param, a_shape[0] // experts)
+        out = {}
+        for disk in layout.disk_tensors(param):
+            expert, first, end = layout.slices.get(disk, (-1, 0, rows))
+            if end > rows or (expert < 0 and disk in layout.slices):
+                raise bad_input(f"the adapter trains {param}, whose checkpoint tensor {disk} is not one expert's rows "
+                                "of it", "export format adapter instead")
+            out[disk] = AdaptedModule(module, disk, "experts", roles["A"], roles["B"], None, scaling,
+                                      expert=expert, rows=(first, end), experts=experts)
+        return out
+
     def _scaling(self, module: str, rank: int) -> float:
         """peft's LoraLayer.update_layer: alpha / r (rsLoRA: alpha / sqrt(r)), per-module patterns first."""
         from peft.utils.other import get_pattern_key
@@ -109,12 +145,28 @@ class AdapterWeights:
     def delta(self, adapted: AdaptedModule) -> torch.Tensor:
         """B @ A * scaling in fp32 (peft's get_delta_weight), in the module's Linear orientation (out, in);
         embeddings in their own (num, dim)."""
+        if adapted.kind == "experts":
+            return self._expert_delta(adapted)
         a = self.files.get(adapted.a_key).float()
         b = self.files.get(adapted.b_key).float()
         product = b @ a
         if adapted.kind == "embedding":
             product = product.T
         return product.mul_(adapted.scaling)
+
+    def _expert_delta(self, adapted: AdaptedModule) -> torch.Tensor:
+        """peft's ParamWrapper.get_delta_weight for one expert's rows (all experts for a fused disk tensor):
+        A's rows are (expert, rank), B's columns (rank, expert)."""
+        if adapted.a_key not in self._factors:
+            if len(self._factors) >= 2:  # the writers take a layer's experts in turn: two wrappers at most
+                self._factors.pop(next(iter(self._factors)))
+            a, b = self.files.get(adapted.a_key).float(), self.files.get(adapted.b_key).float()
+            self._factors[adapted.a_key] = (a.reshape(adapted.experts, -1, a.shape[-1]),
+                                            b.reshape(b.shape[0], -1, adapted.experts))
+        a, b = self._factors[adapted.a_key]
+        product = torch.einsum("ore,eri->eoi", b, a) if adapted.expert < 0 else b[:, :, adapted.expert] @ a[adapted.expert]
+        first, end = adapted.rows
+        return product[..., first:end, :].mul(adapted.scaling)
 
     def magnitude(self, adapted: AdaptedModule) -> torch.Tensor:
         return self.files.get(adapted.magnitude_key).float()

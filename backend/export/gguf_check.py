@@ -2,7 +2,8 @@
 
 `AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)` rebuilds the config from llama.cpp's
 metadata keys and un-does llama.cpp's tensor layout with its own code (written against
-convert_hf_to_gguf.py), in the precision the file holds (`read_dtype`), on the GPU when there is one;
+convert_hf_to_gguf.py), its weights in 16 bits (`read_dtype`) and its activations in fp32 (`widen`),
+on the GPU when there is one;
 its logits and perplexity are then measured against the trained model. Where that reader cannot read a family (GPT-NeoX; Mixtral, which
 it reads as a dense Llama) or rebuilds a config attribute differently from the model's (it ignores
 keys it has no mapping for and falls back to the config class's defaults), the check says so:
@@ -36,6 +37,13 @@ HOW_TO_VERIFY = ("read it with llama.cpp itself: install llama-cpp-python (built
                  "--hf MERGED_EXPORT_FOLDER` (it compares llama.cpp's logits and tokens with the merged model's)")
 EXACT = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 """GGML float types and the torch dtype that holds their values exactly."""
+
+
+class WideLinear(torch.nn.Linear):
+    """A Linear whose weight stays 16-bit while its input, product and output are fp32 (a slice of the
+    weight widened at a time: verify.fp32_linear), so the read-back model costs 2 bytes a weight."""
+
+    forward = verify.fp32_linear
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -113,36 +121,79 @@ def weight_types(path: Path) -> set[str]:
     return {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
 
 
-def read_dtype(types: set[str], arch: str, device: str) -> torch.dtype:
-    """The dtype that holds every value the file stores, so the check adds no rounding the file does not have.
+def read_dtype(types: set[str]) -> torch.dtype:
+    """The dtype the file's weights are read into: one that holds them exactly, or nearly, in 2 bytes.
 
-    transformers' GGUF reader dequantizes every tensor to fp32 before casting it to the dtype asked for.
-    F16 values fit fp16 exactly (never bf16: 8 significant bits against F16's 11). Quantized blocks
-    (Q8_0, Q5_0, Q4_0...) are an fp16 scale times small integers, up to 18 significant bits: fp32 only.
-    On a GPU an all-F16 file is read in fp16 where the family's activations fit its range (Gemma's
-    overflow it); on a CPU always in fp32, which holds everything and is its fastest type.
+    transformers' GGUF reader dequantizes every tensor to fp32, then casts it to this dtype. F16 values fit
+    fp16 exactly (never bf16: 8 significant bits against F16's 11), BF16 values bf16. Quantized blocks
+    (Q8_0, Q5_0, Q4_0) are an fp16 scale d times small integers q, up to 18 significant bits: fp16 rounds
+    each product by at most 2^-11 of itself (|q| d/2048: at most 0.062 d for Q8_0, 0.0078 d for Q5_0,
+    0.0039 d for Q4_0) against the format's own rounding of up to d/2. Measured on Gaussian weights
+    (tests/backend/test_gguf_read_precision.py), fp16's rounding RMS is 3.9% of Q8_0's own error RMS,
+    0.42% of Q5_0's, 0.20% of Q4_0's; independent, they add in quadrature: Q8_0's error grows by 0.075%.
+    The file's F32 tensors (norms, biases) hold the trained model's 16-bit values, which fp16 holds
+    exactly in [2^-17, 65504] (bf16's 8 bits above fp16's subnormal step 2^-24). The activations stay
+    fp32 (`widen`): Gemma's overflow fp16. A file mixing F16 and BF16 (no 16-bit type holds both), or
+    all F32, is read in fp32.
     """
-    if not types <= set(EXACT):
-        return torch.float32
-    halves = {EXACT[name] for name in types} - {torch.float32}
-    if len(halves) != 1 or not device.startswith("cuda"):
-        return torch.float32  # all F32, or F16 beside BF16 (no 16-bit type holds both), or a CPU
-    half = halves.pop()
-    return torch.float32 if half == torch.float16 and arch.startswith("GEMMA") else half
+    halves = {EXACT.get(name, torch.float16) for name in types} - {torch.float32}
+    return halves.pop() if len(halves) == 1 else torch.float32
+
+
+def _widen_own(module: torch.nn.Module, _inputs: Any) -> None:
+    """Forward pre-hook: the module's own 16-bit matrices (experts, GPT-2's Conv1D) in fp32 for this call."""
+    module.narrow_weights = {}
+    for name, param in module.named_parameters(recurse=False):
+        if param.dtype != torch.float32:
+            module.narrow_weights[name] = param.data
+            param.data = param.data.float()
+
+
+def _narrow_own(module: torch.nn.Module, _inputs: Any, _output: Any) -> None:
+    """Forward hook: back to the 16-bit matrices _widen_own kept, the fp32 copies freed."""
+    for name, data in module.__dict__.pop("narrow_weights", {}).items():
+        getattr(module, name).data = data
+
+
+def widen(model: Any) -> Any:
+    """The model with fp32 activations around its 16-bit weights: a Linear multiplies in fp32 a slice at a
+    time, an Embedding's output is widened, any other module's matrices are widened only while it runs
+    (one layer's experts at most), and vectors (norms, biases) and buffers are made fp32 for good."""
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.dtype != torch.float32:
+            module.__class__ = WideLinear
+        if isinstance(module, torch.nn.Embedding):
+            module.register_forward_hook(lambda _module, _inputs, output: output.float())
+        skip = "weight" if type(module) is WideLinear or isinstance(module, torch.nn.Embedding) else None
+        narrow = [(name, param) for name, param in module.named_parameters(recurse=False)
+                  if name != skip and param.is_floating_point() and param.dtype != torch.float32]
+        for _, param in narrow:
+            if param.dim() <= 1:
+                param.data = param.data.float()
+        if any(param.dim() > 1 for _, param in narrow):
+            module.register_forward_pre_hook(_widen_own)
+            module.register_forward_hook(_narrow_own)
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                setattr(module, name, buffer.float())
+    return model
 
 
 def read_back(path: Path, config: Any, device: str) -> tuple[Any, str, str | None]:
     """(the model transformers' GGUF loader builds from the file, how it was loaded, None), or (None,
-    "", why it cannot be verified). The model is read in `read_dtype`."""
-    from transformers import AutoModelForCausalLM
+    "", why it cannot be verified). Weights in `read_dtype`, activations in fp32 (`widen`). Every family we
+    write takes transformers' legacy path (load_gguf_checkpoint: each tensor dequantized, cast to `dtype`,
+    then loaded); dequantize=True keeps the newer packed path (qwen35, lfm2) from fetching Hub kernels."""
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     family, text_config = family_of(config)
     if family.reader is not None:
         return None, "", family.reader
-    dtype = read_dtype(weight_types(path), family.arch, device)
+    dtype = read_dtype(weight_types(path))
     try:
         with released_pages():
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                         quantization_config=GgufConfig(dequantize=True),
                                                          device_map={"": device}, **LOAD_KWARGS).eval()
     except Exception as exc:  # its loader raises on shapes it rebuilt wrong; say what it said
         return None, "", (f"transformers' GGUF loader failed on this file "
@@ -152,8 +203,9 @@ def read_back(path: Path, config: Any, device: str) -> tuple[Any, str, str | Non
         del model
         return None, "", "transformers' GGUF loader has no mapping for some of the file's keys and rebuilt " + \
             "; ".join(mismatches[:4])
-    loaded = f"transformers' GGUF loader -> {type(model).__name__}, {str(dtype).removeprefix('torch.')} on {device}"
-    return model, loaded, None
+    weights = str(dtype).removeprefix("torch.")
+    precision = "float32" if dtype == torch.float32 else f"{weights} weights, float32 activations and products"
+    return widen(model), f"transformers' GGUF loader -> {type(model).__name__}, {precision} on {device}", None
 
 
 def tokenizer_check(path: Path, tokenizer: Any) -> dict[str, Any]:

@@ -102,7 +102,8 @@ class MergedSource:
         if self._quantized(name):
             return dequantized(weight, self.quantization, self.load_dtype, self.quant_device,
                                self.layout.quant_kwargs).float()
-        return self._held(weight, self.adapted_dtype).float()
+        held = self.load_dtype if kind == "experts" else self.adapted_dtype  # peft's ParamWrapper leaves experts as loaded
+        return self._held(weight, held).float()
 
     @staticmethod
     def _held(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

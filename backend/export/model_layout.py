@@ -11,6 +11,7 @@ bitsandbytes quantizer, which Linear layers a qlora/lora8 run held in 4 or 8 bit
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,15 @@ from typing import Any
 import torch
 
 from backend.core.errors import bad_input
+
+EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+
+
+def slice_of(disk_name: str, part: int, shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """Where one per-expert disk tensor sits in its fused parameter: (expert or -1, first row, end row).
+    transformers stacks the experts along axis 0 and concatenates the parts (gate, then up) along axis 1."""
+    match = EXPERT_INDEX.search(disk_name)
+    return (int(match[1]) if match else -1), part * shape[0], (part + 1) * shape[0]
 
 
 @dataclass
@@ -30,6 +40,9 @@ class ModelLayout:
     shapes: dict[str, tuple[int, ...]]  # disk name -> shape
     quantized: set[str] = field(default_factory=set)  # in-memory module names bitsandbytes replaced
     quant_kwargs: dict[str, Any] = field(default_factory=dict)  # Params4bit/Int8Params attributes
+    experts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # 3-D expert parameter -> shape, in registration order
+    transposed: set[str] = field(default_factory=set)  # expert modules holding (experts, in, out): not merged
+    slices: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # per-expert disk tensor -> (expert, rows)
 
     @classmethod
     def build(cls, folder: Path, shapes: dict[str, tuple[int, ...]], trust_remote_code: bool = False,
@@ -46,11 +59,12 @@ class ModelLayout:
         renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
         converters = [c for c in conversions if isinstance(c, WeightConverter)]
         meta_state = meta.state_dict()
-        to_memory, to_disk, fused = {}, {}, {}
+        to_memory, to_disk, fused, parts = {}, {}, {}, {}
         for name in shapes:
             renamed, pattern = rename_source_key(name, renamings, converters, meta.base_model_prefix, meta_state)
             if pattern is not None:
                 fused.setdefault(renamed, []).append(name)
+                parts[name] = next(c.source_patterns.index(pattern) for c in converters if pattern in c.source_patterns)
             else:
                 to_memory[name] = renamed
                 to_disk[renamed] = name
@@ -62,7 +76,10 @@ class ModelLayout:
                 kinds[name] = "linear"
             elif isinstance(module, torch.nn.Embedding):
                 kinds[name] = "embedding"
-        layout = cls(config, to_memory, to_disk, fused, kinds, dict(shapes))
+        layout = cls(config, to_memory, to_disk, fused, kinds, dict(shapes),
+                     experts={name: tuple(t.shape) for name, t in meta_state.items() if t.dim() == 3},
+                     transposed={name for name, module in meta.named_modules() if getattr(module, "is_transposed", False)})
+        layout.slices = {disk: slice_of(disk, parts[disk], shapes[disk]) for names in fused.values() for disk in names}
         if quantization:
             layout._find_quantized(config, quantization, compute_dtype, trust_remote_code)
         return layout
@@ -100,10 +117,10 @@ class ModelLayout:
         module, _, param = memory.rpartition(".")
         return module, param
 
-    def fused_owner(self, module: str) -> str | None:
-        """The fused parameter an adapter module name points into (peft's ParamWrapper on MoE experts)."""
-        for name in self.fused:
-            owner = name.rpartition(".")[0]
-            if module == owner or module.startswith(owner + "."):
-                return name
-        return None
+    def expert_parameters(self, module: str) -> list[str]:
+        """The 3-D expert parameters of a module (peft's ParamWrapper targets), in registration order."""
+        return [name for name in self.experts if name.rpartition(".")[0] == module]
+
+    def disk_tensors(self, parameter: str) -> list[str]:
+        """The checkpoint tensors an in-memory parameter is built from (one, or one per expert and part)."""
+        return self.fused.get(parameter) or ([self.to_disk[parameter]] if parameter in self.to_disk else [])

@@ -4,8 +4,9 @@ Reads top to bottom as the job runs: check the request and the run folder (refus
 loads), load the tokenizer and rebuild the validation split exactly as training built it, then for
 the base and for the tuned model: perplexity on that split (trained tokens only) and exact match of
 greedy answers to the held-out prompts. The figures go to eval_report.json in the run folder and a
-one-line summary to the last PhaseChanged; progress is PhaseChanged with a "k/N" detail. A StopJob
-ends the job between batches with JobFailed(cancelled) and no report.
+one-line summary to the last PhaseChanged; progress is PhaseChanged with a "which k/N unit" detail
+(UNITS), once before each measure starts and after each batch. A StopJob ends the job between
+batches with JobFailed(cancelled) and no report.
 """
 
 from __future__ import annotations
@@ -70,9 +71,13 @@ def _positive(params: dict[str, Any], name: str, default: int | None) -> int | N
     return value
 
 
+UNITS = {"perplexity": "examples", "exact_match": "prompts", "mean_reward": "prompts", "preference": "answers"}
+"""What each measure's progress counts: "perplexity base 3/20 examples"."""
+
+
 def _progress(reporter: Reporter, stop: StopListener, phase: str, which: str) -> Any:
     def on_batch(done: int, total: int) -> None:
-        reporter.emit(PhaseChanged(phase=phase, detail=f"{which} {done}/{total}"))
+        reporter.emit(PhaseChanged(phase=phase, detail=f"{which} {done}/{total} {UNITS.get(phase, 'items')}"))
         if stop.requested:
             raise JobError("cancelled", f"evaluation stopped during {phase} of the {which} model; no report written")
     return on_batch

@@ -3,7 +3,7 @@
 Reads top to bottom as the job runs: check the request and the run folder (refusals before anything
 loads), load the trained model (base as trained + adapter, unmerged, 16-bit) and measure it, free it,
 write the export into a temporary folder one tensor at a time, reload what was written with the
-library that owns the format (16-bit; a GGUF in the precision it holds) and measure it again, write
+library that owns the format (16-bit; a GGUF with 16-bit weights, fp32 activations) and measure it again, write
 export_report.json, rename the folder into place. At most one model is in memory at any time. Each
 check, and so the export, is passed, failed or not verified (no independent reader here: the report
 says which to run elsewhere). JobFinished when none failed; otherwise the export is kept, its report

@@ -289,6 +289,8 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
         base, lora = load_start_adapter(base, start), None
     callback = ReportingCallback(reporter, stop, plan.device)
     callback.peak_flops = peak
+    if eval_set is not None and world_size() == 1:  # as for SFT: a few answers at each evaluation
+        callback.sampler = SampleGenerator.for_prompt_rows(tokenizer, eval_set, reporter)
     arguments = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None, schedule=schedule)
     trainer = objective.make_trainer(config, base, lora, tokenizer, train_set, eval_set, arguments,
                                      [callback, PhaseCallback()], reporter)

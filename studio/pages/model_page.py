@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from backend.core.config.run_config import ConfigError, RunConfig
-from backend.core.paths import HUB_PREFIX, resolve_resource
+from backend.core.paths import HUB_PREFIX, has_weight_files, resolve_resource
 from studio.services.model_info import ModelInfo
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
@@ -79,6 +79,7 @@ class ModelPage(QWidget):
         bundled.clicked.connect(lambda: self.choose(BUNDLED_MODEL))
         self.hub = HubDownloadWidget(hub_endpoint)
         self.hub.downloaded.connect(self._on_hub_downloaded)
+        self.hub.config_fetched.connect(self._on_hub_config_fetched)
 
         self.presets = PresetPickerWidget()
         self.presets.chosen.connect(self._on_presets_chosen)
@@ -160,6 +161,16 @@ class ModelPage(QWidget):
         if discard_edits(self, self._state, f"the preset {path.stem}"):
             self.use_preset(path)
 
+    def _on_hub_config_fetched(self, folder: str) -> None:
+        """config.json alone arrived: the model is its hub path (so Download and Start's verdict name it)."""
+        repo = self.hub.edit.text().strip()
+        current = self._state.get("model.path") or ""
+        if current.startswith(HUB_PREFIX) and resolve_resource(current) == Path(folder):
+            self._on_state_changed("model.path")
+            self.model_chosen.emit(current)
+        else:
+            self.choose(HUB_PREFIX + repo)
+
     def use_preset(self, path: Path) -> None:
         """Start the whole draft over from a preset file; a hub model not yet here is offered for download."""
         try:
@@ -176,7 +187,7 @@ class ModelPage(QWidget):
         new draft holds (a hub model not yet here is offered for download; else the Hub id is cleared)."""
         self.presets.show_loaded(self._state.source)
         model = self._state.get("model.path") or ""
-        missing = model.startswith(HUB_PREFIX) and not resolve_resource(model).exists()
+        missing = model.startswith(HUB_PREFIX) and not has_weight_files(resolve_resource(model))
         self.hub.edit.setText(model[len(HUB_PREFIX):] if missing else "")
 
     def _on_path_edit_editing_finished(self) -> None:
@@ -206,9 +217,13 @@ class ModelPage(QWidget):
             path = self._state.get("model.path")
             self.path_edit.setText(display_path(path))
             self.show_info(ModelInfo.read(path))
-            if path.startswith(HUB_PREFIX) and not resolve_resource(path).exists():
-                self.problem_label.setText(f"{path[len(HUB_PREFIX):]} is not downloaded yet: press Download in "
-                                           f"the Hub id row (it lands in {resolve_resource(path)}).")
+            if path.startswith(HUB_PREFIX) and not has_weight_files(resolve_resource(path)):
+                fetched = (resolve_resource(path) / "config.json").is_file()
+                self.problem_label.setText(
+                    f"{path[len(HUB_PREFIX):]} is not downloaded yet: press Download in the Hub id row (it lands "
+                    f"in {resolve_resource(path)})" + (". Its config.json is here, so the estimate shows; Start "
+                    "waits for the weights." if fetched else ", or Config only to see its estimate first."))
+                self.problem_label.setVisible(True)
         if key in ("", "model.path", "model.trust_remote_code"):
             self._show_trust()
 
@@ -227,7 +242,9 @@ class ModelPage(QWidget):
         f["context"].setText(f"{info.context_length:,} tokens" if info.context_length else "unknown")
         f["dtype"].setText(info.dtype or "not stated")
         f["vocab"].setText(f"{info.vocab_size:,} tokens" if info.vocab_size else "—")
-        f["weights"].setText(info.weights or ("no weight files found" if info.folder else "—"))
+        f["weights"].setText(info.weights or ("no weight files found: enough to estimate, Start waits for the "
+                                              "weights" if info.folder else "—"))
+        f["weights"].setStyleSheet("color: #dc2626;" if info.folder and not info.weights else "")
         f["tokenizer"].setText("tokenizer.json found" if info.has_tokenizer else "no tokenizer.json")
         if info.warnings:
             f["parameters"].setToolTip("\n".join(info.warnings))

@@ -35,6 +35,7 @@ from studio.services.open_folder import open_folder
 from studio.state.config_state import diff_configs
 from studio.state.run_metrics import LOSS, RunMetrics
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.chart_legend import with_legend
 from studio.widgets.run_overlay_chart import RunOverlayChart
 from studio.widgets.run_picker_widget import STATUS_WORDS, resume_words, when_text
 
@@ -169,7 +170,7 @@ class RunsPage(QWidget):
         compare_layout = QVBoxLayout(compare)
         compare_layout.setContentsMargins(0, 0, 0, 0)
         compare_layout.addLayout(compare_row)
-        compare_layout.addWidget(self.overlay, 1)
+        compare_layout.addWidget(with_legend(self.overlay), 1)
         self.diff_table = QTableWidget(0, 3)
         self.diff_table.setHorizontalHeaderLabels(["Field", "A", "B"])
         self.diff_table.verticalHeader().setVisible(False)

@@ -8,7 +8,7 @@ predicted peak beside the measured one. A view only: RunController decides what 
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QGridLayout,
@@ -28,6 +28,7 @@ from studio.widgets.completion_list_widget import CompletionListWidget
 from studio.widgets.failure_panel_widget import FailurePanelWidget
 from studio.widgets.field_editors import FieldEditors
 from studio.widgets.gpu_panel_widget import GpuPanelWidget
+from studio.widgets.chart_legend import with_legend
 from studio.widgets.loss_chart import LossChart
 from studio.widgets.metric_chart import MetricChart
 from studio.widgets.objective_charts_widget import ObjectiveChartsWidget
@@ -67,6 +68,9 @@ def _button_for(action: QAction) -> QPushButton:
 class TrainPage(QWidget):
     """Run controls, progress, the live charts and the GPU panel."""
 
+    start_anyway_requested = Signal()
+    """The person pressed "Start anyway" over the estimate's memory verdict."""
+
     def __init__(self, metrics: MetricStore, telemetry: TelemetryStore, editors: FieldEditors, start: QAction,
                  stop: QAction, cancel: QAction, resume: QAction, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -91,6 +95,11 @@ class TrainPage(QWidget):
         self.blocker_label.setWordWrap(True)
         self.blocker_label.setStyleSheet("color: #dc2626;")
         self.blocker_label.setVisible(False)
+        self.start_anyway_button = QPushButton("Start anyway")
+        self.start_anyway_button.setToolTip("Start although the estimate is over this device's memory; the run "
+                                            "folder records that it was started anyway (started_anyway.json)")
+        self.start_anyway_button.setVisible(False)
+        self.start_anyway_button.clicked.connect(self.start_anyway_requested)
         self.plan_label = QLabel()
         self.plan_label.setWordWrap(True)
         self.plan_label.setStyleSheet("color: palette(placeholder-text);")
@@ -118,7 +127,7 @@ class TrainPage(QWidget):
         charts = QWidget()
         grid = QGridLayout(charts)
         grid.setContentsMargins(0, 0, 0, 0)
-        grid.addWidget(self.chart, 0, 0, 2, 1)
+        grid.addWidget(with_legend(self.chart), 0, 0, 2, 1)
         grid.addWidget(self.lr_chart, 0, 1)
         grid.addWidget(self.grad_chart, 1, 1)
         grid.addWidget(self.speed_chart, 0, 2)
@@ -171,7 +180,10 @@ class TrainPage(QWidget):
         layout.addWidget(header)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
-        layout.addWidget(self.blocker_label)
+        blocker_row = QHBoxLayout()
+        blocker_row.addWidget(self.blocker_label, 1)
+        blocker_row.addWidget(self.start_anyway_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(blocker_row)
         layout.addWidget(self.plan_label)
         layout.addWidget(self.failure_panel)
         layout.addLayout(readouts)
@@ -220,10 +232,12 @@ class TrainPage(QWidget):
         self.status_label.setText(text)
         self.status_label.setToolTip(details)
 
-    def set_start_blocker(self, reason: str) -> None:
-        """Why Start is disabled, under the status line ("" hides it)."""
+    def set_start_blocker(self, reason: str, anyway: bool = False) -> None:
+        """Why Start is disabled, under the status line ("" hides it); `anyway` offers "Start anyway"
+        (only the estimate over memory is in the way, and a person may know better)."""
         self.blocker_label.setText(f"Cannot start: {reason}" if reason else "")
         self.blocker_label.setVisible(bool(reason))
+        self.start_anyway_button.setVisible(bool(reason) and anyway)
 
     def set_plan(self, text: str) -> None:
         """The worker's resolved techniques (PhaseChanged "plan")."""

@@ -11,7 +11,6 @@ discarded by huggingface_hub itself (since 1.x it no longer resumes a partial fi
 
 from __future__ import annotations
 
-import os
 import re
 from fnmatch import fnmatch
 import threading
@@ -21,7 +20,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal
 
-from backend.core.paths import hub_folder, models_dir
+from backend.api.hub_config import fetch_model_config, hub_offline_reason
+from backend.core.paths import HUB_PREFIX, hub_folder, models_dir
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 """organisation/name, as the Hub spells repository ids."""
@@ -35,14 +35,9 @@ class Cancelled(Exception):
 
 
 def hub_available() -> tuple[bool, str]:
-    """Whether downloads may be offered, and if not the one-line reason."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False, "offline: HF_HUB_OFFLINE is set, so downloads are off (unset it to enable them)"
-    try:
-        import huggingface_hub  # noqa: F401  (a transformers dependency; checked, not assumed)
-    except ImportError:
-        return False, "offline: huggingface_hub is not installed, so downloads are off"
-    return True, ""
+    """Whether downloads may be offered, and if not the one-line reason (backend.api.hub_config's)."""
+    reason = hub_offline_reason()
+    return not reason, reason
 
 
 def target_folder(repo_id: str) -> Path:
@@ -157,6 +152,22 @@ class _Job(QThread):
         return str(self.folder)
 
 
+class _ConfigJob(QThread):
+    """config.json alone (backend.api.hub_config), so the estimate shows before the weights are pulled."""
+
+    def __init__(self, repo_id: str, endpoint: str | None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.repo_id, self.endpoint = repo_id, endpoint
+        self.result_path = ""
+        self.error = ""
+
+    def run(self) -> None:
+        try:
+            self.result_path = str(fetch_model_config(HUB_PREFIX + self.repo_id, self.endpoint).parent)
+        except ValueError as exc:  # one line: offline, no such model, no network
+            self.error = str(exc)
+
+
 class HubDownload(QObject):
     """`start(repo_id)` downloads in a thread; `progress`, then `finished(folder)` or `failed(reason)`."""
 
@@ -166,12 +177,14 @@ class HubDownload(QObject):
     """The local folder holding the complete model."""
     failed = Signal(str)
     """One line: why it stopped ("cancelled" when the person cancelled)."""
+    config_fetched = Signal(str)
+    """The model's download folder, now holding its config.json (fetch_config)."""
 
     def __init__(self, endpoint: str | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.endpoint = endpoint
         """None: huggingface_hub's own (HF_ENDPOINT or huggingface.co); tests point it at a fake."""
-        self._job: _Job | None = None
+        self._job: _Job | _ConfigJob | None = None
 
     def is_running(self) -> bool:
         return self._job is not None and self._job.isRunning()
@@ -185,19 +198,30 @@ class HubDownload(QObject):
         self._job = job
         job.start()
 
+    def fetch_config(self, repo_id: str) -> None:
+        """Fetch only `repo_id`'s config.json into its download folder (the full download reuses it)."""
+        if self.is_running():
+            return
+        job = _ConfigJob(repo_id, self.endpoint, self)
+        job.finished.connect(lambda: self._on_job_finished(job))
+        self._job = job
+        job.start()
+
     def cancel(self) -> None:
-        if self._job is not None:
+        if isinstance(self._job, _Job):
             self._job.cancel_event.set()
 
     def wait(self, ms: int = 30_000) -> bool:
         """Block until the thread ends (closing the window; tests)."""
         return self._job.wait(ms) if self._job is not None else True
 
-    def _on_job_finished(self, job: _Job) -> None:
+    def _on_job_finished(self, job: _Job | _ConfigJob) -> None:
         if job is not self._job:
             return
         self._job = None
         if job.error:
             self.failed.emit(job.error)
+        elif isinstance(job, _ConfigJob):
+            self.config_fetched.emit(job.result_path)
         else:
             self.finished.emit(job.result_path)

@@ -174,7 +174,7 @@ class EstimateState(QObject):
         if self.calibration is None:
             self.recalibrate()
             self._timer.stop()
-        from backend.api.verdicts import before_start, verdicts
+        from backend.api.verdicts import before_start, runs_folder_verdicts, verdicts
 
         self._model_config = None
         try:
@@ -184,7 +184,8 @@ class EstimateState(QObject):
             self.problem = self.config_problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             draft = self._draft()  # its choices are still judged: every problem is shown at once
             self.start_verdicts = () if draft is None else tuple(before_start(
-                draft, self.caps(self.machine[0]), self.model_config(draft.model.path), data_problem=self.data_problem))
+                draft, self.caps(self.machine[0]), self.model_config(draft.model.path), data_problem=self.data_problem)
+                + runs_folder_verdicts())
             self.verdicts = () if draft is None else tuple(verdicts(
                 draft, self.model_config(draft.model.path), self.caps(), data_problem=self.data_problem))
             self.changed.emit()
@@ -196,7 +197,7 @@ class EstimateState(QObject):
         self.breakdown, self.verdicts, self.problem = result.breakdown, result.verdicts, result.problem
         self._result = result
         self.start_verdicts = tuple(before_start(config, self.caps(self.machine[0]), self.model_config(config.model.path),
-                                                 data_problem=self.data_problem))
+                                                 data_problem=self.data_problem) + runs_folder_verdicts())
         self.changed.emit()
         self._answers_timer.start()
 
@@ -273,13 +274,40 @@ class EstimateState(QObject):
             return "tight"
         return "too_big"
 
-    def start_blocker(self) -> str:
+    def start_blocker(self, anyway: bool = False) -> str:
         """Why Start may not go, every reason at once, one line each ("" when it may): an invalid form,
-        a model not downloaded or a file not there, and what this machine cannot run (the Data page's
-        problem included): backend.estimate.feasibility.before_start, the verdict `train` refuses with."""
+        a model not downloaded or a file not there, what this machine cannot run (the Data page's
+        problem included) and the estimate over the device's memory: backend.estimate.start_verdicts,
+        the verdicts `train` refuses with. `anyway`: the person pressed Start anyway, which overrides
+        the memory verdict only."""
         lines = [self.config_problem] if self.config_problem else []
-        lines += [v.message() for v in self.start_verdicts if v.blocks and v.message() not in lines]
+        lines += [line for line in self.blocking_lines(anyway) if line not in lines]
         return "\n".join(lines)
+
+    def blocking_lines(self, anyway: bool = False) -> list[str]:
+        """Each blocking verdict as `field: reason` (the memory one with its fix, which says how to start anyway)."""
+        found = [v for v in self.all_start_verdicts() if v.blocks and not (anyway and v.overridable)]
+        return [v.message() + (f"; {v.fix}" if v.overridable else "") for v in found]
+
+    def all_start_verdicts(self) -> list[Any]:
+        """before_start's verdicts and the runs folder's (at the last recompute), and the memory verdict
+        of the current estimate against THIS machine's memory (which may change without a recompute). A card
+        picked for planning ("For:") does not move Start's verdict; while it is of another device kind than
+        this machine's, the estimate shown is not this machine's, so no memory verdict is drawn from it."""
+        from backend.api.verdicts import memory_verdict
+
+        device, limit, label = self.machine
+        if device != self.device:
+            return list(self.start_verdicts)
+        where = (label.split(":")[0] or "this GPU") if device == "cuda" else "this machine's RAM"
+        memory = memory_verdict(self.breakdown, limit, where, "press Start anyway")
+        return list(self.start_verdicts) + ([memory] if memory is not None else [])
+
+    def may_start_anyway(self) -> bool:
+        """Whether "Start anyway" is offered: the form is valid and every blocking verdict may be overridden."""
+        from backend.api.verdicts import overridden
+
+        return not self.config_problem and overridden(self.all_start_verdicts())
 
     def model_config(self, path: str) -> dict[str, Any] | None:
         """config.json of `path` (None when unreadable: the estimate says why), read once per recompute."""

@@ -3,13 +3,15 @@ GRPO's mean reward, DPO's pairs ranked right, KTO's answers moved as labelled: b
 
 Evaluate runs the evaluate job (backend/jobs/evaluate.py) in a fresh worker on the run's folder;
 the figures come from the eval_report.json it writes there (an existing report is shown as soon as
-the run is picked). A skipped measure says why.
+the run is picked). A skipped measure says why. While it runs, a bar follows the job's phases: busy
+while a model loads, filling as a measure's "k/N" count (e.g. "perplexity base 3/20 examples") grows.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QProgressBar,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
@@ -32,6 +35,8 @@ from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
 
 REPORT = "eval_report.json"
+COUNT = re.compile(r"(\d+)/(\d+)")
+"""A phase's progress in its detail: "base 3/20 examples"."""
 LEGEND = "↓ lower is better · ↑ higher is better"
 ROWS = tuple((row.label, row.tip) for row in report_rows(None))
 """An SFT run's (row label, its tooltip): short labels, so the table reads in the narrow Evaluate column."""
@@ -56,6 +61,9 @@ class EvaluationWidget(QWidget):
         buttons.addStretch(1)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setFormat("%v / %m")  # the measure's count; a busy bar (a model loading) shows none
+        self.progress.setVisible(False)
         self.table = QTableWidget(len(ROWS), 2)
         self.table.setHorizontalHeaderLabels(("Base", "Tuned"))
         for row, (label, tip) in enumerate(ROWS):
@@ -70,17 +78,18 @@ class EvaluationWidget(QWidget):
         self.legend.setWordWrap(True)
         self.legend.setStyleSheet("color: palette(placeholder-text);")
         self.examples = QTextBrowser()
-        self.examples.setPlaceholderText("Example answers of both models appear here after an evaluation.")
+        self.examples.setPlaceholderText("Both models' example answers show here.")  # short: never cut
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
+        layout.addWidget(self.progress)
         layout.addWidget(self.table)
         layout.addWidget(self.legend)
         layout.addWidget(self.examples, 1)
         jobs.event_received.connect(self._on_jobs_event_received)
         jobs.ended.connect(self._on_jobs_ended)
-        jobs.running_changed.connect(lambda _running: self._update_buttons())
+        jobs.running_changed.connect(self._on_jobs_running_changed)
         self.show_report(None)
         self._update_buttons()
 
@@ -108,6 +117,17 @@ class EvaluationWidget(QWidget):
     def _on_jobs_event_received(self, event: Any) -> None:
         if isinstance(event, PhaseChanged):
             self._say(f"{event.phase.replace('_', ' ').capitalize()}: {event.detail}" if event.detail else event.phase)
+            count = COUNT.search(event.detail or "")
+            if count and int(count.group(2)) > 0:
+                self.progress.setRange(0, int(count.group(2)))
+                self.progress.setValue(min(int(count.group(1)), int(count.group(2))))
+            else:
+                self.progress.setRange(0, 0)  # busy: loading a model, tokenizing, writing the report
+
+    def _on_jobs_running_changed(self, running: bool) -> None:
+        self.progress.setRange(0, 0)
+        self.progress.setVisible(running)
+        self._update_buttons()
 
     def _on_jobs_ended(self, outcome: JobOutcome) -> None:
         if outcome.ok:

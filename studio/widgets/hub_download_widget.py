@@ -18,6 +18,8 @@ class HubDownloadWidget(QWidget):
 
     downloaded = Signal(str)
     """The local folder of a complete download, ready to be chosen as the model."""
+    config_fetched = Signal(str)
+    """The model's download folder, holding its config.json alone: enough to estimate, not to train."""
 
     def __init__(self, endpoint: str | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -25,6 +27,7 @@ class HubDownloadWidget(QWidget):
         self.download.progress.connect(self._on_progress)
         self.download.finished.connect(self._on_finished)
         self.download.failed.connect(self._on_failed)
+        self.download.config_fetched.connect(self._on_config_fetched)
         app = QCoreApplication.instance()
         if app is not None:  # the thread must not outlive the window
             app.aboutToQuit.connect(self.shutdown)
@@ -33,6 +36,8 @@ class HubDownloadWidget(QWidget):
         self.edit.returnPressed.connect(self._on_button_clicked)
         self.button = QPushButton("Download")
         self.button.clicked.connect(self._on_button_clicked)
+        self.config_button = QPushButton("Config only")
+        self.config_button.clicked.connect(self._on_config_button_clicked)
         self.bar = QProgressBar()
         self.bar.setVisible(False)
         self.note = QLabel()
@@ -42,6 +47,7 @@ class HubDownloadWidget(QWidget):
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.edit, 1)
         row.addWidget(self.button)
+        row.addWidget(self.config_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(row)
@@ -51,10 +57,13 @@ class HubDownloadWidget(QWidget):
 
     def refresh_availability(self) -> None:
         ok, reason = hub_available()
-        for widget in (self.edit, self.button):
+        for widget in (self.edit, self.button, self.config_button):
             widget.setEnabled(ok)
             widget.setToolTip(reason or "Download into the studio's models folder; the worker itself never "
                                         "goes online.")
+        if ok:
+            self.config_button.setToolTip("Fetch only config.json (a few KB) to see the memory estimate before "
+                                          "downloading the weights; Download reuses it")
         self.note.setText(reason or "Downloads into the studio's models folder, then uses it like a local folder.")
 
     # --- actions ------------------------------------------------------------------------------
@@ -75,6 +84,17 @@ class HubDownloadWidget(QWidget):
         self.edit.setEnabled(False)
         self.note.setText(f"Asking the Hub for {repo_id}'s files…")
         self.download.start(repo_id)
+
+    def _on_config_button_clicked(self) -> None:
+        repo_id = self.edit.text().strip()
+        problem = check_hub_id(repo_id)
+        if problem:
+            self.note.setText(problem)
+            return
+        for widget in (self.button, self.config_button, self.edit):
+            widget.setEnabled(False)
+        self.note.setText(f"Fetching {repo_id}'s config.json…")
+        self.download.fetch_config(repo_id)
 
     def shutdown(self) -> None:
         """Cancel and wait: closing the window mid-download must not leave a thread running."""
@@ -102,8 +122,14 @@ class HubDownloadWidget(QWidget):
                       f"and downloading again fetches only the rest.")
         self.note.setText(reason)
 
+    def _on_config_fetched(self, folder: str) -> None:
+        self._idle()
+        self.note.setText(f"config.json is in {folder}: the Techniques page estimates the run; Download fetches "
+                          "the weights (Start waits for them)")
+        self.config_fetched.emit(folder)
+
     def _idle(self) -> None:
         self.bar.setVisible(False)
         self.button.setText("Download")
-        self.button.setEnabled(True)
-        self.edit.setEnabled(True)
+        for widget in (self.button, self.config_button, self.edit):
+            widget.setEnabled(True)

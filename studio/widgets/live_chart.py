@@ -107,7 +107,11 @@ class ChartViewBox(pg.ViewBox):
 class LiveChart(pg.PlotWidget):
     """A PlotWidget with scheduled, visibility-aware redraws; subclasses implement `redraw()` and
     may call `fit(xs_min, xs_max, ys_min, ys_max)` to keep a sticky view range. Live charts have no
-    grid (`grid=True` for charts drawn once, like the run overlay)."""
+    grid (`grid=True` for charts drawn once, like the run overlay). A legend is rich text for a label
+    under the plot (`set_legend`, chart_legend.with_legend), never drawn over the curves."""
+
+    legend_changed = Signal(str)
+    """The legend's rich text whenever it changes ("" when the title names the only series)."""
 
     def __init__(self, title: str = "", left: str = "", bottom: str = "step",
                  parent: QWidget | None = None, axis_items: dict | None = None, grid: bool = False) -> None:
@@ -117,6 +121,8 @@ class LiveChart(pg.PlotWidget):
         self._x_range: tuple[float, float] | None = None
         self._y_range: tuple[float, float] | None = None
         self._manual = False
+        self.legend = ""
+        """The legend's rich text now."""
         item = self.getPlotItem()
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
@@ -159,6 +165,12 @@ class LiveChart(pg.PlotWidget):
         super().showEvent(event)
         if self._dirty:
             self._scheduler.request(self)
+
+    def set_legend(self, text: str) -> None:
+        """Say the legend's rich text (once per change)."""
+        if text != self.legend:
+            self.legend = text
+            self.legend_changed.emit(text)
 
     # --- sticky range -------------------------------------------------------------------------
     def line(self, color: str, name: str | None = None, style=None, **options) -> pg.PlotDataItem:
@@ -228,6 +240,3 @@ class LiveChart(pg.PlotWidget):
             axis.setPen(pg.mkPen(text.darker(130) if text.lightness() > 128 else text.lighter(160)))
             axis.setTextPen(pg.mkPen(text))
         item.titleLabel.setText(item.titleLabel.text, color=text.name())
-        legend = item.legend
-        if legend is not None:
-            legend.setLabelTextColor(text)

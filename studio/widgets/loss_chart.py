@@ -2,7 +2,8 @@
 
 pyqtgraph rather than QtCharts: it redraws tens of thousands of points at ~10 Hz without stalling
 the event loop, because clipToView draws only the visible range and auto-downsampling draws at
-most about one point per pixel column (see LiveChart).
+most about one point per pixel column (see LiveChart). The legend is a label under the plot
+(chart_legend.with_legend): drawn in a corner, it covered the start of the curve.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
 from studio.state.metric_store import MetricStore
+from studio.widgets.chart_legend import DASHED_DOTS, SOLID, entries_html, entry_html
 from studio.widgets.live_chart import LiveChart, arrays
+
+TRAIN_COLOR, EVAL_COLOR = "#3b82f6", "#f97316"
 
 
 class LossChart(LiveChart):
@@ -19,12 +23,11 @@ class LossChart(LiveChart):
 
     def __init__(self, store: MetricStore | None = None, parent: QWidget | None = None) -> None:
         super().__init__(title="Loss", left="loss", parent=parent)
-        item = self.getPlotItem()
-        item.addLegend(offset=(-10, 10))
-        self._loss = self.line("#3b82f6", name="train loss")
-        self._eval = self.line("#f97316", name="eval loss", style=Qt.PenStyle.DashLine, symbol="o", symbolSize=7,
-                               symbolBrush="#f97316", symbolPen=None)
-        self._apply_palette()
+        self._loss = self.line(TRAIN_COLOR, name="train loss")
+        self._eval = self.line(EVAL_COLOR, name="eval loss", style=Qt.PenStyle.DashLine, symbol="o", symbolSize=7,
+                               symbolBrush=EVAL_COLOR, symbolPen=None)
+        self.set_legend(entries_html([entry_html(TRAIN_COLOR, SOLID, "train loss"),
+                                      entry_html(EVAL_COLOR, DASHED_DOTS, "eval loss")]))
         self._store: MetricStore | None = None
         if store is not None:
             self.set_store(store)

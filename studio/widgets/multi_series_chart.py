@@ -1,8 +1,8 @@
 """MultiSeriesChart: several live series of one store on one chart (chosen vs rejected, each reward function).
 
 The series may be fixed names or found in the store as they appear (`names` a callable, e.g. every
-rewards/<label>/mean of a GRPO run), each with its colour and a legend entry. The legend is rich text
-(`legend_changed`) for a label beside the chart: drawn on the plot, it covered the curves of a small chart.
+rewards/<label>/mean of a GRPO run), each with its colour and a legend entry (rich text for a label under
+the chart: studio/widgets/chart_legend.py).
 """
 
 from __future__ import annotations
@@ -10,21 +10,18 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QWidget
 
+from studio.widgets.chart_legend import DASHED, SOLID, entries_html, entry_html
 from studio.widgets.live_chart import COLORS, LiveChart, arrays
 
-LEGEND_SIZE = "7pt"
 SeriesNames = Callable[[], list[tuple[str, str]]]
 """() -> [(store name, legend label), ...]: the series to draw now."""
 
 
 class MultiSeriesChart(LiveChart):
     """Plots `store.arrays(name)` for every (name, label) that `names()` gives, one colour each."""
-
-    legend_changed = Signal(str)
-    """The legend's rich text whenever the drawn series change ("" for one series: the title names it)."""
 
     def __init__(self, store: Any, names: SeriesNames, title: str, left: str = "", bottom: str = "step",
                  dashed: Callable[[str], bool] | None = None, group: Callable[[str], str] | None = None,
@@ -35,8 +32,6 @@ class MultiSeriesChart(LiveChart):
         self._group = group or (lambda name: name)
         """Series of one group share a colour (a reward's mean and its spread)."""
         self._curves: dict[str, pg.PlotDataItem] = {}
-        self.legend = ""
-        """The legend's rich text now."""
         store.changed.connect(self.mark_dirty)
         self.mark_dirty()
 
@@ -60,11 +55,10 @@ class MultiSeriesChart(LiveChart):
             if self._dashed(name) and self._group(name) in solid_groups:
                 shared = True
                 continue
-            mark = "┄┄" if self._dashed(name) else "━━"
-            items.append(f"<span style='color:{color}'>{mark}</span>&nbsp;{label.replace(' ', '&nbsp;')}")
+            items.append(entry_html(color, DASHED if self._dashed(name) else SOLID, label))
         if shared:
-            items.append("┄┄&nbsp;spread")
-        return "&nbsp;&nbsp; ".join(items)
+            items.append(f"{DASHED}&nbsp;spread")
+        return entries_html(items)
 
     def redraw(self) -> None:
         wanted = self._names()
@@ -83,27 +77,6 @@ class MultiSeriesChart(LiveChart):
             x, y = arrays(*self._store.arrays(name))
             curve.setData(x, y)
             data.append((x, y))
-        legend = self._legend_html(entries) if len(entries) > 1 else ""  # one series: the title names it
-        if legend != self.legend:
-            self.legend = legend
-            self.legend_changed.emit(legend)
+        self.set_legend(self._legend_html(entries) if len(entries) > 1 else "")  # one series: the title names it
         self.fit_arrays(*data)
 
-
-def with_legend(chart: MultiSeriesChart) -> QWidget:
-    """The chart with its legend in a small wrapping label under it (hidden while there is none)."""
-    box = QWidget()
-    layout = QVBoxLayout(box)
-    layout.setContentsMargins(0, 0, 0, 0)
-    layout.setSpacing(0)
-    label = QLabel(chart.legend)
-    label.setWordWrap(True)
-    label.setStyleSheet(f"font-size: {LEGEND_SIZE};")
-    label.setVisible(bool(chart.legend))
-    label.setMinimumHeight(2 * label.fontMetrics().lineSpacing())  # room to wrap once: a grid cell does not ask
-    chart.legend_changed.connect(label.setText)
-    chart.legend_changed.connect(lambda text: label.setVisible(bool(text)))
-    layout.addWidget(chart, 1)
-    layout.addWidget(label)
-    box.setToolTip(chart.toolTip())
-    return box

@@ -15,7 +15,8 @@ from PySide6.QtWidgets import QGridLayout, QStackedWidget, QWidget
 from studio.state.objective_store import ObjectiveStore
 from studio.widgets.live_chart import LiveChart
 from studio.widgets.metric_chart import MetricChart
-from studio.widgets.multi_series_chart import MultiSeriesChart, with_legend
+from studio.widgets.chart_legend import with_legend
+from studio.widgets.multi_series_chart import MultiSeriesChart
 
 TIPS = {
     "rewards": "The implicit reward (beta x log-probability ratio to the reference) of the chosen and the rejected "
@@ -27,8 +28,17 @@ TIPS = {
               "spread within each prompt's group: with no spread a group teaches nothing.",
     "functions": "Each reward function's mean (solid) and spread (dashed) over the sampled completions.",
     "length": "Mean length of the sampled completions, in tokens (cut at grpo.max_completion_length).",
-    "clip": "Share of tokens whose probability ratio was clipped (large steps held back).",
+    "clip": "Share of tokens whose probability ratio was clipped (large steps held back): "
+            "clipped in region (clip_ratio/region_mean) is either side; clipped low (clip_ratio/low_mean): the "
+            "ratio fell below 1 - epsilon on a worse-than-average completion; clipped high "
+            "(clip_ratio/high_mean): it rose above 1 + epsilon on a better-than-average one.",
 }
+
+CLIPPED = {"clip_ratio/region_mean": "clipped in region", "clip_ratio/low_mean": "clipped low",
+           "clip_ratio/high_mean": "clipped high"}
+"""TRL's GRPO clip shares in words (grpo_trainer: low = ratio < 1 - epsilon_low with a negative advantage,
+high = ratio > 1 + epsilon_high with a positive one, region = either). Its low_min and high_max are the
+extremes over processes, the same as the means on one process: not drawn."""
 
 OPTIONAL = {"kl": "kl", "accuracy": "rewards/accuracies", "length": "completions/mean_length"}
 """Charts shown only once their metric was logged (KL needs grpo.beta > 0; KTO logs no accuracy)."""
@@ -86,7 +96,7 @@ class ObjectiveChartsWidget(QStackedWidget):
         return [(name, label) for name, label in series if self._store.count(name)]
 
     def _clip_series(self) -> list[tuple[str, str]]:
-        return [(name, name.split("/", 1)[-1]) for name in self._store.names() if name.startswith("clip_ratio")][:4]
+        return [(name, label) for name, label in CLIPPED.items() if self._store.count(name)]
 
     def kind(self) -> str:
         """What is shown: "", "preference" or "grpo"."""

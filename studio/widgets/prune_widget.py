@@ -3,7 +3,8 @@ remove what is picked, and show the figures before and after (backend/jobs/prune
 
 The picks are checked against the model's config.json before a worker starts (backend/pruning/request.py,
 the CLI's own check), so a layer out of range or an uneven head pick is one red line, not a failed job.
-The ranking and the report are the CLI's text (backend/pruning/report.py). Torch-free.
+The ranking is a table to tick what to cut (studio/widgets/prune_ranking_widget.py), which fills the
+fields; the report is the CLI's text (backend/pruning/report.py). Torch-free.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -29,14 +31,16 @@ from PySide6.QtWidgets import (
 
 from backend.core.errors import JobError
 from backend.core.protocol import PhaseChanged
-from backend.api.pruning import RANKING, REPORT, format_ranking, format_report, read_json
+from backend.api.pruning import RANKING, REPORT, format_report, read_json
 from backend.api.pruning import MIN_FFN_KEEP, PruneRequest, Shape, out_problem
 from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
+from studio.widgets.prune_ranking_widget import FFN_QUARTER_KEEP, PruneRankingWidget
 
 
 FIELDS = (("--drop-layers", "Drop layers"), ("--layers", "the least important layers"),
           ("--drop-heads", "Drop head groups per layer"), ("--ffn-keep", "Keep FFN channels"))
+HINT = "Rank lists what matters least; tick what to cut there, then Prune. Prune shows the figures before and after."
 """The CLI's flags, as the refusals shared with the CLI name them, and the fields they are here."""
 
 
@@ -56,7 +60,8 @@ class PruneWidget(QGroupBox):
         self._path = ""
         self._last: Path | None = None  # the file the running job will write
         self.layers_edit = QLineEdit()
-        self.layers_edit.setPlaceholderText("e.g. 12,13 (indices from the ranking)")
+        self.layers_edit.setPlaceholderText("e.g. 12,13, or tick below")  # short: the field is narrow
+        self.layers_edit.setToolTip("Layer indices to remove, from the ranking (ticking a layer there fills this)")
         self.count_spin = QSpinBox()
         self.count_spin.setRange(0, 999)
         self.count_spin.setSpecialValueText("none")
@@ -66,6 +71,11 @@ class PruneWidget(QGroupBox):
         self.heads_spin.setSpecialValueText("none")
         self.heads_spin.setToolTip("Key/value groups removed from every layer, each with its query heads: "
                                    "transformers keeps one head count for all layers")
+        self.heads_edit = QLineEdit()
+        self.heads_edit.setPlaceholderText("e.g. 0:1,1:0 (layer:group)")
+        self.heads_edit.setToolTip("The key/value groups to remove, as LAYER:GROUP from the ranking (ticking a group "
+                                   "there fills this), the same number in every layer; when given, the count above "
+                                   "is not used")
         self.ffn_spin = QDoubleSpinBox()
         self.ffn_spin.setDecimals(3)
         self.ffn_spin.setRange(MIN_FFN_KEEP, 1.0)  # the floor the CLI refuses below (pruning/request.py)
@@ -79,6 +89,7 @@ class PruneWidget(QGroupBox):
         form.addRow("Drop layers", self.layers_edit)
         form.addRow("or the least important", self.count_spin)
         form.addRow("Drop head groups per layer", self.heads_spin)
+        form.addRow("or these head groups", self.heads_edit)
         form.addRow("Keep FFN channels", self.ffn_spin)
         form.addRow("Output folder", self.out_edit)
         form.addRow("", self.overwrite_check)
@@ -96,14 +107,21 @@ class PruneWidget(QGroupBox):
         buttons.addStretch(1)
         self.status_label = QLabel("")
         self.status_label.setWordWrap(True)
+        self.hint = QLabel(HINT)  # a label, not a placeholder: it wraps in the narrow column
+        self.hint.setWordWrap(True)
+        self.hint.setStyleSheet("color: palette(placeholder-text);")
+        self.ranking = PruneRankingWidget()
+        self.ranking.picks_changed.connect(self._on_ranking_picks_changed)
         self.text = QTextBrowser()
         self.text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.text.setPlaceholderText("The ranking, or the pruned model's figures before and after, appear here.")
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
+        layout.addWidget(self.hint, 1, Qt.AlignmentFlag.AlignTop)
+        layout.addWidget(self.ranking, 1)
         layout.addWidget(self.text, 1)
+        self._show_view(self.hint)
         jobs.event_received.connect(self._on_jobs_event_received)
         jobs.ended.connect(self._on_jobs_ended)
         jobs.running_changed.connect(lambda _running: self._update_buttons())
@@ -115,7 +133,7 @@ class PruneWidget(QGroupBox):
             return
         self._path = path
         self._say("")
-        self.text.clear()
+        self._show_view(self.hint)
         for name in (f"pruned/{REPORT}", RANKING):
             found = read_json(Path(path) / name) if path else None
             if found is not None:
@@ -135,7 +153,10 @@ class PruneWidget(QGroupBox):
             params["drop_layers"] = [int(v) if v.isdigit() else v for v in text.split(",") if v]
         elif self.count_spin.value():
             params["layers"] = self.count_spin.value()
-        if self.heads_spin.value():
+        heads = self.heads_edit.text().replace(" ", "")
+        if heads:
+            params["drop_heads"] = [v for v in heads.split(",") if v]
+        elif self.heads_spin.value():
             params["drop_heads"] = self.heads_spin.value()
         if self.ffn_spin.value() < 1.0:
             params["ffn_keep"] = round(self.ffn_spin.value(), 4)
@@ -174,7 +195,7 @@ class PruneWidget(QGroupBox):
             return
         out = Path(params.get("out") or folder.path / "pruned")
         self._last = folder.path / RANKING if rank_only else out / REPORT
-        self.text.clear()
+        self._show_view(self.hint)
         self._say("Ranking…" if rank_only else "Pruning…")
         self.jobs.start(folder, folder.load_config(), job="prune", params=params)
 
@@ -198,10 +219,31 @@ class PruneWidget(QGroupBox):
 
     def _show(self, payload: dict[str, Any], rank_only: bool) -> None:
         try:
-            self.text.setPlainText(format_ranking(payload) if rank_only else format_report(payload))
+            if rank_only:
+                self.ranking.set_ranking(payload)
+            else:
+                self.text.setPlainText(format_report(payload))
+            self._show_view(self.ranking if rank_only else self.text)
         except (KeyError, TypeError):
-            self.text.setPlainText("")
+            self._show_view(self.hint)
             self._say("the saved prune report is from another version and cannot be shown", error=True)
+
+    def _show_view(self, view: QWidget) -> None:
+        """One of the hint, the ranking table and the report text."""
+        for each in (self.hint, self.ranking, self.text):
+            each.setVisible(each is view)
+        if view is self.hint:
+            self.ranking.clear()
+            self.text.clear()
+
+    def _on_ranking_picks_changed(self, kind: str) -> None:
+        """The ticks of one kind become the field the Prune button reads (the others keep what was typed)."""
+        if kind == "layer":
+            self.layers_edit.setText(",".join(map(str, self.ranking.picked_layers())))
+        elif kind == "head":
+            self.heads_edit.setText(",".join(f"{layer}:{group}" for layer, group in self.ranking.picked_heads()))
+        elif kind == "ffn":
+            self.ffn_spin.setValue(FFN_QUARTER_KEEP if self.ranking.ffn_quarter_picked() else 1.0)
 
     def _update_buttons(self) -> None:
         running = self.jobs.is_running()

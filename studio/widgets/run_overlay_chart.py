@@ -1,10 +1,15 @@
-"""RunOverlayChart: the loss curves of several past runs on one chart, one colour each."""
+"""RunOverlayChart: the loss curves of several past runs on one chart, one colour each.
+
+The legend (one entry per run) is a label under the plot (chart_legend.with_legend), so it never
+covers a curve however many runs are picked.
+"""
 
 from __future__ import annotations
 
 import pyqtgraph as pg
 from PySide6.QtWidgets import QWidget
 
+from studio.widgets.chart_legend import SOLID, entries_html, entry_html
 from studio.widgets.live_chart import COLORS, LiveChart, arrays
 
 
@@ -13,7 +18,6 @@ class RunOverlayChart(LiveChart):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(title="Training loss of the selected runs", left="loss", parent=parent, grid=True)
-        self.getPlotItem().addLegend(offset=(-10, 10))
         self._runs: list[tuple[str, list[float], list[float]]] = []
         self._curves: list[pg.PlotDataItem] = []
 
@@ -37,10 +41,11 @@ class RunOverlayChart(LiveChart):
         for curve in self._curves:
             item.removeItem(curve)
         self._curves = []
-        data = []
+        data, entries = [], []
         for index, (label, steps, values) in enumerate(self._runs):
-            pen = pg.mkPen(COLORS[index % len(COLORS)], width=2)
+            color = COLORS[index % len(COLORS)]
             data.append(arrays(steps, values))
-            self._curves.append(item.plot(*data[-1], name=label, pen=pen))
+            self._curves.append(item.plot(*data[-1], name=label, pen=pg.mkPen(color, width=2)))
+            entries.append(entry_html(color, SOLID, label))
+        self.set_legend(entries_html(entries))
         self.fit_arrays(*data)
-        self._apply_palette()

@@ -1,18 +1,23 @@
 """SampleListWidget: the answers the model gave to a few prompts during training, newest first.
 
 The worker samples after each evaluation: PhaseChanged(phase="sample", detail=prompt), then
-TokensGenerated(done=True) with the answer. Feed every event to `apply`; others are ignored.
+TokensGenerated(done=True) with the answer, for every objective (SFT, DPO, KTO, GRPO). Feed every
+event to `apply`; others are ignored. While empty it says when samples come, and why a run may have none.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QWidget
 
 from backend.core.protocol import JobStarted, PhaseChanged, TokensGenerated
 
 MAX_SAMPLES = 50
+EMPTY = ("Answers to a few validation prompts appear after each evaluation. A run without a validation "
+         "split (data.validation_split 0) or evaluations (train.eval_steps 0) has none.")
 
 
 class SampleListWidget(QListWidget):
@@ -37,6 +42,15 @@ class SampleListWidget(QListWidget):
             while self.count() > MAX_SAMPLES:
                 self.takeItem(self.count() - 1)
             self._prompt = None
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt override)
+        super().paintEvent(event)
+        if self.count() == 0:  # a list has no placeholder: say, wrapped, when samples come
+            painter = QPainter(self.viewport())
+            painter.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
+            painter.drawText(self.viewport().rect().adjusted(6, 6, -6, -6),
+                             Qt.AlignmentFlag.AlignTop | Qt.TextFlag.TextWordWrap, EMPTY)
+            painter.end()
 
     def samples(self) -> list[str]:
         return [self.item(i).text() for i in range(self.count())]

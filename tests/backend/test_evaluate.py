@@ -61,6 +61,8 @@ def test_evaluate_compares_base_and_tuned(trained):
 
     phases = [e for e in events if e["type"] == "PhaseChanged"]
     assert any(e["phase"] == "perplexity" and e["detail"].startswith("tuned ") and "/" in e["detail"] for e in phases)
+    counts = [e["detail"] for e in phases if e["phase"] == "perplexity" and e["detail"].startswith("base ")]
+    assert counts[0].startswith("base 0/") and counts[0].endswith(" examples")  # the count shows before the first batch
     assert phases[-1]["phase"] == "report" and "perplexity base" in phases[-1]["detail"]
     assert folder.status() == "finished"  # an evaluation does not change what the fine-tune was
 

@@ -164,7 +164,7 @@ def test_what_peft_cannot_do_with_fused_experts_is_refused_before_loading(overri
     assert caught.value.message.startswith(field) and "fused experts" in caught.value.message
     assert "all-linear" in caught.value.hint
     notes = "; ".join(plan("qwen3_moe", [named]).notes)
-    assert "adapts Qwen3MoeForCausalLM's 4 fused experts" in notes and "exports as adapter only" in notes
+    assert "adapts Qwen3MoeForCausalLM's 4 fused experts" in notes and "exports merge it into every expert" in notes
     plan("qwen3_moe", [override])  # all-linear leaves the experts out: then it can
     plan("qwen2_moe", [override, named])  # peft does not map this family's experts at all
 

@@ -75,8 +75,10 @@ def export(worker: Any, run_dir: Path, params: dict[str, Any]) -> int:
 def evaluate(worker: Any, run_dir: Path, params: dict[str, Any]) -> int:
     worker.emit(JobStarted(job="evaluate", run_dir=str(run_dir)))
     for which in ("base", "tuned"):
-        worker.emit(PhaseChanged(phase="perplexity", detail=f"{which} 1/1"))
-        time.sleep(worker.delay)
+        worker.emit(PhaseChanged(phase="load_model", detail=which))
+        for done in (0, 4, 8):  # as the real job counts: before the first batch, then after each
+            worker.emit(PhaseChanged(phase="perplexity", detail=f"{which} {done}/8 examples"))
+            time.sleep(worker.delay)
     report = {
         "perplexity": {"split": "validation", "examples": 8, "tokens": 512,
                        "base": {"perplexity": 12.5, "loss": 2.526, "tokens": 512, "examples": 8},

@@ -4,9 +4,10 @@ The objective comes from the StartJob's config (technique.objective). Each step 
 objective's own metrics in MetricsLogged.extra, named as TRL names them (DPO/KTO: rewards/chosen,
 rewards/rejected, rewards/margins, rewards/accuracies, KTO also kl; GRPO: reward, reward_std,
 rewards/<label>/mean and /std for each configured reward, kl, completions/mean_length,
-clip_ratio/region_mean, entropy). GRPO steps first send CompletionScored for every sampled completion
-(two prompts x grpo.num_generations), so a ten-step run sends more than the window keeps. SFT runs
-log no extra metrics. A StopJob ends the run at the next step with a checkpoint, like the real one.
+clip_ratio/region_mean, low_mean, high_mean, low_min, high_max, entropy). GRPO steps first send CompletionScored for every sampled completion
+(two prompts x grpo.num_generations), so a ten-step run sends more than the window keeps. Every
+EVAL_EVERY steps an evaluation and a sample answer per prompt, as the real worker sends for every
+objective. SFT runs log no extra metrics. A StopJob ends the run at the next step with a checkpoint, like the real one.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ import math
 import time
 from typing import Any
 
-from backend.core.protocol import CompletionScored, JobFinished, JobStarted, MetricsLogged, PhaseChanged
+from backend.core.protocol import (
+    CompletionScored,
+    EvalFinished,
+    JobFinished,
+    JobStarted,
+    MetricsLogged,
+    PhaseChanged,
+    TokensGenerated,
+)
 
 PROMPTS = ("Is this a question? Answer yes or no.\n\nDoes the model learn?",
            "Is this a question? Answer yes or no.\n\nThe loss goes down.")
 STEPS = 10
+EVAL_EVERY = 5
 
 
 def reward_labels(config: dict[str, Any]) -> list[str]:
@@ -40,7 +50,9 @@ def extra_metrics(objective: str, step: int, labels: list[str]) -> dict[str, flo
         return extra
     if objective == "grpo":
         extra = {"reward": 0.2 + 0.6 * progress, "reward_std": 0.45 - 0.2 * progress, "kl": 0.001 * step,
-                 "completions/mean_length": 6.0 - 2.0 * progress, "clip_ratio/region_mean": 0.05 * math.sin(step),
+                 "completions/mean_length": 6.0 - 2.0 * progress, "clip_ratio/region_mean": 0.05 * abs(math.sin(step)),
+                 "clip_ratio/low_mean": 0.02 * abs(math.sin(step)), "clip_ratio/high_mean": 0.03 * abs(math.sin(step)),
+                 "clip_ratio/low_min": 0.02 * abs(math.sin(step)), "clip_ratio/high_max": 0.03 * abs(math.sin(step)),
                  "entropy": 1.2 - 0.5 * progress}
         for index, label in enumerate(labels):
             extra[f"rewards/{label}/mean"] = min(1.0, 0.1 * (index + 1) + 0.6 * progress)
@@ -76,6 +88,11 @@ def run_objective(worker: Any, start: Any) -> int:
         loss *= 0.9
         worker.emit(MetricsLogged(step=step, max_steps=STEPS, loss=loss, learning_rate=1e-3, grad_norm=0.5,
                                   tokens_per_s=900.0, extra=extra_metrics(objective, step, labels)))
+        if step % EVAL_EVERY == 0:
+            worker.emit(EvalFinished(step=step, eval_loss=loss * 1.1))
+            for prompt in PROMPTS:
+                worker.emit(PhaseChanged(phase="sample", detail=" ".join(prompt.split())))
+                worker.emit(TokensGenerated(text="yes" if step == STEPS else "maybe so", done=True))
         if worker.stop.is_set():
             return worker.finish_stopped(step, loss)
         time.sleep(worker.delay)

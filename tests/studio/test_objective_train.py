@@ -34,7 +34,10 @@ def test_a_grpo_run_charts_rewards_and_lists_the_latest_completions(qtbot, make_
     assert charts["functions"].series_names() == ["rewards/exact_match/mean", "rewards/exact_match/std",
                                                   "rewards/length/mean", "rewards/length/std"]
     assert charts["kl"].point_count() == 10 and charts["length"].point_count() == 10
-    assert charts["clip"].series_names() == ["clip_ratio/region_mean"]
+    assert charts["clip"].series_names() == ["clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"]
+    legend = charts["clip"].legend  # words, not TRL's keys; the keys are in the tooltip
+    assert "clipped&nbsp;low" in legend and "clipped&nbsp;in&nbsp;region" in legend and "_mean" not in legend
+    assert "clip_ratio/low_mean" in charts["clip"].parentWidget().toolTip()
     assert store.latest("reward") > store.arrays("reward")[1][0]  # the fake learns
     rows = page.completions.rows()
     assert len(rows) == MAX_COMPLETIONS < 2 * 4 * 10  # two prompts x four generations x ten steps were sent
@@ -53,6 +56,8 @@ def test_a_dpo_run_charts_chosen_against_rejected_and_an_sft_run_looks_as_before
     assert charts["margin"].point_count() == 10 and charts["accuracy"].point_count() == 10
     assert studio.store.objective.latest("rewards/accuracies") == 1.0
     assert not charts["kl"].isVisibleTo(page.objective_charts)  # DPO logs no KL
+    samples = page.samples.samples()  # a DPO run samples answers at each evaluation too
+    assert len(samples) == 4 and samples[0].endswith("→  yes") and "Does the model learn?" in samples[1]
 
     _run(qtbot, studio, "sft")  # a new run: nothing of the DPO run stays
     assert page.objective_charts.kind() == "" and page.tabs.tabBar().isHidden()
@@ -109,3 +114,19 @@ def test_a_completions_line_breaks_stay_visible_in_its_row():
     assert completion_text(event).endswith(f": tes S {NEWLINE} no")
     spaced = CompletionScored(step=2, prompt="p", completion="a   b\n\n c ", rewards={}, reward=1.0)
     assert completion_text(spaced).endswith(f": a b {NEWLINE}  {NEWLINE} c")
+
+
+def test_an_empty_sample_list_says_when_samples_come_and_why_a_run_has_none(qtbot):
+    from PySide6.QtGui import QColor, QImage
+
+    from studio.widgets.sample_list_widget import EMPTY, SampleListWidget
+
+    samples = SampleListWidget()
+    qtbot.addWidget(samples)
+    samples.resize(260, 160)
+    samples.show()
+    image = samples.viewport().grab().toImage().convertToFormat(QImage.Format.Format_RGB32)
+    background = QColor(image.pixel(image.width() - 2, image.height() - 2))
+    drawn = {QColor(image.pixel(x, y)).rgb() for x in range(0, image.width(), 2) for y in range(0, 40, 2)}
+    assert len(drawn - {background.rgb()}) > 1  # the wrapped text is drawn at the top
+    assert "validation split" in EMPTY and "eval_steps" in EMPTY

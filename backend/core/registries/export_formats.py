@@ -171,7 +171,7 @@ def _gguf(name: str, description: str, bounds: Mapping[str | None, Bounds], *, g
           order: int) -> None:
     """A GGUF format: the merged tensors handed over in fp32 and rounded once, to its own types."""
     register_format(ExportFormat(name, description, "gguf", GGUF_DOORS, bounds, disk=None, merge_precision="fp32",
-                                 read_back_in="the precision it holds", ggml_type=ggml_type, ggml_bytes=ggml_bytes,
+                                 read_back_in="16-bit weights with fp32 activations and products", ggml_type=ggml_type, ggml_bytes=ggml_bytes,
                                  served_by=("llama-cpp",), serve_order=order))
 
 
@@ -240,8 +240,8 @@ def _key(name: str, dtype: str | None) -> str:
 TOLERANCES: dict[str, tuple[float, float]] = {
     _key(f.name, dtype): (b.max_increase, b.min_top1) for f in EXPORT_FORMATS.values() for dtype, b in f.bounds.items()}
 """(largest relative perplexity increase, smallest top-1 agreement at decided positions) per format, or
-per format:dtype, against the trained model measured in the export's 16-bit dtype (a GGUF is read back in
-the precision it holds: backend/export/gguf_check.py's read_dtype)."""
+per format:dtype, against the trained model measured in the export's 16-bit dtype (a GGUF is read back with
+16-bit weights and fp32 activations: backend/export/gguf_check.py's read_dtype)."""
 ALTERNATIVES: dict[str, list[tuple[str, str | None]]] = {
     _key(f.name, dtype): list(b.alternatives) for f in EXPORT_FORMATS.values() for dtype, b in f.bounds.items()}
 """What to try after a failed check: never the (format, dtype) that failed."""

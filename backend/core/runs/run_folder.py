@@ -20,6 +20,10 @@ from typing import Any, Iterator
 from backend.core.config.run_config import RunConfig
 from backend.core.paths import usable_home
 
+NAME_TRIES = 8
+"""Random suffixes tried before RunFolder.create gives up (one in 65,536 collides in the same second)."""
+STARTED_ANYWAY = "started_anyway.json"
+"""Written when a person started a run over a blocking verdict they may override (the estimate over memory)."""
 CHECKPOINT_MARKER = "checkpoint_complete.json"
 """Written last, after an fsync of everything else: a checkpoint without it does not count."""
 EXPORTS_RECORD = "exports.json"
@@ -93,12 +97,25 @@ class RunFolder:
         root.mkdir(parents=True, exist_ok=True)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", config.name).strip("-")[:40] or "run"
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = root / f"{stamp}-{slug}-{secrets.token_hex(2)}"
-        path.mkdir()
+        for _ in range(NAME_TRIES):  # two runs of one name in one second share the stamp: the suffix differs
+            path = root / f"{stamp}-{slug}-{secrets.token_hex(2)}"
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"{root}: {NAME_TRIES} run folder names for {slug} at {stamp} are all taken")
         folder = cls(path)
         absolute_paths(config).save(folder.config_path)
         folder.events_path.touch()
         return folder
+
+    def record_started_anyway(self, lines: list[str]) -> None:
+        """Say in the folder that the run was started over these verdicts, so a failure later reads as
+        the risk that was taken, not as a fault of the studio's estimate."""
+        record = {"started_anyway": True, "verdicts": lines, "time": time.time()}
+        (self.path / STARTED_ANYWAY).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def load_config(self) -> RunConfig:
         return RunConfig.load(self.config_path)

@@ -56,12 +56,13 @@ class Writer:
 
 
 def read_back(work: ExportWork, folder: Path) -> tuple[Any, str, str, str]:
-    """The file as transformers' GGUF loader reads it, in the precision it holds; (None, ..., why) where that
-    reader cannot rebuild this model."""
+    """The file as transformers' GGUF loader reads it, its weights in 16 bits, its activations in fp32
+    (gguf_check.read_dtype, widen); (None, ..., why) where that reader cannot rebuild this model."""
     model, loaded_as, reason = gguf_check.read_back(folder / FILE, _model_config(work.run), work.device)
     if model is None:
         return None, f"not verified by transformers: {reason}", "none", reason
-    return model, loaded_as, HELD[next(model.parameters()).dtype], ""
+    held = HELD[next(model.parameters()).dtype]
+    return model, loaded_as, held if held == "fp32" else f"{held} weights, fp32 activations", ""
 
 
 def not_verified(work: ExportWork, folder: Path, max_increase: float, reason: str) -> list[dict]:

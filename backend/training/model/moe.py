@@ -71,7 +71,7 @@ def moe_notes(config: RunConfig, facts: ModelFacts) -> list[str]:
                            "technique.lora_targets names, without dropout",
                            "set lora_dropout 0, or lora_targets all-linear")
         notes.append(f"lora_targets adapts {facts.name}'s {facts.num_experts} fused experts (peft target_parameters: "
-                     "a fresh copy of each layer's experts per step; such an adapter exports as adapter only)")
+                     "a fresh copy of each layer's experts per step; exports merge it into every expert)")
     elif t.method != "full" and t.lora_targets == "all-linear" and all_linear_takes_experts(facts.model_type):
         notes.append(f"all-linear on {facts.name} adapts the attention ({ATTENTION_TARGETS}), not the "
                      f"{facts.num_experts} fused experts: peft would merge a fresh copy of each layer's experts on "
