@@ -285,7 +285,7 @@ class TechniquesPage(QWidget):
             self._show_objective()
         if key in ("", "technique.objective", "technique.packing"):
             self._show_packing()
-        if key in ("", "technique.activation_offload", "hardware.strategy") or any(key == k for k, *_ in OFFLOAD_NEEDS):
+        if key in ("", "technique.activation_offload", "hardware.strategy", *(k for k, _, _ in OFFLOAD_NEEDS)):
             self._show_offload()
         problem = self._state.problem()
         self.problem_label.setText(f"Cannot start: {problem}" if problem else "")
