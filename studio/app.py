@@ -119,6 +119,7 @@ def build_core(window: MainWindow | None = None, settings: Settings | None = Non
     for key, remembered in (("model", settings.last_model), ("data", settings.last_dataset)):
         if _remembered(remembered):  # a change on top of the preset, so the command line names it
             config.set(f"{key}.path", remembered)
+    config.mark_clean()  # the restored model and data are not edits to ask about before starting over
     editors = FieldEditors(config, parent=window)
     estimate = EstimateState(config, parent=window)
     core = _Core(window, settings, config, editors, estimate, problem)
@@ -172,9 +173,15 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     def counted(profile: Any) -> None:  # the length row's steps <-> epochs
         pages["techniques"].set_examples(None if profile.problem else profile.count)
 
-    pages["data"].profile_ready.connect(counted)
-    if pages["data"].profile is not None:
-        counted(pages["data"].profile)
+    def columns_read(_profile: Any) -> None:  # the rewards that read a column the data lacks turn red
+        records = pages["data"].records
+        known = records is not None and records.objective == "grpo" and bool(records.columns)
+        pages["techniques"].rewards.set_columns(records.columns if known else None)
+
+    for slot in (counted, columns_read):
+        pages["data"].profile_ready.connect(slot)
+        if pages["data"].profile is not None:
+            slot(pages["data"].profile)
     pages["train"] = TrainPage(store, telemetry, editors, window.start_action, window.stop_action,
                                window.cancel_action, window.resume_action)
     pages["runs"] = RunsPage()
@@ -276,11 +283,14 @@ def open_config(window: MainWindow, config: Any, path: str) -> bool:
     """File > Open config: the draft starts over from a RunConfig YAML; a file that does not load is
     one line naming the file, line and field (the draft stays as it was)."""
     from backend.core.config.run_config import ConfigError, RunConfig
+    from studio.widgets.discard_question import discard_edits
 
     try:
         raw = RunConfig.load(path).model_dump(mode="json")
     except ConfigError as exc:
         window.show_problem(f"Cannot open the config: {exc}")
+        return False
+    if not discard_edits(window, config, Path(path).name):
         return False
     config.replace(raw, source=Path(path))
     window.statusBar().showMessage(f"Opened {path}", 8000)

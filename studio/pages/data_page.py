@@ -52,6 +52,8 @@ OBJECTIVE_GUIDES = {
 }
 """The page's guide for the objectives beyond SFT (the SFT guide is the header's own)."""
 FILTER = "Datasets (*.jsonl *.json *.csv *.parquet *.arrow *.txt);;All files (*)"
+TEMPLATED = " · shown through the chat template, its special tokens left out (hover over a cell for them)"
+"""The summary's words for records shown as the model reads them (objective_preview_widget.readable)."""
 
 
 def dropped_file(event: QDragEnterEvent | QDropEvent) -> str:
@@ -241,12 +243,10 @@ class DataPage(QWidget):
             hint = f" ({profile.hint})" if profile.hint else ""
             self.summary_label.setText(f"<span style='color:#dc2626'>{profile.problem}{hint}</span>")
             self.preview.set_conversations([])
-            self.histogram.set_lengths([])
         else:
             notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in profile.notes)
             self.summary_label.setText(f"<b>{profile.format}</b> · {profile.count:,} examples{notes}")
             self.preview.set_conversations(profile.preview)
-            self.histogram.set_lengths(profile.lengths)
         self._show_numbers()
         self.profile_ready.emit(profile)
 
@@ -265,7 +265,7 @@ class DataPage(QWidget):
             notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in records.notes)
             self.summary_label.setText(f"<b>{records.what} for {records.objective}</b> · {records.count:,} records "
                                        f"· fields {html.escape(columns, quote=False)}"
-                                       f"{' · shown through the chat template' if records.templated else ''}{notes}")
+                                       f"{TEMPLATED if records.templated else ''}{notes}")
         self.profile = DatasetProfile(records.path, count=records.count, problem=records.problem, hint=records.hint)
         self._show_numbers()
         self.profile_ready.emit(self.profile)
@@ -273,6 +273,7 @@ class DataPage(QWidget):
     def _show_numbers(self) -> None:
         profile = self.profile
         if profile is None or profile.problem:
+            self.histogram.set_lengths([])
             self.split_label.setText("—")
             self.truncated_label.setText("")
             self.approx_label.setText("")
@@ -282,6 +283,8 @@ class DataPage(QWidget):
         self.split_label.setText(f"{used - held:,} train · {held:,} validation")
         if self.records is not None:  # token lengths are measured for supervised data only
             return
+        whole, profile = profile, profile.within(self._state.get("data.max_examples"))  # what training reads
+        self.histogram.set_lengths(profile.lengths)
         seq_len = int(self._state.get("train.seq_len"))
         share = profile.truncated_share(seq_len)
         longest = max(profile.lengths) if profile.lengths else 0
@@ -291,12 +294,11 @@ class DataPage(QWidget):
                        f"{seq_len} and will be {fate}</span>")
         else:
             verdict = f"<span style='color:#16a34a'><b>0.0%</b>: no example is longer than seq_len {seq_len}</span>"
-        answer = profile.longest_answer()
+        answer = whole.longest_answer()
         answer_text = f" · longest answer {answer:,} tokens (the memory estimate's logits)" if answer else ""
         self.truncated_label.setText(f"{verdict} · longest {longest:,} tokens{answer_text}")
         source = (f"the model's tokenizer ({Path(profile.tokenizer).parent.name})" if profile.tokenizer
                   else "a word count × 1.3 (no tokenizer.json in the model folder)")
-        sample = (f"; measured on {profile.measured:,} of {profile.count:,} examples"
-                  if profile.measured < profile.count else "")
+        sample = f"; measured on {profile.measured:,} of {used:,} examples" if profile.measured < used else ""
         self.approx_label.setText(f"Approximate: tokens counted with {source} on \"role: text\" lines, without "
                                   f"the chat template, which adds a few tokens per message{sample}.")

@@ -34,6 +34,7 @@ from studio.widgets.adapter_picker_widget import AdapterPickerWidget
 from studio.widgets.field_editors import FieldEditors, description
 from studio.widgets.hub_download_widget import HubDownloadWidget
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.discard_question import discard_edits
 from studio.widgets.preset_picker_widget import PresetPickerWidget
 from studio.widgets.units import human_count
 from studio.widgets.vertical_scroll_area import VerticalScrollArea
@@ -81,9 +82,9 @@ class ModelPage(QWidget):
         self.hub.config_fetched.connect(self._on_hub_config_fetched)
 
         self.presets = PresetPickerWidget()
-        self.presets.chosen.connect(self.use_preset)
+        self.presets.chosen.connect(self._on_presets_chosen)
         self.presets.show_loaded(state.source)
-        state.started_over.connect(lambda: self.presets.show_loaded(state.source))
+        state.started_over.connect(self._on_state_started_over)
         start = QGroupBox("Start from a preset (a real model, sized for a card)")
         QVBoxLayout(start).addWidget(self.presets)
 
@@ -156,6 +157,10 @@ class ModelPage(QWidget):
         else:
             self.choose(folder)
 
+    def _on_presets_chosen(self, path: Path) -> None:
+        if discard_edits(self, self._state, f"the preset {path.stem}"):
+            self.use_preset(path)
+
     def _on_hub_config_fetched(self, folder: str) -> None:
         """config.json alone arrived: the model is its hub path (so Download and Start's verdict name it)."""
         repo = self.hub.edit.text().strip()
@@ -175,10 +180,15 @@ class ModelPage(QWidget):
             self.problem_label.setVisible(True)
             return
         self._state.replace(raw, source=path)
-        model = raw["model"]["path"]
-        if model.startswith(HUB_PREFIX) and not has_weight_files(resolve_resource(model)):
-            self.hub.edit.setText(model[len(HUB_PREFIX):])
-        self.model_chosen.emit(model)
+        self.model_chosen.emit(raw["model"]["path"])
+
+    def _on_state_started_over(self) -> None:
+        """A preset or File > Open config replaced the draft: the preset list and the Hub id say what the
+        new draft holds (a hub model not yet here is offered for download; else the Hub id is cleared)."""
+        self.presets.show_loaded(self._state.source)
+        model = self._state.get("model.path") or ""
+        missing = model.startswith(HUB_PREFIX) and not has_weight_files(resolve_resource(model))
+        self.hub.edit.setText(model[len(HUB_PREFIX):] if missing else "")
 
     def _on_path_edit_editing_finished(self) -> None:
         value = config_path(self.path_edit.text())

@@ -15,9 +15,7 @@ from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
-    QLayout,
     QLineEdit,
     QSizePolicy,
     QSplitter,
@@ -31,8 +29,9 @@ from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
 from studio.widgets.column_flow_widget import ColumnFlowWidget
 from studio.widgets.command_line_widget import CommandLineWidget
-from studio.widgets.feasibility_marks import FeasibilityMarks
+from studio.widgets.feasibility_marks import AMBER, FeasibilityMarks
 from studio.widgets.field_editors import FieldEditors, description
+from studio.widgets.form_rows import beside_row, dense, pair_row
 from studio.widgets.hardware_widget import HardwareWidget
 from studio.widgets.memory_breakdown_widget import MemoryBreakdownWidget
 from studio.widgets.memory_target_widget import MemoryTargetWidget
@@ -71,6 +70,8 @@ PAIRS = {"train.max_steps": ("train.num_epochs", "or"), "train.warmup_steps": ("
          "train.save_steps": ("train.eval_steps", "/")}
 """Fields side by side in one row: two ways to set one thing (schedule.ALTERNATIVES: setting one turns the
 other off), and the two step intervals."""
+BESIDE = {"technique.liger_kernel": "technique.torch_compile"}
+"""Two check boxes in one row, each with its own label (marked apart): a row less in Memory and speed."""
 PAIRED = {key for first, (second, _) in PAIRS.items() for key in (first, second)}
 PAIRED_WIDTH = (84, 108)
 """Each editor of a pair, narrowest and widest, in pixels: seven digits show whole (the units are in the
@@ -101,41 +102,16 @@ SFT_ONLY = {"technique.packing": "DPO, KTO and GRPO build their own batches (a p
             "technique.shortcuts": "a DPO, KTO or GRPO run trains the plain transformers + peft way (the "
                                    "shortcuts' exactness tests cover the SFT step only)"}
 """Settings a TRL objective ignores (backend.training.model.techniques: no packing, shortcuts off), with why."""
+OFFLOAD_NEEDS = (("technique.gradient_checkpointing", False, "needs gradient checkpointing (it keeps the inputs of "
+                                                              "the checkpointed layers in host memory)"),
+                 ("technique.torch_compile", True, "torch.compile would trace the copies"))
+"""When technique.activation_offload does nothing (backend/core/registries/shortcuts.py _activation_offload):
+(key, value that stops it, why); it also needs CUDA and a single or DDP run."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "train.warmup_ratio": 2, "train.max_grad_norm": 2, "technique.lora_dropout": 2,
             "technique.lora_alpha": 1,
             "technique.neftune_alpha": 1, "grpo.temperature": 2, "grpo.beta": 4, "kto.desirable_weight": 2,
             "kto.undesirable_weight": 2}
-
-
-ROW_SPACING = 2
-"""Between a form's rows (Fusion's default is 6): with GRPO's settings the page then fits 1280x800 unscrolled."""
-
-
-def dense(form: QLayout) -> None:
-    """Tighter rows and margins for one of the page's group boxes (about 30 rows a column at 1280x800)."""
-    if isinstance(form, QFormLayout):
-        form.setVerticalSpacing(ROW_SPACING)
-    else:  # a box whose form sits in a column with other widgets (Hardware)
-        form.setSpacing(ROW_SPACING)
-        for index in range(form.count()):
-            inner = form.itemAt(index).layout()
-            if isinstance(inner, QFormLayout):
-                inner.setVerticalSpacing(ROW_SPACING)
-    margins = form.contentsMargins()
-    form.setContentsMargins(margins.left(), max(margins.top() - 3, 2), margins.right(), max(margins.bottom() - 3, 2))
-
-
-def pair_row(first: QWidget, joiner: str, second: QWidget) -> QWidget:
-    """Two editors side by side in one form row: "first or second"."""
-    row = QWidget()
-    layout = QHBoxLayout(row)
-    layout.setContentsMargins(0, 0, 0, 0)
-    layout.setSpacing(4)
-    layout.addWidget(first, 1)
-    layout.addWidget(QLabel(joiner))
-    layout.addWidget(second, 1)
-    return row
 
 
 def epochs_text(epochs: float) -> str:
@@ -167,7 +143,10 @@ class TechniquesPage(QWidget):
             form = QFormLayout(box)
             form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
             dense(form)
+            names = dict(fields)
             for key, label in fields:
+                if key in BESIDE.values():
+                    continue  # in the row of the one it sits beside
                 widget = self._field(key)
                 text = QLabel(label)
                 text.setToolTip(widget.toolTip())
@@ -177,14 +156,20 @@ class TechniquesPage(QWidget):
                     text.setToolTip(f"{description(key)}\n\n{description(other)}")
                     self.labels[other] = text
                     widget = pair_row(widget, joiner, self._field(other))
+                if key in BESIDE:  # "Liger kernel [ ]   Torch compile [ ]"
+                    other = BESIDE[key]
+                    self.labels[other] = QLabel(names[other])
+                    self.labels[other].setToolTip(description(other))
+                    widget = beside_row(widget, self.labels[other], self._field(other))
                 form.addRow(text, widget)
                 if key == "train.seq_len":  # the inverse question, right under the field it answers
                     self.max_seq_len_label = QLabel("Longest that fits: …")  # one short line; the sentence in its tooltip
                     self.max_seq_len_label.setStyleSheet("color: palette(placeholder-text);")
-                    form.addRow("", self.max_seq_len_label)
+                    self.max_seq_len_label.setWordWrap(True)  # "(model's limit)" wraps rather than widen the column
+                    form.addRow(self.max_seq_len_label)  # both columns: one line at 1280x800
             if title == "Objective":
                 self.rewards = RewardSummaryWidget(state)
-                self.rewards_label = QLabel("Rewards")
+                self.rewards_label = self.rewards.label
                 self.rewards_label.setToolTip(description("grpo.rewards"))
                 form.addRow(self.rewards_label, self.rewards)
                 self.objective_form = form
@@ -221,6 +206,7 @@ class TechniquesPage(QWidget):
                                   Qt.ItemDataRole.ToolTipRole)
         self._estimate = estimate
         estimate.answers_changed.connect(self._show_max_seq_len)
+        estimate.changed.connect(self._show_offload)
         self._show_max_seq_len()
         state.changed.connect(self._on_state_changed)
         self._on_state_changed("")
@@ -297,6 +283,10 @@ class TechniquesPage(QWidget):
                 self.labels[name].setVisible(lora)
         if key in ("", "technique.objective", "technique.method"):
             self._show_objective()
+        if key in ("", "technique.objective", "technique.packing"):
+            self._show_packing()
+        if key in ("", "technique.activation_offload", "hardware.strategy", *(k for k, _, _ in OFFLOAD_NEEDS)):
+            self._show_offload()
         problem = self._state.problem()
         self.problem_label.setText(f"Cannot start: {problem}" if problem else "")
         self.problem_label.setVisible(bool(problem))
@@ -336,3 +326,31 @@ class TechniquesPage(QWidget):
                 f"{description(key)}\n\nNot used by {objective.upper()}: {why}."
             editor.setToolTip(tip)
             label.setToolTip(tip)
+
+    def _show_packing(self) -> None:
+        """Off for a TRL objective, the box shows unticked (the draft keeps its value for SFT), as an option
+        that cannot run here shows; its tooltip says why (SFT_ONLY)."""
+        box = self.editor("technique.packing")
+        box.blockSignals(True)  # what is shown, not what the draft holds
+        box.setChecked(bool(self._state.get("technique.packing")) and self._state.get("technique.objective") == "sft")
+        box.blockSignals(False)
+
+    def offload_reason(self) -> str:
+        """Why technique.activation_offload would do nothing with this draft here ("" when it would act)."""
+        if self._estimate.device != "cuda":
+            return "needs a CUDA GPU (it copies layer inputs to pinned host memory)"
+        for key, value, why in OFFLOAD_NEEDS:
+            if bool(self._state.get(key)) == value:
+                return why
+        strategy = self._state.get("hardware.strategy")
+        return "" if strategy in ("single", "ddp") else f"{strategy} checkpoints its own way"
+
+    def _show_offload(self) -> None:
+        """Marked as the CUDA-only options are (feasibility_marks.py): disabled where it cannot act, why in
+        the label's tooltip; ticked, it stays enabled to untick, its label amber."""
+        key = "technique.activation_offload"
+        box, label, reason = self.editor(key), self.labels[key], self.offload_reason()
+        ticked = bool(self._state.get(key))
+        box.setEnabled(ticked or not reason)
+        label.setStyleSheet(f"color: {AMBER};" if reason and ticked else "")
+        label.setToolTip(f"{description(key)}\n\nDoes nothing here: {reason}." if reason else description(key))

@@ -57,6 +57,7 @@ class ConfigState(QObject):
         super().__init__(parent)
         self._base = copy.deepcopy(base if base is not None else RunConfig().model_dump(mode="json"))
         self._raw = copy.deepcopy(self._base)
+        self._clean = copy.deepcopy(self._base)
         self.source = source
         """The preset or saved file the draft started from (None: the built-in defaults)."""
 
@@ -102,6 +103,11 @@ class ConfigState(QObject):
             return []
         return [f"train.warmup_steps {self.get('train.warmup_steps')} from the file outlasts train.max_steps "
                 f"{self.get('train.max_steps')}: this run has no warmup (--set train.warmup_steps=0)"]
+
+    def edited(self) -> bool:
+        """Whether the person changed the draft since it was loaded, saved or marked clean: starting over
+        from another file would lose those edits."""
+        return flatten(self._raw) != flatten(self._clean)
 
     def problem(self) -> str:
         """Why the draft cannot run, in one line ("" when it can)."""
@@ -153,9 +159,14 @@ class ConfigState(QObject):
         """Start over from another file's contents (a loaded or saved config)."""
         self._base = copy.deepcopy(raw)
         self._raw = copy.deepcopy(raw)
+        self._clean = copy.deepcopy(raw)
         self.source = source
         self.changed.emit("")
         self.started_over.emit()
+
+    def mark_clean(self) -> None:
+        """What the draft holds now counts as no edit (the window's own restored choices at start)."""
+        self._clean = copy.deepcopy(self._raw)
 
     def save(self, path: Path) -> RunConfig:
         """Validate and write the draft as YAML; the saved file becomes the command line's base."""
@@ -163,6 +174,7 @@ class ConfigState(QObject):
         config.save(path)
         self._base = config.model_dump(mode="json")
         self._raw = copy.deepcopy(self._base)
+        self._clean = copy.deepcopy(self._base)
         self.source = Path(path)
         self.changed.emit("")
         return config

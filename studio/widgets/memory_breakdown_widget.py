@@ -212,8 +212,10 @@ class MemoryBreakdownWidget(QWidget):
         self._show_cards()
 
     def _show_cards(self) -> None:
-        sentence = (self._estimate.cards or {}).get("sentence", "")
+        """The cards the run fits, only beside an estimate: under "No estimate" they would contradict it."""
+        sentence = (self._estimate.cards or {}).get("sentence", "") if self._estimate.breakdown is not None else ""
         self.cards_label.setText(f"On CUDA: {sentence} (per GPU)" if sentence else "")
+        self.cards_label.setVisible(bool(sentence))
 
     def verdict(self) -> str:
         return self._estimate.verdict()
@@ -228,6 +230,7 @@ class MemoryBreakdownWidget(QWidget):
         self.bar.limit = estimate.limit_bytes
         self.limit_label.setText(f"Device: {estimate.limit_label}" if estimate.limit_label else
                                  "Device: detecting…")
+        self._show_cards()
         if breakdown is None:
             self.bar.parts = []
             self.table.setRowCount(0)

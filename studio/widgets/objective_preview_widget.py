@@ -18,6 +18,16 @@ HEADERS = {"prompt": "Prompt", "chosen": "Chosen ✓", "rejected": "Rejected ✗
            "label": "Label"}
 
 
+def readable(text: str, special: tuple[str, ...]) -> str:
+    """A templated cell as a person reads it: the special tokens (<|bos|>, <|user|>) left out, like the
+    SFT preview's conversations; the tooltip keeps the text as the model reads it."""
+    if not special:
+        return text
+    for token in special:
+        text = text.replace(token, "")
+    return text.strip()
+
+
 class ObjectivePreviewWidget(QTableWidget):
     """`set_records(records)` shows its columns and rows (nothing for a refused file)."""
 
@@ -43,9 +53,10 @@ class ObjectivePreviewWidget(QTableWidget):
             header.setSectionResizeMode(column, mode)
         for row, record in enumerate(rows):
             for column, name in enumerate(columns):
-                text = record.get(name, "")
+                raw = record.get(name, "")
+                text = readable(raw, records.special)
                 item = QTableWidgetItem(text if len(text) <= CELL_CHARS else text[:CELL_CHARS - 1] + "…")
-                item.setToolTip(text)
+                item.setToolTip(f"As the model reads it:\n{raw}" if text != raw else raw)
                 item.setTextAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
                 self.setItem(row, column, item)
 

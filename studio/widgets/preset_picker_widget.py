@@ -37,6 +37,7 @@ class PresetPickerWidget(QWidget):
         self.card.setToolTip("GPU memory of your card: the list shows the presets sized for it or smaller")
         self.card.currentIndexChanged.connect(self._refill)
         self.list = QComboBox()
+        self.list.setPlaceholderText("Not a preset: the setup comes from a file")
         self.list.currentIndexChanged.connect(self._describe)
         self.use = QPushButton("Use this preset")
         self.use.clicked.connect(self._on_use_clicked)
@@ -61,19 +62,23 @@ class PresetPickerWidget(QWidget):
         fitting = [size for size in CARD_SIZES[:-1] if size <= gib + 0.5]
         if fitting:
             self.card.setCurrentIndex(self.card.findData(fitting[-1]))
-            if not self.loaded or self.list.currentData() != self.loaded:
+            if not self.from_file() and (not self.loaded or self.list.currentData() != self.loaded):
                 self.list.setCurrentIndex(self.list.count() - 1)
 
     def show_loaded(self, path: object) -> None:
-        """Show the preset the draft was loaded from (not whichever sorts first): a preset file among the
-        list, else leave the list as it is."""
+        """Show the preset the draft was loaded from (not whichever sorts first); none for a file that is
+        not a preset (File > Open config), so Use never names a preset the draft did not come from."""
         self.loaded = str(path) if path else ""
         index = self.list.findData(self.loaded) if self.loaded else -1
         if index < 0 and self.loaded and any(str(p.path) == self.loaded for p in self.presets):
             self.card.setCurrentIndex(0)  # filtered out by the card size: show every card
             index = self.list.findData(self.loaded)
-        if index >= 0:
-            self.list.setCurrentIndex(index)
+        if index >= 0 or self.from_file():
+            self.list.setCurrentIndex(index)  # -1 for a file that is no preset: none shown
+
+    def from_file(self) -> bool:
+        """Whether the draft was loaded from a file that is not one of the presets."""
+        return bool(self.loaded) and all(str(p.path) != self.loaded for p in self.presets)
 
     def shown(self) -> list[Preset]:
         limit = self.card.currentData() or 0
@@ -86,7 +91,7 @@ class PresetPickerWidget(QWidget):
         for preset in self.shown():
             self.list.addItem(f"{preset.title}  ·  {preset.card_label}", str(preset.path))
         index = self.list.findData(current)
-        self.list.setCurrentIndex(index if index >= 0 else 0)
+        self.list.setCurrentIndex(index if index >= 0 or (current is None and self.from_file()) else 0)
         self.list.blockSignals(False)
         self._describe()
 
@@ -97,6 +102,11 @@ class PresetPickerWidget(QWidget):
     def _describe(self) -> None:
         preset = self.selected()
         self.use.setEnabled(preset is not None)
+        if preset is None and self.list.count():
+            self.about.setText(f"The setup comes from {Path(self.loaded).name or 'the defaults'}, not a preset: "
+                               "choose one to start over from it.")
+            self.about.setToolTip(self.loaded)
+            return
         if preset is None:
             self.about.setText("No preset is sized for a card this small; pick a larger card or Any card.")
             return

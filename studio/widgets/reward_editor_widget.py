@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backend.api.previews import reward_columns
 from backend.core.config.objectives import REWARD_KINDS, RewardSpec
 from studio.state.config_state import ConfigState
 
@@ -68,6 +70,25 @@ def reward_problem(rewards: list[dict[str, Any]]) -> str:
     return ""
 
 
+def missing_columns(rewards: list[dict[str, Any]], columns: tuple[str, ...] | None) -> dict[int, str]:
+    """Row -> "the data has no column 'X'" for each reward that reads a column the data lacks (nothing
+    while the data's columns are unknown)."""
+    if columns is None:
+        return {}
+    return {row: f"the data has no column {column!r}" for row, reward in enumerate(rewards)
+            for column in reward_columns([reward]) if column not in columns}
+
+
+def rewards_problem(rewards: list[dict[str, Any]], columns: tuple[str, ...] | None) -> str:
+    """The first problem of the rewards: one RewardSpec refuses, else a column the data lacks ("" if none)."""
+    problem = reward_problem(rewards)
+    missing = missing_columns(rewards, columns)
+    if problem or not missing:
+        return problem
+    row = min(missing)
+    return f"Reward {row + 1} ({rewards[row].get('kind', '?')}): {missing[row]}"
+
+
 def summary(reward: dict[str, Any]) -> str:
     """One list row: "regex ^\\d+$ · weight 1"."""
     kind = reward.get("kind", "?")
@@ -88,6 +109,8 @@ class RewardEditorWidget(QWidget):
         self._rows: list[dict[str, Any]] = []
         self._writing = False
         self._showing = False
+        self.columns: tuple[str, ...] | None = None
+        """The data's columns as the Data page read them (None: unknown): a reward's missing column is flagged."""
         self.ask_file: Callable[[], str] = self._ask_file
         """Asks for a python reward's file; tests replace it to skip the dialog."""
         self.list = QListWidget()
@@ -105,6 +128,7 @@ class RewardEditorWidget(QWidget):
         self.remove_button.clicked.connect(lambda: self.remove(self.list.currentRow()))
         buttons = QHBoxLayout()
         buttons.setContentsMargins(0, 0, 0, 0)
+        buttons.addWidget(QLabel("New reward:"))  # the kind of the one Add adds, not the selected row's
         buttons.addWidget(self.new_kind)
         buttons.addWidget(self.add_button)
         buttons.addWidget(self.remove_button)
@@ -176,6 +200,11 @@ class RewardEditorWidget(QWidget):
         self._rows = [{**DEFAULTS, "weight": 1.0, **(r if isinstance(r, dict) else {})} for r in rows]
         self._refresh_list(max(0, min(self.list.currentRow(), len(self._rows) - 1)))
 
+    def set_columns(self, columns: tuple[str, ...] | None) -> None:
+        """The data's columns (None: unknown): rows whose column the data lacks turn red."""
+        self.columns = columns
+        self._refresh_list(self.list.currentRow())
+
     # --- editing -----------------------------------------------------------------------------------
     def add(self, kind: str) -> None:
         """A new reward of `kind`, selected, its parameters still to fill in."""
@@ -200,7 +229,7 @@ class RewardEditorWidget(QWidget):
             return
         self._rows[row][name] = value
         self._write()
-        self.list.item(row).setText(summary(self._rows[row]))
+        self._mark_rows()
         if name == "kind":
             self._show_row(row)
 
@@ -231,12 +260,22 @@ class RewardEditorWidget(QWidget):
     def _refresh_list(self, select: int) -> None:
         self.list.blockSignals(True)
         self.list.clear()
-        for row in self._rows:
-            self.list.addItem(summary(row))
+        for _ in self._rows:
+            self.list.addItem("")
+        self._mark_rows()
         self.list.setCurrentRow(select if self._rows else -1)
         self.list.blockSignals(False)
         self._show_row(select)
         self._show_problem()
+
+    def _mark_rows(self) -> None:
+        """Each row's summary; red, with why, where the reward reads a column the data lacks."""
+        missing = missing_columns(self.rewards(), self.columns)
+        for row, reward in enumerate(self._rows):
+            item = self.list.item(row)
+            item.setText(summary(reward) + (f"  ({missing[row]})" if row in missing else ""))
+            item.setForeground(QBrush(QColor("#dc2626")) if row in missing else QBrush())
+            item.setToolTip(missing.get(row, ""))
 
     def _on_list_current_row_changed(self, row: int) -> None:
         self._show_row(row)
@@ -261,6 +300,6 @@ class RewardEditorWidget(QWidget):
             self.form.setRowVisible(self.field_labels[name], shown)
 
     def _show_problem(self) -> None:
-        problem = reward_problem(self.rewards())
+        problem = rewards_problem(self.rewards(), self.columns)
         self.problem_label.setText(problem)
         self.problem_label.setVisible(bool(problem))

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.state.config_state import ConfigState
-from studio.widgets.reward_editor_widget import KEY, RewardEditorWidget, reward_problem, summary
+from studio.widgets.reward_editor_widget import KEY, RewardEditorWidget, rewards_problem, summary
 
 
 LINES_WIDTH = 150
@@ -41,7 +41,7 @@ def short(reward: dict) -> str:
 
 
 class RewardSummaryWidget(QWidget):
-    """One line per reward, the first problem in red, and "Edit…" for the editor dialog."""
+    """One line per reward and the first problem in red; its `label` holds "Edit…" for the editor dialog."""
 
     def __init__(self, state: ConfigState, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -51,6 +51,14 @@ class RewardSummaryWidget(QWidget):
         self.edit_button = QPushButton("Edit…")
         self.edit_button.setToolTip("Add, remove and change the reward functions")
         self.edit_button.clicked.connect(self.open_editor)
+        self.label = QWidget()
+        """The form row's label, "Rewards" with Edit… under it: the label column has the room beside two
+        reward lines that the field column lacks under them (GRPO's page fits 1280x800 unscrolled)."""
+        label_layout = QVBoxLayout(self.label)
+        label_layout.setContentsMargins(0, 0, 0, 0)
+        label_layout.setSpacing(0)
+        label_layout.addWidget(QLabel("Rewards"))
+        label_layout.addWidget(self.edit_button, 0, Qt.AlignmentFlag.AlignLeft)
         self.problem_label = QLabel()
         self.problem_label.setStyleSheet("color: #dc2626;")
         self.problem_label.setWordWrap(True)
@@ -60,7 +68,7 @@ class RewardSummaryWidget(QWidget):
         layout.setSpacing(2)
         layout.addWidget(self.lines)
         layout.addWidget(self.problem_label)
-        layout.addWidget(self.edit_button, 0, Qt.AlignmentFlag.AlignLeft)
+        layout.addStretch(1)
 
         self.dialog = QDialog(self)
         self.dialog.setWindowTitle("GRPO rewards")
@@ -87,12 +95,17 @@ class RewardSummaryWidget(QWidget):
     def problem(self) -> str:
         return self.problem_label.text()
 
+    def set_columns(self, columns: tuple[str, ...] | None) -> None:
+        """The data's columns as the Data page read them (None: unknown): a reward reading another is flagged."""
+        self.editor.set_columns(columns)
+        self._on_state_changed("")
+
     def _on_state_changed(self, key: str) -> None:
         if key not in ("", KEY):
             return
         rows = self.editor.rewards()  # the editor read the config first (it connected to it first)
         self.lines.setText("\n".join(short(r) for r in rows) or "none")
         self.lines.setToolTip("\n".join(summary(r) for r in rows) or "No reward function: GRPO needs one")
-        problem = reward_problem(rows)
+        problem = rewards_problem(rows, self.editor.columns)
         self.problem_label.setText(problem)
         self.problem_label.setVisible(bool(problem))

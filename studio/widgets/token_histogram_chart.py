@@ -17,6 +17,15 @@ from studio.widgets.live_chart import LiveChart
 BINS = 40
 
 
+def whole_step(span: float, ticks: int = 6) -> int:
+    """A tick step of 1, 2 or 5 x 10^k for about `ticks` ticks over `span`: never under 1, so a tiny set
+    shows no half example and no half token."""
+    step = 1
+    while span / step > ticks:
+        step = step * 5 // 2 if str(step)[0] == "2" else step * 2
+    return step
+
+
 class TokenHistogramChart(LiveChart):
     """set_lengths() once per dataset, set_seq_len() whenever the seq_len changes."""
 
@@ -73,6 +82,10 @@ class TokenHistogramChart(LiveChart):
         top = longest * 1.15 if far else max(longest, float(self.seq_len)) * 1.05
         self._far_label.setText(f"seq_len {self.seq_len} →" if far else "")
         self._far_label.setPos(top, float(counts.max()))
+        item = self.getPlotItem()
+        for axis, span in (("bottom", top), ("left", float(counts.max()) * 1.12)):
+            step = whole_step(span, 8 if axis == "bottom" else 6)
+            item.getAxis(axis).setTickSpacing(step, step)
         # Both axes: the base chart's empty range (y 0 to 1) has auto-range off, so the counts set y too.
         self.getPlotItem().getViewBox().setRange(xRange=(0, top), yRange=(0, float(counts.max()) * 1.12), padding=0.0)
 

@@ -26,10 +26,13 @@ def test_the_data_page_previews_each_objectives_records_and_refuses_in_one_line(
     assert "preference pairs for dpo" in page.summary_label.text() and "600 records" in page.summary_label.text()
     preview = page.objective_preview
     assert [preview.horizontalHeaderItem(c).text() for c in range(3)] == ["Prompt", "Chosen ✓", "Rejected ✗"]
-    # through the bundled model's chat template: the prompt up to the assistant's turn, each answer as trained on
-    assert preview.cell_text(0, "chosen") == "no<|end|>\n" and preview.cell_text(0, "rejected") == "yes<|end|>\n"
-    assert preview.cell_text(0, "prompt").startswith("<|bos|><|user|>\n")
-    assert preview.cell_text(0, "prompt").endswith("<|assistant|>\n")
+    # through the bundled model's chat template: the prompt up to the assistant's turn, each answer as trained
+    # on; the cells without the special tokens, the tooltip as the model reads it
+    assert preview.cell_text(0, "chosen") == "no" and preview.cell_text(0, "rejected") == "yes"
+    assert preview.cell_text(0, "prompt").startswith("Is this a question?") and "<|" not in preview.cell_text(0, "prompt")
+    names = [preview.horizontalHeaderItem(c).text() for c in range(3)]
+    tip = preview.item(0, names.index("Prompt")).toolTip()
+    assert tip.startswith("As the model reads it:\n<|bos|><|user|>\n") and tip.endswith("<|assistant|>\n")
     assert "shown through the chat template" in page.summary_label.text()
     assert page.split_label.text() == "570 train · 30 validation"
     qtbot.waitUntil(lambda: studio.estimate.start_blocker() == "", timeout=3000)

@@ -53,6 +53,7 @@ def test_every_method_this_machine_runs_stays_offered_beyond_sft(qtbot, make_stu
 def test_reward_editor_add_edit_remove_round_trip_into_the_config(qtbot, make_studio, tmp_path):
     studio = make_studio()
     page = studio.pages["techniques"]
+    studio.config.set("data.path", "bundled:datasets/demo_grpo.jsonl")  # prompts with the 'answer' the reward reads
     page.editor("technique.objective").setCurrentText("grpo")
     page.rewards.edit_button.click()
     editor = page.rewards.editor

@@ -61,3 +61,24 @@ def template_renderer(model_dir: Path) -> Render | None:
     def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return template.render(messages=messages, add_generation_prompt=add_generation_prompt, **tokens)
     return render
+
+
+def special_tokens(model_dir: Path) -> tuple[str, ...]:
+    """The tokenizer's special tokens as text (tokenizer.json's added tokens marked special, and
+    tokenizer_config.json's named ones), longest first: what a preview leaves out of rendered text."""
+    found: set[str] = set()
+    try:
+        added = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens") or []
+        found |= {t["content"] for t in added if isinstance(t, dict) and t.get("special") and t.get("content")}
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict):
+        found |= {_token(config.get(n)) for n in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        for name in ("extra_special_tokens", "additional_special_tokens"):
+            extra = config.get(name)
+            found |= {_token(t) for t in (extra if isinstance(extra, list) else [])}
+    return tuple(sorted((t for t in found if t), key=len, reverse=True))

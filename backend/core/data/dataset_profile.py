@@ -11,7 +11,7 @@ training tokenizes it: a 50 MB answer costs no minutes and gigabytes, and its le
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -57,6 +57,8 @@ class DatasetProfile:
     problem: str = ""
     hint: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    indices: tuple[int, ...] = ()
+    """Per measured example, its record's index in the data (data.max_examples keeps those below it)."""
 
     @classmethod
     def read(cls, data_path: str, model_path: str = "", fmt: str = "auto",
@@ -81,7 +83,8 @@ class DatasetProfile:
         except OSError as exc:
             return cls(data_path, problem=f"{path}: {exc.strerror or exc}")
         preview = tuple(tuple(e.messages) for e in examples if e.index < PREVIEW_COUNT)
-        sample = [e.messages for e in examples if e.index % stride == 0][:limit]
+        measured = [e for e in examples if e.index % stride == 0][:limit]
+        sample = [e.messages for e in measured]
         texts = ["\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"] for m in messages)
                  for messages in sample]
         answers = [[m["content"] for m in messages if m["role"] in ("assistant", "text")] for messages in sample]
@@ -99,7 +102,17 @@ class DatasetProfile:
                          f"measured on {'its' if cut == 1 else 'their'} first {cap:,}: the lengths shown for "
                          f"{'it are lower bounds' if cut == 1 else 'them are lower bounds'}")
         return cls(data_path, reader.format, reader.total - reader.skipped, preview, tuple(lengths), len(texts),
-                   source, targets=tuple(targets), notes=tuple(notes))
+                   source, targets=tuple(targets), notes=tuple(notes), indices=tuple(e.index for e in measured))
+
+    def within(self, max_examples: int | None) -> "DatasetProfile":
+        """The measured examples among the first `max_examples` records (data.max_examples: what training
+        reads); the whole profile when None."""
+        if not max_examples or not self.indices:
+            return self
+        keep = [n for n, index in enumerate(self.indices) if index < max_examples]
+        return replace(self, lengths=tuple(self.lengths[n] for n in keep),
+                                   targets=tuple(self.targets[n] for n in keep if n < len(self.targets)),
+                                   indices=tuple(self.indices[n] for n in keep), measured=len(keep))
 
     def longest_answer(self) -> int | None:
         """The most loss tokens one example holds, for the memory estimate; None unless every example

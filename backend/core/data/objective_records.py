@@ -16,7 +16,7 @@ from typing import Any
 from backend.core.errors import JobError
 from backend.core.paths import resolve_resource
 from backend.core.data import preference_shapes
-from backend.core.data.chat_template_text import Render, template_renderer
+from backend.core.data.chat_template_text import Render, special_tokens, template_renderer
 from backend.core.data.prompt_records import check_prompt
 from backend.core.data.record_files import read_parts
 
@@ -42,6 +42,8 @@ class ObjectiveRecords:
     notes: tuple[str, ...] = field(default_factory=tuple)
     templated: bool = False
     """Whether the rows are shown through the model's chat template (as the model will read them)."""
+    special: tuple[str, ...] = ()
+    """The model's special tokens (with templated rows): the preview leaves them out of a cell's text."""
 
     @property
     def what(self) -> str:
@@ -92,14 +94,15 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
     """Never raises: the first record missing a field (of FIELDS or `needed`, the columns the
     rewards read) comes back as `problem`, naming the file, the line and the field. With
     `model_path`, rows are shown through its chat template where it has one."""
-    render = None
+    render, special = None, ()
     if model_path:
         try:
             render = template_renderer(resolve_resource(model_path))
+            special = special_tokens(resolve_resource(model_path))
         except (OSError, ValueError):
             render = None
     if objective in ("dpo", "kto"):
-        return _with_template(_preference_records(data_path, objective, limit, render), render)
+        return _with_template(_preference_records(data_path, objective, limit, render), render, special)
     try:  # GRPO: prompts, checked by the trainer's own check
         parts = read_parts(resolve_resource(data_path))
     except JobError as exc:
@@ -117,8 +120,11 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
                 continue
             try:
                 row = check_prompt(record, f"{part.path} {part.locate(index)}", tuple(needed))
-            except JobError as exc:
-                return ObjectiveRecords(data_path, objective, count=count, problem=exc.message, hint=exc.hint)
+            except JobError as exc:  # the columns seen so far stay: the rewards editor flags a column none has
+                if isinstance(record, dict):
+                    columns.update(dict.fromkeys(map(str, record)))
+                return ObjectiveRecords(data_path, objective, tuple(columns), count=count, problem=exc.message,
+                                        hint=exc.hint)
             if len(rows) < limit:
                 columns.update(dict.fromkeys(map(str, row)))
                 rows.append(_safely(row, render, {str(key): as_text(value) for key, value in row.items()}))
@@ -126,13 +132,13 @@ def read_objective_records(data_path: str, objective: str, needed: tuple[str, ..
         return ObjectiveRecords(data_path, objective, problem=f"{data_path}: no records to train on",
                                 hint="check data.path")
     return _with_template(ObjectiveRecords(data_path, objective, tuple(columns), tuple(rows), count, notes=notes),
-                          render)
+                          render, special)
 
 
-def _with_template(records: ObjectiveRecords, render: Render | None) -> ObjectiveRecords:
+def _with_template(records: ObjectiveRecords, render: Render | None, special: tuple[str, ...]) -> ObjectiveRecords:
     if render is None or records.problem:
         return records
-    return dataclasses.replace(records, templated=True)
+    return dataclasses.replace(records, templated=True, special=special)
 
 
 def _preference_records(data_path: str, objective: str, limit: int, render: Render | None = None) -> ObjectiveRecords:
