@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import types
 from pathlib import Path
 
@@ -264,6 +265,41 @@ def test_statistics_over_budget_take_more_passes_and_every_unit_is_finished():
     ran = calibrate(model, [[1, 5, 9], [1, 7]], units, budget=250)
     assert ran == len(units) // 2
     assert all(u.finished and u.rows == 5 for u in units)
+
+
+def test_calibration_tells_one_line_per_layer_per_pass_in_order_with_the_time_left():
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import BUNDLED_MODEL
+
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    linears = layers.quantized_linears(model)
+    args, qparams = grid.scheme("gptq-int4", 32).weights, {}
+    units = [gptq.GptqUnit(g, args, torch.float32, qparams) for g in gptq.shared_inputs(linears)]
+    _, stack = layers.decoder_layers(model)
+    per_layer = len(units) // len(stack)
+    budget = sum(u.cost for u in units[:per_layer + 1])  # a layer and a bit per pass: some layers span two
+    groups = passes(units, budget)
+    lines: list[str] = []
+    ran = calibrate(model, [[1, 5, 9, 14], [1, 7]], units, budget, name="gptq", tell=lines.append)
+    assert ran == len(groups) > 1 and len(qparams) == len(linears)
+    expected = []  # a layer's number once per pass that finishes any of its units, in the order they run
+    for group in groups:
+        where = [next(i for i, layer in enumerate(stack) if unit.module in list(layer.modules())) for unit in group]
+        expected += [index for position, index in enumerate(where) if where[position + 1:position + 2] != [index]]
+    parsed = [re.fullmatch(rf"gptq: layer (\d+)/{len(stack)}, (\d+) s left", line) for line in lines]
+    assert all(parsed), lines
+    assert [int(m.group(1)) - 1 for m in parsed] == expected
+    assert int(parsed[-1].group(2)) == 0
+
+
+def test_a_gptq_export_reports_its_layers_as_write_details(runs):
+    events, report = export(runs["llama"], "gptq-int4", calibration_samples=4)
+    details = [e["detail"] for e in events if e["type"] == "PhaseChanged" and e["detail"].startswith("gptq: layer")]
+    assert details and all(re.fullmatch(r"gptq: layer \d+/\d+, \d+ s left", d) for d in details), details
+    numbers = [int(re.search(r"layer (\d+)/", d).group(1)) for d in details]
+    assert numbers == sorted(numbers) and numbers[-1] == int(re.search(r"/(\d+),", details[-1]).group(1))
+    assert report["outcome"] == "passed"
 
 
 # --- GPU --------------------------------------------------------------------------------------------
