@@ -146,6 +146,55 @@ def test_gptq_output_error_is_well_below_plain_rounding_and_stays_on_the_grid():
     assert torch.allclose(codes, codes.round(), atol=1e-4) and codes.round().min() >= -8 and codes.round().max() <= 7
 
 
+def _reference_gptq(weight: torch.Tensor, x: torch.Tensor, args, group: int) -> torch.Tensor:
+    """IST-DASLab/gptq's gptq.py (GPTQ.add_batch, then fasterquant with blocksize = groupsize, no act-order),
+    transcribed; its Quantizer swapped for compressed-tensors' grid (grid.py), which the file stores."""
+    columns = weight.shape[1]
+    H, nsamples = torch.zeros(columns, columns), 0
+    for inp in x.split(100):  # add_batch
+        tmp = inp.shape[0]
+        H *= nsamples / (nsamples + tmp)
+        nsamples += tmp
+        inp = (2 / nsamples) ** 0.5 * inp.float().t()
+        H += inp.matmul(inp.t())
+    W = weight.clone().float()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    H[torch.arange(columns), torch.arange(columns)] += 0.01 * torch.mean(torch.diag(H))
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q = torch.zeros_like(W)
+    low, high = grid.bounds(args)
+    for i1 in range(0, columns, group):
+        i2 = min(i1 + group, columns)
+        W1, Err1, Hinv1 = W[:, i1:i2].clone(), torch.zeros(W.shape[0], i2 - i1), Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            w, d = W1[:, i], Hinv1[i, i]
+            if (i1 + i) % group == 0:
+                scale = grid.weight_qparams(W[:, i1 + i:i1 + i + group], args, torch.float32)[0].float()[:, 0]
+            q = torch.clamp(torch.round(w / scale), low, high) * scale
+            Q[:, i1 + i] = q
+            err1 = (w - q) / d
+            W1[:, i:] -= err1.unsqueeze(1).matmul(Hinv1[i, i:].unsqueeze(0))
+            Err1[:, i] = err1
+        W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])
+    return Q
+
+
+def test_gptq_matches_a_transcription_of_the_reference_implementation():
+    args = grid.scheme("gptq-int4", 32).weights
+    torch.manual_seed(3)
+    weight = torch.randn(40, 96) * 0.05
+    x = _inputs(400, 96, outliers=4)
+    x[:, 5] = 0.0  # a column no token reaches
+    hessian = gptq.Hessian(96, x.device)
+    for chunk in x.split(100):
+        hessian.add(chunk)
+    rounded, scale, _ = gptq.quantize(weight, *gptq.inverse_factor(hessian), args, torch.float32)
+    expected = _reference_gptq(weight, x, args, 32)
+    assert torch.allclose(rounded, expected, atol=1e-6), (rounded - expected).abs().max()
+
+
 def _norm_mapping(columns: int, plus_one: bool) -> tuple[layers.Mapping, torch.nn.Module]:
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
