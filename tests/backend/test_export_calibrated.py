@@ -342,8 +342,8 @@ def test_calibration_tells_one_line_per_layer_per_pass_in_order_with_the_time_le
     assert int(parsed[-1].group(2)) == 0
 
 
-def test_a_gptq_export_reports_its_layers_as_write_details(runs):
-    events, report = export(runs["llama"], "gptq-int4", calibration_samples=4)
+def test_a_gptq_export_reports_its_layers_as_write_details(runs, tmp_path):
+    events, report = export(runs["llama"], "gptq-int4", out=str(tmp_path / "told"), calibration_samples=4)
     details = [e["detail"] for e in events if e["type"] == "PhaseChanged" and e["detail"].startswith("gptq: layer")]
     assert details and all(re.fullmatch(r"gptq: layer \d+/\d+, \d+ s left", d) for d in details), details
     numbers = [int(re.search(r"layer (\d+)/", d).group(1)) for d in details]
