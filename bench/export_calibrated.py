@@ -9,6 +9,11 @@ baseline after its imports (the goal: at most 1.5x, export_memory.GOAL).
 
     python bench/export_calibrated.py                 # the bundled model (resources/tiny)
     python bench/export_calibrated.py --layers 2      # TinyLlama widths, 2 layers (about 0.2 B parameters)
+    python bench/export_calibrated.py --against /tmp/base   # each export also by a checkout of other code
+
+With --against (a checkout made with `git worktree add --detach /tmp/base main`), each export is also
+written by that checkout's code from the same trained run, just before this tree's, and the ratio of
+their write-stage seconds is printed: a before/after measured in one run.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ def main() -> int:
     parser.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
     parser.add_argument("--layers", type=int, help="a TinyLlama-wide random model with this many layers")
     parser.add_argument("--steps", type=int, default=60, help="training steps (the preset's 60 by default)")
+    parser.add_argument("--against", type=Path, help="a checkout of other code to write each export too, for a ratio")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="export-calibrated-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -59,6 +65,7 @@ def main() -> int:
     rows = []
     for fmt in args.formats:
         out = work / "exports" / fmt
+        there = _write_with(args.against, fmt, run_dir, work / "against" / fmt, env) if args.against else None
         stdout = export_memory.run_child("--one", fmt, str(run_dir), str(out), env=env)
         result = json.loads(stdout.split("RESULT ", 1)[1])
         report_path = out / "export_report.json"
@@ -67,10 +74,24 @@ def main() -> int:
         print(f"  {fmt}: {result['wall']:.1f} s {result['error'] or ''}", flush=True)
         if report:
             print("    " + report["loaded_as"] + "\n    " + "; ".join(report["notes"]), flush=True)
+        if there is not None and report:
+            here = report["timings"]["write"]
+            print(f"    write stage: {there:.1f} s by {args.against}, {here:.1f} s here: {there / here:.2f}x faster",
+                  flush=True)
     print(export_memory.table(rows))
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _write_with(checkout: Path, fmt: str, run_dir: Path, out: Path, env: dict) -> float:
+    """The write stage's seconds of `fmt` exported by another checkout's code (its own export_memory child)."""
+    done = subprocess.run([sys.executable, str(checkout / "bench" / "export_memory.py"), "--one", fmt, str(run_dir),
+                           str(out)], cwd=checkout, env={**env, "PYTHONPATH": str(checkout)}, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{fmt} by {checkout} failed:\n{done.stderr[-3000:]}")
+    return json.loads((out / "export_report.json").read_text())["timings"]["write"]
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ def _export(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopList
     source = merged_source(run, DTYPES[fmt.merge_precision or job.dtype]) if fmt.merged else None
     work = ExportWork(fmt, run, tokenizer, source, job.dtype, device, job.calibration_samples,
                       progress=lambda step, total: reporter.emit(MetricsLogged(step=step, max_steps=total)),
-                      should_stop=lambda: stop.requested)
+                      should_stop=lambda: stop.requested,
+                      note=lambda text: reporter.emit(PhaseChanged(phase="write", detail=text)))
     writer: FormatWriter = fmt.writer().Writer(work)
     needed = estimate_bytes(fmt, source, writer.planned_bytes)
     if job.free_bytes() < needed:

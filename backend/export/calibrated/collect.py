@@ -3,15 +3,19 @@
 Each unit (a GPTQ Hessian, an AWQ or SmoothQuant mapping) states the bytes its statistics hold; units
 are taken in the order the layers run, as many per pass over the rows as fit the budget, and each pass's
 units are finished (their weights changed) before the next pass, so later layers see the earlier ones'
-result. Only the last position's logits are computed.
+result. Only the last position's logits are computed. As each decoder layer's units of a pass are finished,
+`tell` gets a line with the time left (Progress).
 """
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from typing import Any, Callable, Protocol
 
 import torch
 
+from backend.export.calibrated.layers import decoder_layers
 from backend.export.memory import trim_heap
 from backend.export.verify import cpu_products_in_fp32
 
@@ -38,32 +42,66 @@ def passes(units: list[Unit], budget: int) -> list[list[Unit]]:
     return groups
 
 
+class Progress:
+    """The units' decoder layers, and a line per layer of a pass once its units there are finished: the time
+    left is the mean time per layer so far (forward passes included) times the layers left."""
+
+    def __init__(self, model: Any, units: list[Unit], name: str, tell: Callable[[str], None] | None):
+        _, stack = decoder_layers(model)
+        where = {module: index for index, layer in enumerate(stack) for module in layer.modules()}
+        self.layer = [where.get(unit.module, -1) for unit in units]
+        self.units = Counter(self.layer)  # a layer split over two passes counts its share done in each
+        self.total = len(stack)
+        self.name, self.tell, self.began, self.done = name, tell, time.monotonic(), 0.0
+
+    def finished(self, position: int, last_of_pass: bool) -> None:
+        """Unit `position` (of `units`) is finished; a line when it is its layer's last in this pass."""
+        index = self.layer[position]
+        self.done += 1 / self.units[index]
+        if self.tell and (last_of_pass or self.layer[position + 1] != index):
+            left = (time.monotonic() - self.began) / self.done * max(len(self.units) - self.done, 0.0)
+            self.tell(f"{self.name}: layer {index + 1}/{self.total}, {left:.0f} s left")
+
+
+class _Reached(Exception):
+    """Raised by the hook on a pass's last unit: the layers after it have nothing to give this pass."""
+
+
 @torch.no_grad()
 def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
-              should_stop: Callable[[], bool] | None = None) -> int:
+              should_stop: Callable[[], bool] | None = None, name: str = "calibration",
+              tell: Callable[[str], None] | None = None) -> int:
     """Feed every row through the model once per pass, finishing each pass's units; returns the passes run.
     Rows go right-padded in batches of about BATCH_TOKENS (each pass widens every 16-bit weight once per
-    batch on a CPU: verify.cpu_products_in_fp32), and only real tokens reach the statistics."""
+    batch on a CPU: verify.cpu_products_in_fp32), and only real tokens reach the statistics. A forward pass
+    stops at its pass's last unit: the layers after it would only be run again by the next pass."""
     device = next(p.device for p in model.parameters())
     groups = passes(units, budget)
     batches = _batches(rows)
+    progress, position = Progress(model, units, name, tell), 0
     for group in groups:
-        current: dict[str, torch.Tensor] = {}
+        current: dict[str, Any] = {}
         handles = [unit.module.register_forward_pre_hook(_hook(unit, current)) for unit in group]
         try:
             with cpu_products_in_fp32(model):
                 for ids, mask in batches:
                     if should_stop and should_stop():
                         raise InterruptedError("stop requested")
-                    current["mask"] = mask.to(device).bool()
-                    model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, logits_to_keep=1)
+                    current["mask"], current["waiting"] = mask.to(device).bool(), set(group)
+                    try:
+                        model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False,
+                              logits_to_keep=1)
+                    except _Reached:
+                        pass
         finally:
             for handle in handles:
                 handle.remove()
         trim_heap()  # the passes' activations: the heap keeps them, and each finish's larger blocks are fresh maps
-        for unit in group:
+        for count, unit in enumerate(group, 1):
             unit.finish()
             trim_heap()
+            progress.finished(position, count == len(group))
+            position += 1
     return len(groups)
 
 
@@ -96,9 +134,12 @@ def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _hook(unit: Unit, current: dict[str, torch.Tensor]) -> Callable:
+def _hook(unit: Unit, current: dict[str, Any]) -> Callable:
     def hook(module: torch.nn.Module, args: tuple) -> None:
         x = args[0]
         mask = current.get("mask")
         unit.add(x[mask] if mask is not None and x.shape[:2] == mask.shape else x)
+        current["waiting"].discard(unit)
+        if not current["waiting"]:
+            raise _Reached
     return hook

@@ -4,6 +4,9 @@ inputs (H = 2 X^T X over the calibration tokens), so the layer's output on those
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 from backend.export.calibrated.grid import bounds, weight_qparams
@@ -43,6 +46,19 @@ def inverse_factor(running: Hessian) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.linalg.cholesky(inverse, upper=True), dead
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """The column loop's thousands of small operations on one thread: split over threads they gain nothing,
+    and on cores other processes keep busy each one waits for its slowest thread (8.5 s instead of 0.6 s for
+    a 2048-column layer on 2 busy cores, docs/benchmarks.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def quantize(weight: torch.Tensor, inverse: torch.Tensor, dead: torch.Tensor, args: object,
              scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the rounded weight, fp32; its scale; its zero point): groups are the blocks error is spread over,
@@ -64,13 +80,14 @@ def quantize(weight: torch.Tensor, inverse: torch.Tensor, dead: torch.Tensor, ar
         else:
             scale, zero = weight_qparams(w, args, scale_dtype)  # per output channel: (rows, 1)
         s = scale.float()[:, 0]
-        for i in range(end - start):
-            column = block[:, i]
-            rounded = torch.clamp(torch.round(column / s), low, high) * s
-            out[:, start + i] = rounded
-            error = (column - rounded) / block_inverse[i, i]
-            block[:, i:] -= error[:, None] * block_inverse[i, i:][None, :]
-            errors[:, i] = error
+        with one_thread():
+            for i in range(end - start):
+                column = block[:, i]
+                rounded = torch.clamp(torch.round(column / s), low, high) * s
+                out[:, start + i] = rounded
+                error = (column - rounded) / block_inverse[i, i]
+                block[:, i:] -= error[:, None] * block_inverse[i, i:][None, :]
+                errors[:, i] = error
         w[:, end:] -= errors @ inverse[start:end, end:]
         scales.append(scale)
         zeros.append(zero)

@@ -35,8 +35,10 @@ STATISTICS_FLOOR = 64 * 1024 * 1024
 def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp: Path, dtype: str,
                      calibration_samples: int, device: str,
                      progress: Callable[[int, int], None] | None = None,
-                     should_stop: Callable[[], bool] | None = None) -> list[str]:
-    """Write `fmt` into `tmp`; returns the report's notes (calibration data, passes, group size)."""
+                     should_stop: Callable[[], bool] | None = None,
+                     tell: Callable[[str], None] | None = None) -> list[str]:
+    """Write `fmt` into `tmp`; returns the report's notes (calibration data, passes, group size). `tell` gets
+    a line per decoder layer calibrated, with the time left ("gptq: layer 7/30, 41 s left")."""
     from transformers import AutoModelForCausalLM
 
     from backend.export import hf_writer
@@ -59,7 +61,7 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     scale_dtype = DTYPES[dtype]
     units, algorithm = ALGORITHMS[spec.algorithm](model, linears, scheme, scale_dtype, qparams, rows)
     budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
-    passes = calibrate(model, rows, units, budget, should_stop)
+    passes = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
     release()  # the calibration's activations, handed back before the packed copies are made
     ignore = sorted({name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - set(linears))
     compressor = pack.pack(model, linears, qparams, scheme, ignore, scale_dtype, should_stop)

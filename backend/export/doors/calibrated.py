@@ -25,7 +25,8 @@ class Writer:
     def write(self, folder: Path) -> list[str]:
         work = self.work
         return write_calibrated(work.fmt.name, work.source, work.run, work.tokenizer, folder, work.dtype,
-                                work.calibration_samples, work.device, work.progress, work.should_stop)
+                                work.calibration_samples, work.device, work.progress, work.should_stop,
+                                work.note)
 
 
 def read_back(work: ExportWork, folder: Path) -> tuple[Any, str, str, str]:

@@ -30,6 +30,7 @@ class ExportWork:
     calibration_samples: int  # rows of training data a calibrated format fits to
     progress: Callable[[int, int], None]  # (tensor, tensors) while writing
     should_stop: Callable[[], bool]  # a Stop was asked: the writer raises InterruptedError
+    note: Callable[[str], None] | None = None  # a line of progress in words ("gptq: layer 7/30, 41 s left")
 
     @property
     def trust_remote_code(self) -> bool:
