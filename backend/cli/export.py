@@ -103,8 +103,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     folder = open_run_folder(args.run_dir)
     args.run_folder = folder.path  # an internal error's traceback goes to its worker.log
     config = folder.load_config()
+    out = output_folder(args.out, "--out") if args.out else folder.path / "exports" / args.format  # the argument first
     refuse_unfinished(folder, config, export_format(args.format).merged, "export")  # before a worker starts
-    out = output_folder(args.out, "--out") if args.out else folder.path / "exports" / args.format
     params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite)}
     if args.dtype:
         params["dtype"] = args.dtype
