@@ -29,14 +29,14 @@ TIPS = {
     "functions": "Each reward function's mean (solid) and spread (dashed) over the sampled completions.",
     "length": "Mean length of the sampled completions, in tokens (cut at grpo.max_completion_length).",
     "clip": "Share of tokens whose probability ratio was clipped (large steps held back): "
-            "clipped in region (clip_ratio/region_mean) is either side; clipped low (clip_ratio/low_mean): the "
-            "ratio fell below 1 - epsilon on a worse-than-average completion; clipped high "
+            "in region (clip_ratio/region_mean) is either side; low (clip_ratio/low_mean): the "
+            "ratio fell below 1 - epsilon on a worse-than-average completion; high "
             "(clip_ratio/high_mean): it rose above 1 + epsilon on a better-than-average one.",
 }
 
-CLIPPED = {"clip_ratio/region_mean": "clipped in region", "clip_ratio/low_mean": "clipped low",
-           "clip_ratio/high_mean": "clipped high"}
-"""TRL's GRPO clip shares in words (grpo_trainer: low = ratio < 1 - epsilon_low with a negative advantage,
+CLIPPED = {"clip_ratio/region_mean": "in region", "clip_ratio/low_mean": "low", "clip_ratio/high_mean": "high"}
+"""TRL's GRPO clip shares in words, short so the legend stays one line under a narrow chart titled "Clipped
+share" (the tooltip says each in full; grpo_trainer: low = ratio < 1 - epsilon_low with a negative advantage,
 high = ratio > 1 + epsilon_high with a positive one, region = either). Its low_min and high_max are the
 extremes over processes, the same as the means on one process: not drawn."""
 
