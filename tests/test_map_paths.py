@@ -21,8 +21,6 @@ PACKAGES = sorted({d.name for d in (ROOT / "backend").rglob("*") if d.is_dir() a
 SHORT = re.compile(r"(?<![\w./~-])((?:%s)/[\w/]+\.py)\b" % "|".join(PACKAGES))
 """A path inside a package named from the package down (`config/run_config.py`, `shortcuts/installer.py`)."""
 NOT_A_PATH = {
-    # named as gone on purpose ("there is no backend/telemetry.py")
-    "backend/telemetry.py",
     # what a PyInstaller build writes, not a file of the repository
     "packaging/pyinstaller/dist/finetune-studio/",
 }
