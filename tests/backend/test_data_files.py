@@ -219,7 +219,7 @@ def test_dataset_info_columns_and_tags(tmp_path):
     ({"ranking": True, "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"}},
      "preference data"),
     ({"formatting": "sharegpt", "columns": {"messages": "messages", "kto_tag": "label"}}, "KTO feedback data"),
-    ({"formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}}, "text only"),
+    ({"formatting": "sharegpt", "columns": {"messages": "messages", "videos": "videos"}}, "text and images only"),
     ({"formatting": "openai"}, "unknown formatting 'openai'"),
 ])
 def test_dataset_info_entries_sft_cannot_use_are_refused(tmp_path, entry, words):

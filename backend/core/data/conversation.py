@@ -16,23 +16,31 @@ from backend.core.data.layouts import Layout
 
 Message = dict[str, str]
 MISSING = object()
+IMAGE_MARKER = "<image>"
+"""Where an image sits in a message's text (LLaMA-Factory's placeholder; image parts become it)."""
+IMAGE_PARTS = ("image_url", "image", "input_image")
 
 
 class InvalidExample(Exception):
-    """An example training cannot use; `problem` completes "N examples have ..."."""
+    """An example training cannot use; `problem` completes "N examples have ..." (examples with the
+    same problem are counted together), `detail` names this one's culprit (an image's path), `fix`
+    says what to do when the general advice (fix the data or skip it) is not enough."""
 
-    def __init__(self, problem: str):
+    def __init__(self, problem: str, detail: str = "", fix: str = ""):
         super().__init__(problem)
         self.problem = problem
+        self.detail = detail
+        self.fix = fix
 
 
-def convert(record: dict[str, Any], layout: Layout) -> list[Message]:
+def convert(record: dict[str, Any], layout: Layout, images: list[Any] | None = None) -> list[Message]:
+    """`images`, when given, collects the sources of image content parts in order (see part_text)."""
     if not isinstance(record, dict):
         raise InvalidExample(f"a record that is not an object ({type(record).__name__})")
     if layout.kind == "alpaca":
         return _alpaca(record, layout)
     if layout.kind == "sharegpt":
-        return _sharegpt(record, layout)
+        return _sharegpt(record, layout, images)
     column = layout.prompt or "text"
     return [{"role": "text", "content": _required(record.get(column, MISSING), column)}]
 
@@ -75,7 +83,7 @@ def _system(record: dict[str, Any], layout: Layout) -> list[Message]:
     return [{"role": "system", "content": system}] if _filled(system) else []
 
 
-def _sharegpt(record: dict[str, Any], layout: Layout) -> list[Message]:
+def _sharegpt(record: dict[str, Any], layout: Layout, images: list[Any] | None) -> list[Message]:
     column = layout.messages or "conversations"
     value = record.get(column, MISSING)
     if value is MISSING:
@@ -93,7 +101,7 @@ def _sharegpt(record: dict[str, Any], layout: Layout) -> list[Message]:
             known = f" (known: {', '.join(dict(layout.roles))})" if layout.roles else ""
             raise InvalidExample(f"a turn with the unknown role {tag!r}{known}" if tag is not None
                                  else f"a turn without {layout.role_tag!r}")
-        content = _content(turn, layout.content_tag, role)
+        content = _content(turn, layout.content_tag, role, images)
         if role == "system":
             if _filled(content):
                 messages.append({"role": role, "content": content})
@@ -107,31 +115,54 @@ def _sharegpt(record: dict[str, Any], layout: Layout) -> list[Message]:
     return messages
 
 
-def _content(turn: dict[str, Any], tag: str, role: str) -> str | None:
+def _content(turn: dict[str, Any], tag: str, role: str, images: list[Any] | None) -> str | None:
     content = turn.get(tag)
     if content is None and role == "assistant" and turn.get("tool_calls"):
         calls = turn["tool_calls"]  # OpenAI: the call replaces the text
         return json.dumps([c.get("function", c) if isinstance(c, dict) else c for c in calls], ensure_ascii=False)
     if isinstance(content, list):
-        return part_text(content)
+        return part_text(content, images)
     if isinstance(content, dict) and ("type" in content or "text" in content):
-        return part_text([content])  # one part, not in a list
+        return part_text([content], images)  # one part, not in a list
     return _optional(content, tag)
 
 
-def part_text(parts: list[Any]) -> str:
-    """OpenAI content parts -> their text (one part a line); a picture or sound is refused."""
-    texts = []
+def part_text(parts: list[Any], images: list[Any] | None = None) -> str:
+    """OpenAI content parts -> their text (one part a line). An image part becomes IMAGE_MARKER and
+    its source (None for a bare {"type": "image"} placeholder) goes to `images`; without that list
+    (a text-only reader) a picture is refused, as is a sound or a video."""
+    texts: list[str] = []
+    glue = False  # a marker and the text after it join without a newline, as LLaMA-Factory writes them
     for part in parts:
-        if isinstance(part, str):
-            texts.append(part)
-        elif isinstance(part, dict) and part.get("type", "text") in ("text", "input_text", "output_text"):
-            if part.get("text") is not None:
-                texts.append(_optional(part["text"], "text"))
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if isinstance(part, str) or kind in ("text", "input_text", "output_text"):
+            text = part if isinstance(part, str) else part.get("text")
+            if text is not None:
+                text = _optional(text, "text")
+                if glue and texts:
+                    texts[-1] += text
+                else:
+                    texts.append(text)
+                glue = False
+        elif kind in IMAGE_PARTS and images is not None:
+            images.append(_image_source(part, kind))
+            if glue and texts:
+                texts[-1] += IMAGE_MARKER
+            else:
+                texts.append(IMAGE_MARKER)
+            glue = True
         else:
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            kind = kind or type(part).__name__
             raise InvalidExample(f"{kind} content (the studio trains on text only)")
     return "\n".join(texts)
+
+
+def _image_source(part: dict[str, Any], kind: str) -> Any:
+    """{"image_url": {"url": ...}}, {"image_url": "..."}, {"image": PATH}; None for a placeholder."""
+    value = part.get(kind if kind != "input_image" else "image_url")
+    if isinstance(value, dict):
+        value = value.get("url")
+    return value
 
 
 def _required(value: Any, column: str) -> str:

@@ -41,6 +41,8 @@ class Layout:
     content_tag: str = "value"
     roles: tuple[tuple[str, str], ...] | None = None
     """Role-tag value -> chat role (user, assistant, system, tool); None passes the value through."""
+    images: str | None = None
+    """The field listing the row's images (LLaMA-Factory's `images` column; backend.core.data.image_records)."""
 
     @cached_property
     def _role_map(self) -> dict[str, str] | None:
@@ -179,10 +181,10 @@ def _layout(info: Path, name: str, entry: dict[str, Any]) -> Layout:
         raise bad_input(f"{where}: this is KTO feedback data (kto_tag: answers marked good or bad), which "
                         "supervised fine-tuning would learn the bad answers from", "pick an SFT dataset, or set "
                         "technique.objective: kto (it reads this dataset_info.json entry's columns)")
-    media = [key for key in ("images", "videos", "audios") if key in mapped]
+    media = [key for key in ("videos", "audios") if key in mapped]
     if media:
-        raise bad_input(f"{where}: this dataset has {', '.join(media)}; the studio trains on text only",
-                        "pick a text-only dataset")
+        raise bad_input(f"{where}: this dataset has {', '.join(media)}; the studio trains on text and images only",
+                        "pick a dataset of text, or of text and images")
     formatting = entry.get("formatting", "alpaca")
     if formatting == "alpaca":
         return _alpaca(name, columns)
@@ -198,9 +200,10 @@ def _alpaca(name: str, columns: dict[str, Any] | None) -> Layout:
                       response="output")
     get = {key: value for key, value in columns.items() if isinstance(value, str)}.get
     if get("response") is None and get("prompt"):  # a pre-training entry: {"prompt": "text"}
-        return Layout("text", f"text (dataset_info.json: {name})", prompt=get("prompt"))
+        return Layout("text", f"text (dataset_info.json: {name})", prompt=get("prompt"), images=get("images"))
     return Layout("alpaca", f"alpaca (dataset_info.json: {name})", prompt=get("prompt"), query=get("query"),
-                  response=get("response"), history=get("history"), system=get("system"), tools=get("tools"))
+                  response=get("response"), history=get("history"), system=get("system"), tools=get("tools"),
+                  images=get("images"))
 
 
 def sharegpt_layout(name: str, columns: dict[str, Any] | None, tags: Any, where: str) -> Layout:
@@ -219,4 +222,4 @@ def sharegpt_layout(name: str, columns: dict[str, Any] | None, tags: Any, where:
     return Layout("sharegpt", f"sharegpt (dataset_info.json: {name})",
                   messages=get("messages") or "conversations",
                   system=get("system"), tools=get("tools"), role_tag=defaults["role_tag"],
-                  content_tag=defaults["content_tag"], roles=roles)
+                  content_tag=defaults["content_tag"], roles=roles, images=get("images"))
