@@ -19,7 +19,7 @@ import base64
 import binascii
 import io
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ class ImageRef:
     label: str
     """How the data names it (the path as written, or "data: URI"): said in errors."""
     path: Path | None = None
-    data: bytes | None = None
+    data: bytes | None = field(default=None, repr=False)
     width: int = 0
     height: int = 0
     """As the model will see it (EXIF orientation applied); 0 until probed."""

@@ -204,7 +204,30 @@ def _table_part(path: Path, table: Any, locate: Callable[[int], str] | None = No
                 notes: tuple[str, ...] = ()) -> Part:
     if len(table) == 0:
         raise bad_input(f"{path}: the dataset is empty", "add at least one example")
-    return Part(path, ArrowRows(table.with_format(None)), locate or (lambda i: f"row {i + 1}"), notes)
+    return Part(path, ArrowRows(_undecoded(table).with_format(None)), locate or (lambda i: f"row {i + 1}"), notes)
+
+
+def _undecoded(table: Any) -> Any:
+    """Image columns as their stored {"bytes", "path"} cells, not decoded pictures: the reader probes
+    each header first (backend.core.data.images). Same Arrow data, other features: nothing is copied
+    (Dataset.cast_column would rewrite a list-of-images column through a cache file)."""
+    datasets = _datasets()
+
+    def raw(feature: Any) -> Any:
+        if isinstance(feature, datasets.Image):
+            return datasets.Image(decode=False)
+        if isinstance(feature, (datasets.List, datasets.Sequence)):
+            return type(feature)(raw(feature.feature), length=feature.length)
+        if isinstance(feature, dict):
+            return {key: raw(value) for key, value in feature.items()}
+        return feature
+
+    features = datasets.Features({name: raw(feature) for name, feature in table.features.items()})
+    if features == table.features:
+        return table
+    info = table.info.copy()
+    info.features = features
+    return datasets.Dataset(table.data, info=info, split=table.split, indices_table=table._indices)
 
 
 class ArrowRows(Sequence[dict[str, Any]]):
