@@ -22,7 +22,11 @@ PEER = ROOT / "tests" / "fixtures" / "peer-data"
 CASES = [("alpaca_en_demo.json", "alpaca", 999), ("glaive_toolcall_en_demo.json", "sharegpt", 300)]
 SHA256 = {"alpaca_en_demo.json": "bcc37c64db1a739a0789a1b81f251146fcf4459f903474bc9e3c21bbb5628318",
           "glaive_toolcall_en_demo.json": "8b84773e44e71881f32490080350734cad3069dc227eafd771ccfb80732f6437",
-          "dataset_info.json": "17162e129cbfede1ef7e955dbb7819146b78cd8809fa4f39dff4f9e61308c50f"}
+          "dataset_info.json": "17162e129cbfede1ef7e955dbb7819146b78cd8809fa4f39dff4f9e61308c50f",
+          "mllm_demo.json": "0732db8e2351bc22233268e2956bed1f66c75343c27bdc08b80b2a47e12c7f24",
+          "mllm_demo_data/1.jpg": "95d292cbe8e7151b277f8c04f670a1bd28bbb36882ed5ac0a486b6e5f6e67a0b",
+          "mllm_demo_data/2.jpg": "0e64ce34dc2bf99fb5083859c57bcee674b8bfece62e7d8425a87f986b3c074f",
+          "mllm_demo_data/3.jpg": "e4b1c7c2626bfe475c20fb8163d3644186e10db9530877ff72c0230f31f90aaf"}
 
 
 @pytest.mark.parametrize("name", sorted(SHA256))

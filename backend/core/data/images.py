@@ -91,7 +91,7 @@ def probe(ref: ImageRef) -> ImageRef:
                                  fix="put the image there (paths are relative to the data file)") from None
         if not ref.path.is_file():
             raise InvalidExample("an image path that is a folder", detail=ref.label, fix="name the image file")
-        width, height, mode, rotated = _header_of_file(str(ref.path), stat.st_mtime_ns, stat.st_size)
+        width, height, mode, rotated = _header_of_file(str(ref.path), stat.st_mtime_ns, stat.st_size, ref.label)
     else:
         width, height, mode, rotated = _header(ref.open_bytes(), ref.label)
     if rotated:
@@ -100,9 +100,9 @@ def probe(ref: ImageRef) -> ImageRef:
 
 
 @lru_cache(maxsize=8192)
-def _header_of_file(path: str, stamp: int, size: int) -> tuple[int, int, str, bool]:
+def _header_of_file(path: str, stamp: int, size: int, label: str) -> tuple[int, int, str, bool]:
     """Cached by the file's time and size: a second preview of the same data opens nothing."""
-    return _header(path, path)
+    return _header(path, label)
 
 
 def _header(source: Any, label: str) -> tuple[int, int, str, bool]:
@@ -112,10 +112,11 @@ def _header(source: Any, label: str) -> tuple[int, int, str, bool]:
         try:
             with image_module.open(source) as image:
                 width, height = image.size
-                orientation = image.getexif().get(0x0112)
+                orientation = _orientation(image, image_module)
                 mode = image.mode
         except image_module.DecompressionBombError as exc:
-            raise _bomb(label, str(exc).split(" pixels")[0].split("(")[-1]) from None
+            stated = str(exc).split(" pixels")[0].split("(")[-1]  # Pillow's "Image size (N pixels) exceeds ..."
+            raise _bomb(label, f"{int(stated):,} pixels" if stated.isdigit() else "its size") from None
         except image_module.UnidentifiedImageError:
             raise InvalidExample("an image file Pillow cannot read", detail=label,
                                  fix="save it as PNG or JPEG") from None
@@ -130,10 +131,26 @@ def _header(source: Any, label: str) -> tuple[int, int, str, bool]:
     return width, height, mode, orientation in ROTATED
 
 
+def _orientation(image: Any, image_module: Any) -> int | None:
+    """The EXIF orientation from what the header gave, never `getexif()` on a PNG, which decodes the
+    whole image looking for an eXIf chunk after the pixels (a bomb would be decoded)."""
+    if image.format == "TIFF":
+        return image.getexif().get(0x0112)
+    raw = image.info.get("exif")
+    if not raw:
+        return None
+    exif = image_module.Exif()
+    try:
+        exif.load(raw)
+    except Exception:  # a broken EXIF block: the picture may still be fine, and upright
+        return None
+    return exif.get(0x0112)
+
+
 def _bomb(label: str, size: str) -> InvalidExample:
     return InvalidExample(f"an image over {MAX_PIXELS:,} pixels, refused before decoding (a decompression bomb "
                           "guard)", detail=f"{label}, {size}",
-                          fix="shrink it, to 8192x8192 or less (no vision processor keeps more)")
+                          fix="shrink it, to 8192x8192 or less")
 
 
 def decode(ref: ImageRef) -> Any:
