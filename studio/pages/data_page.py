@@ -2,13 +2,16 @@
 
 The file is read in the background with the worker's own reader (format detection included); a
 few examples are shown as conversations with the trained-on text highlighted, and a histogram of
-token lengths shows how many examples the chosen seq_len cuts.
+token lengths shows how many examples the chosen seq_len cuts. Rows with images show thumbnails and
+count the images' tokens through `image_tokens`, the model family's rule (None: the model is not
+known, and the rows say "+ N images").
 """
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
@@ -78,6 +81,10 @@ class DataPage(QWidget):
         super().__init__(parent)
         self._state = state
         self.profile: DatasetProfile | None = None
+        self.image_tokens: Callable[[int, int], int | None] | None = None
+        """The model's tokens per image of (width, height); set by the model side, then reload()."""
+        self.max_images: int | None = None
+        """The images the model takes a row (None: no limit known)."""
         self._loader = BackgroundCall(self, synchronous=synchronous)
         self._loader.finished.connect(self._on_loader_finished)
         self._loader.failed.connect(self._on_loader_failed)
@@ -85,9 +92,9 @@ class DataPage(QWidget):
 
         self.header = header = PageHeaderWidget("Data", "Choose the examples to learn from: JSONL, JSON, CSV, Parquet, TXT or "
                                           "a datasets save_to_disk folder (drop it here). Alpaca, ShareGPT, "
-                                          "messages and plain text are detected, or mapped by a LLaMA-Factory "
-                                          "dataset_info.json beside the file; only the assistant's text "
-                                          "(highlighted) is trained on.")
+                                          "messages and plain text are detected, with their images, or mapped by "
+                                          "a LLaMA-Factory dataset_info.json beside the file; only the "
+                                          "assistant's text (highlighted) is trained on.")
         self._sft_guide = header.guide.text()
         self.path_edit = QLineEdit()
         self.path_edit.setPlaceholderText("/path/to/examples.jsonl")
@@ -128,7 +135,7 @@ class DataPage(QWidget):
         truncate.setText("Truncate longer examples")
         options.addWidget(truncate, 0, 4)
         skip = editors.editor("data.skip_invalid")
-        skip.setText("Skip empty examples")
+        skip.setText("Skip invalid examples")
         options.addWidget(skip, 1, 4)
         options.setColumnStretch(5, 1)
         form.addRow("Options", options_row)
@@ -222,7 +229,9 @@ class DataPage(QWidget):
             needed = reward_columns(self._state.get("grpo.rewards")) if objective == "grpo" else ()
             self._loader.call(lambda: read_objective_records(data, objective, needed, model_path=model))
             return
-        self._loader.call(lambda: DatasetProfile.read(data, model, fmt, skip_invalid=skip))
+        count, most = self.image_tokens, self.max_images
+        self._loader.call(lambda: DatasetProfile.read(data, model, fmt, skip_invalid=skip, max_images=most,
+                                                      image_tokens=count))
 
     def is_loading(self) -> bool:
         return self._loader.is_busy()
@@ -245,8 +254,11 @@ class DataPage(QWidget):
             self.preview.set_conversations([])
         else:
             notes = "".join(f"<br><span style='color:#d97706'>{html.escape(note)}</span>" for note in profile.notes)
-            self.summary_label.setText(f"<b>{profile.format}</b> · {profile.count:,} examples{notes}")
-            self.preview.set_conversations(profile.preview)
+            images = sum(profile.image_counts)
+            among = "" if profile.measured >= profile.count else f" in the {profile.measured:,} measured examples"
+            pictures = f" · {images:,} images{among}" if images else ""
+            self.summary_label.setText(f"<b>{profile.format}</b> · {profile.count:,} examples{pictures}{notes}")
+            self.preview.set_conversations(profile.preview, profile.preview_images, profile.preview_tokens)
         self._show_numbers()
         self.profile_ready.emit(profile)
 
@@ -284,7 +296,7 @@ class DataPage(QWidget):
         if self.records is not None:  # token lengths are measured for supervised data only
             return
         whole, profile = profile, profile.within(self._state.get("data.max_examples"))  # what training reads
-        self.histogram.set_lengths(profile.lengths)
+        self.histogram.set_lengths(profile.lengths, profile.text_lengths)
         seq_len = int(self._state.get("train.seq_len"))
         share = profile.truncated_share(seq_len)
         longest = max(profile.lengths) if profile.lengths else 0
@@ -300,5 +312,9 @@ class DataPage(QWidget):
         source = (f"the model's tokenizer ({Path(profile.tokenizer).parent.name})" if profile.tokenizer
                   else "a word count × 1.3 (no tokenizer.json in the model folder)")
         sample = f"; measured on {profile.measured:,} of {used:,} examples" if profile.measured < used else ""
+        pictures = ""
+        if profile.image_counts and any(profile.image_counts):
+            pictures = (" Image tokens by the model's rule for each image's size." if profile.image_tokens_known
+                        else " The images' tokens are not counted: the model's image rule is not known.")
         self.approx_label.setText(f"Approximate: tokens counted with {source} on \"role: text\" lines, without "
-                                  f"the chat template, which adds a few tokens per message{sample}.")
+                                  f"the chat template, which adds a few tokens per message{sample}.{pictures}")

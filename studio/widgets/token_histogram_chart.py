@@ -2,7 +2,8 @@
 
 Bars count examples per token-length bin; a red vertical line marks train.seq_len, and the bars
 beyond it (the examples that will be truncated) are drawn in red, so the share lost reads at a
-glance.
+glance. For rows with images, an outline over the same bins counts the text tokens alone, so the
+bars (text and image tokens) show how far the images move each row.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class TokenHistogramChart(LiveChart):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(title="Tokens per example", left="examples", bottom="tokens", parent=parent, grid=True)
         self._lengths = np.zeros(0)
+        self._text = np.zeros(0)
         self.seq_len = 0
         self._bars = pg.BarGraphItem(x0=[], x1=[], height=[], brush="#3b82f6", pen=None)
         self._over = pg.BarGraphItem(x0=[], x1=[], height=[], brush="#ef4444", pen=None)
@@ -45,12 +47,25 @@ class TokenHistogramChart(LiveChart):
         item.addItem(self._line)
         self._far_label = pg.TextItem(color="#dc2626", anchor=(1, 0))
         item.addItem(self._far_label, ignoreBounds=True)
+        # A curve item, not a PlotDataItem: the chart's clip-to-view and downsampling would break its steps.
+        self._text_line = pg.PlotCurveItem(pen=pg.mkPen("#f59e0b", width=2))
+        item.addItem(self._text_line)
+        self._legend = pg.TextItem(color="#b45309", anchor=(1, 0))
+        item.addItem(self._legend, ignoreBounds=True)
         self.bar_count = 0
         """How many bins are drawn (tests read it)."""
 
-    def set_lengths(self, lengths: list[int] | tuple[int, ...]) -> None:
+    def set_lengths(self, lengths: list[int] | tuple[int, ...], text_only: list[int] | tuple[int, ...] = ()) -> None:
+        """lengths: tokens per example; text_only: the same examples' text tokens, when images add to them."""
         self._lengths = np.asarray(lengths, dtype=float)
+        text = np.asarray(text_only, dtype=float)
+        self._text = text if len(text) == len(self._lengths) and not np.array_equal(text, self._lengths) else np.zeros(0)
         self.mark_dirty()
+
+    @property
+    def shows_text_outline(self) -> bool:
+        """Whether the text-only outline is drawn (tests read it)."""
+        return bool(len(self._text)) and self._text_line.isVisible()
 
     def set_seq_len(self, seq_len: int) -> None:
         self.seq_len = seq_len
@@ -67,6 +82,8 @@ class TokenHistogramChart(LiveChart):
                 bars.setOpts(x0=[], x1=[], height=[])
             self.bar_count = 0
             self._far_label.setText("")
+            self._text_line.setVisible(False)
+            self._legend.setText("")
             return
         longest = float(lengths.max())
         counts, edges = np.histogram(lengths, bins=BINS, range=(0, longest + 1))
@@ -76,18 +93,29 @@ class TokenHistogramChart(LiveChart):
         self._bars.setOpts(x0=left[~over] + gap[~over], x1=right[~over] - gap[~over], height=counts[~over])
         self._over.setOpts(x0=left[over] + gap[over], x1=right[over] - gap[over], height=counts[over])
         self.bar_count = int((counts > 0).sum())
+        tallest = float(counts.max())
+        if len(self._text):
+            text_counts, _ = np.histogram(self._text, bins=edges)
+            self._text_line.setData(edges, text_counts.astype(float), stepMode="center")
+            self._text_line.setVisible(True)
+            tallest = max(tallest, float(text_counts.max()))
+            self._legend.setText("bars: text + images · outline: text alone")
+        else:
+            self._text_line.setVisible(False)
+            self._legend.setText("")
         # A seq_len far beyond every example would squeeze the bars into a sliver: then the line
         # stays off to the right and its label says so.
         far = self.seq_len > 2.5 * longest
         top = longest * 1.15 if far else max(longest, float(self.seq_len)) * 1.05
         self._far_label.setText(f"seq_len {self.seq_len} →" if far else "")
-        self._far_label.setPos(top, float(counts.max()))
+        self._far_label.setPos(top, tallest)
+        self._legend.setPos(top, tallest * (1.12 if not far else 0.9))
         item = self.getPlotItem()
-        for axis, span in (("bottom", top), ("left", float(counts.max()) * 1.12)):
+        for axis, span in (("bottom", top), ("left", tallest * 1.12)):
             step = whole_step(span, 8 if axis == "bottom" else 6)
             item.getAxis(axis).setTickSpacing(step, step)
         # Both axes: the base chart's empty range (y 0 to 1) has auto-range off, so the counts set y too.
-        self.getPlotItem().getViewBox().setRange(xRange=(0, top), yRange=(0, float(counts.max()) * 1.12), padding=0.0)
+        self.getPlotItem().getViewBox().setRange(xRange=(0, top), yRange=(0, tallest * 1.12), padding=0.0)
 
     def tallest_bar(self) -> float:
         """The highest bin's count (0 when nothing is drawn): the y axis must reach it."""

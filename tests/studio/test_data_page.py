@@ -132,3 +132,27 @@ def test_page_reads_a_csv_and_the_skip_box_turns_a_refusal_into_a_note(qtbot, ma
     box.setChecked(True)
     assert studio.config.get("data.skip_invalid") is True
     assert "<b>alpaca</b> · 1 examples" in page.summary_label.text() and "skipped 1 of 2" in page.summary_label.text()
+
+
+def test_rows_with_images_show_thumbnails_and_their_tokens(qtbot, make_studio):
+    """LLaMA-Factory's mllm_demo as it is: a thumbnail per image beside its row, the tokens with the
+    image tokens counted once the model's rule is given, and the histogram's text-only outline."""
+    from PySide6.QtCore import QUrl
+
+    from tests.backend.test_image_data import PEER
+
+    studio = make_studio()
+    page = studio.pages["data"]
+    page.choose(str(PEER / "mllm_demo.json"))
+    assert "· 6 examples · 8 images" in page.summary_label.text()
+    assert page.preview.thumbnail_count == 7  # the first five rows hold 2 + 1 + 1 + 2 + 1 images
+    shown = page.preview.toPlainText()
+    assert "[image 1]Who are they?" in shown and "text tokens + 2 images" in shown
+    assert "not counted" in page.approx_label.text() and not page.histogram.shows_text_outline
+    image = page.preview.loadResource(2, QUrl("thumb:1-1"))  # 2: QTextDocument.ImageResource
+    assert max(image.width(), image.height()) == 72 and image.pixel(1, 1) != image.pixel(40, 30)
+    page.image_tokens = lambda width, height: (width // 28) * (height // 28)
+    page.reload()
+    assert "tokens (" in page.preview.toPlainText() and "for 2 images)" in page.preview.toPlainText()
+    page.histogram.flush()
+    assert page.histogram.shows_text_outline and "by the model's rule" in page.approx_label.text()
