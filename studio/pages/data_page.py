@@ -166,6 +166,7 @@ class DataPage(QWidget):
         self.lengths_box = right
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 1)
+        split.setSizes([1, 1])  # halves, whatever the chart's size hint asks (the preview shows thumbnails too)
 
         layout = QVBoxLayout(self)
         layout.addWidget(header)
@@ -314,7 +315,7 @@ class DataPage(QWidget):
         sample = f"; measured on {profile.measured:,} of {used:,} examples" if profile.measured < used else ""
         pictures = ""
         if profile.image_counts and any(profile.image_counts):
-            pictures = (" Image tokens by the model's rule for each image's size." if profile.image_tokens_known
-                        else " The images' tokens are not counted: the model's image rule is not known.")
+            pictures = (" Bars: text and image tokens (the model's rule); orange outline: text alone."
+                        if profile.image_tokens_known else " Images not counted: the model's image tokens are unknown.")
         self.approx_label.setText(f"Approximate: tokens counted with {source} on \"role: text\" lines, without "
                                   f"the chat template, which adds a few tokens per message{sample}.{pictures}")

@@ -3,7 +3,7 @@
 Bars count examples per token-length bin; a red vertical line marks train.seq_len, and the bars
 beyond it (the examples that will be truncated) are drawn in red, so the share lost reads at a
 glance. For rows with images, an outline over the same bins counts the text tokens alone, so the
-bars (text and image tokens) show how far the images move each row.
+bars (text and image tokens) show how far the images move each row (the Data page says so below it).
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ class TokenHistogramChart(LiveChart):
         # A curve item, not a PlotDataItem: the chart's clip-to-view and downsampling would break its steps.
         self._text_line = pg.PlotCurveItem(pen=pg.mkPen("#f59e0b", width=2))
         item.addItem(self._text_line)
-        self._legend = pg.TextItem(color="#b45309", anchor=(1, 0))
-        item.addItem(self._legend, ignoreBounds=True)
         self.bar_count = 0
         """How many bins are drawn (tests read it)."""
 
@@ -83,7 +81,6 @@ class TokenHistogramChart(LiveChart):
             self.bar_count = 0
             self._far_label.setText("")
             self._text_line.setVisible(False)
-            self._legend.setText("")
             return
         longest = float(lengths.max())
         counts, edges = np.histogram(lengths, bins=BINS, range=(0, longest + 1))
@@ -99,17 +96,14 @@ class TokenHistogramChart(LiveChart):
             self._text_line.setData(edges, text_counts.astype(float), stepMode="center")
             self._text_line.setVisible(True)
             tallest = max(tallest, float(text_counts.max()))
-            self._legend.setText("bars: text + images · outline: text alone")
         else:
             self._text_line.setVisible(False)
-            self._legend.setText("")
         # A seq_len far beyond every example would squeeze the bars into a sliver: then the line
         # stays off to the right and its label says so.
         far = self.seq_len > 2.5 * longest
         top = longest * 1.15 if far else max(longest, float(self.seq_len)) * 1.05
         self._far_label.setText(f"seq_len {self.seq_len} →" if far else "")
         self._far_label.setPos(top, tallest)
-        self._legend.setPos(top, tallest * (1.12 if not far else 0.9))
         item = self.getPlotItem()
         for axis, span in (("bottom", top), ("left", tallest * 1.12)):
             step = whole_step(span, 8 if axis == "bottom" else 6)

@@ -148,11 +148,11 @@ def test_rows_with_images_show_thumbnails_and_their_tokens(qtbot, make_studio):
     assert page.preview.thumbnail_count == 7  # the first five rows hold 2 + 1 + 1 + 2 + 1 images
     shown = page.preview.toPlainText()
     assert "[image 1]Who are they?" in shown and "text tokens + 2 images" in shown
-    assert "not counted" in page.approx_label.text() and not page.histogram.shows_text_outline
+    assert "Images not counted" in page.approx_label.text() and not page.histogram.shows_text_outline
     image = page.preview.loadResource(2, QUrl("thumb:1-1"))  # 2: QTextDocument.ImageResource
     assert max(image.width(), image.height()) == 72 and image.pixel(1, 1) != image.pixel(40, 30)
     page.image_tokens = lambda width, height: (width // 28) * (height // 28)
     page.reload()
     assert "tokens (" in page.preview.toPlainText() and "for 2 images)" in page.preview.toPlainText()
     page.histogram.flush()
-    assert page.histogram.shows_text_outline and "by the model's rule" in page.approx_label.text()
+    assert page.histogram.shows_text_outline and "orange outline" in page.approx_label.text()
