@@ -52,8 +52,9 @@ class DataSection(_Section):
     truncate: bool = True
     """Cut examples longer than train.seq_len (and count them); off refuses such examples instead."""
     skip_invalid: bool = False
-    """Leave out examples with a null or empty prompt, answer or turn, and say how many and the first
-    line; off refuses such a dataset (never trains on the text "None")."""
+    """Leave out examples with a null or empty prompt, answer or turn, or a bad image (missing, corrupt,
+    too large, more or fewer than its <image> markers, more than the model takes), and say how many and
+    the first line; off refuses such a dataset (never trains on the text "None")."""
 
 
 class TechniqueSection(_Section):
