@@ -33,6 +33,11 @@ def picture(path: Path, size: tuple[int, int] = (12, 8), mode: str = "RGB", colo
     return path
 
 
+def size_of(path: Path) -> tuple[int, int]:
+    with Image.open(path) as image:
+        return image.size
+
+
 def png_bytes(size: tuple[int, int] = (4, 4)) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", size, "blue").save(out, "PNG")
@@ -68,8 +73,7 @@ def test_llama_factory_mllm_demo_reads_by_its_entry_and_by_detection(tmp_path):
     assert len(examples) == 6 and [len(e.images) for e in examples] == [2, 1, 1, 2, 1, 1]
     assert examples[0].messages[0]["content"] == "<image>Who are they?"
     assert examples[0].images[0].path == PEER / "mllm_demo_data" / "1.jpg"
-    assert (examples[1].images[0].width, examples[1].images[0].height) == Image.open(
-        PEER / "mllm_demo_data" / "2.jpg").size
+    assert (examples[1].images[0].width, examples[1].images[0].height) == size_of(PEER / "mllm_demo_data" / "2.jpg")
     shutil.copy(PEER / "mllm_demo.json", tmp_path / "mllm_demo.json")  # alone: messages + images detected
     shutil.copytree(PEER / "mllm_demo_data", tmp_path / "mllm_demo_data")
     detected = DatasetReader(tmp_path / "mllm_demo.json", max_images=None)
@@ -258,7 +262,7 @@ def test_profile_counts_image_tokens_through_the_callable():
     tokens = lambda width, height: (width // 100) * (height // 100)  # noqa: E731  (a fake family's rule)
     profile = DatasetProfile.read(str(PEER / "mllm_demo.json"), image_tokens=tokens)
     assert profile.problem == "" and profile.image_counts == (2, 1, 1, 2, 1, 1) and profile.image_tokens_known
-    sizes = [[Image.open(PEER / "mllm_demo_data" / f"{n}.jpg").size for n in row] for row in
+    sizes = [[size_of(PEER / "mllm_demo_data" / f"{n}.jpg") for n in row] for row in
              ([1, 1], [2], [3], [1, 1], [2], [3])]
     pictures = [sum(tokens(*size) for size in row) for row in sizes]
     assert [total - text for total, text in zip(profile.lengths, profile.text_lengths)] == pictures
@@ -266,3 +270,13 @@ def test_profile_counts_image_tokens_through_the_callable():
     unknown = DatasetProfile.read(str(PEER / "mllm_demo.json"))
     assert not unknown.image_tokens_known and unknown.lengths == unknown.text_lengths
     assert unknown.preview_tokens[0][1] is None
+
+
+def test_the_profile_decodes_the_shown_rows_only_and_training_every_row(tmp_path):
+    rows = bad_rows(tmp_path)
+    fine = [chat("<image>Fine", images=["ok.png"])] * 6
+    path = jsonl(tmp_path / "d.jsonl", *fine, rows["a truncated image"])  # line 7: past the five shown
+    assert DatasetProfile.read(str(path)).problem == ""  # its header is whole
+    assert "a truncated image (first: line 7, cut.png" in refusal(path).message
+    shown = jsonl(tmp_path / "e.jsonl", rows["a truncated image"], *fine)
+    assert "a truncated image (first: line 1" in DatasetProfile.read(str(shown)).problem

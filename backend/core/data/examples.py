@@ -38,11 +38,12 @@ class DatasetReader:
     """Files and layouts of one data.path; `examples()` converts and checks every record."""
 
     def __init__(self, path: Path, fmt: str = "auto", skip_invalid: bool = False, limit: int | None = None,
-                 max_images: int | None = 0, check_pixels: bool = True):
+                 max_images: int | None = 0, check_pixels: bool | Callable[[int], bool] = True):
         """max_images: the images a row may hold, from the model's family (0: a text-only model, whose
         training refuses image rows; None: no limit known, as the Data page reads before a model is
-        known). check_pixels: decode the kept rows' images (a truncated file shows only then); off,
-        images are checked by their headers (size, format, the bomb guard) alone."""
+        known). check_pixels: decode the kept rows' images (a truncated file shows only then), or those of
+        the rows (by index) it says yes to; off, images are checked by their headers (size, format, the
+        bomb guard) alone."""
         if fmt != "auto" and fmt not in BUILTIN:
             raise bad_input(f"unknown data.format {fmt!r}", f"use auto or one of {', '.join(BUILTIN)}")
         self.path = path
@@ -115,8 +116,8 @@ class DatasetReader:
                     break
                 wanted = keep is None or keep(index)
                 try:
-                    messages, images = convert_row(record, layout, base, self.max_images,
-                                                   self.check_pixels and wanted)
+                    pixels = self.check_pixels(index) if callable(self.check_pixels) else self.check_pixels
+                    messages, images = convert_row(record, layout, base, self.max_images, pixels and wanted)
                 except InvalidExample as exc:
                     problems.setdefault(exc.problem, [0, index, exc.detail, exc.fix])[0] += 1
                 else:
