@@ -280,3 +280,12 @@ def test_the_profile_decodes_the_shown_rows_only_and_training_every_row(tmp_path
     assert "a truncated image (first: line 7, cut.png" in refusal(path).message
     shown = jsonl(tmp_path / "e.jsonl", rows["a truncated image"], *fine)
     assert "a truncated image (first: line 1" in DatasetProfile.read(str(shown)).problem
+
+
+def test_a_marker_is_counted_as_its_image_not_as_text(tmp_path):
+    picture(tmp_path / "ok.png")
+    path = jsonl(tmp_path / "d.jsonl", chat("<image>Describe the picture", images=["ok.png"]),
+                 chat("Describe the picture"))
+    profile = DatasetProfile.read(str(path), "bundled:tiny", image_tokens=lambda width, height: 9)
+    assert profile.text_lengths[0] == profile.text_lengths[1] and profile.lengths == (profile.lengths[1] + 9,
+                                                                                      profile.lengths[1])

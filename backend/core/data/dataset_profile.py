@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 from backend.core.errors import JobError
 from backend.core.paths import resolve_resource
+from backend.core.data.conversation import IMAGE_MARKER
 from backend.core.data.examples import DatasetReader
 from backend.core.data.images import ImageRef
 from backend.core.data.lengths import MAX_CHARS_PER_TOKEN
@@ -109,6 +110,8 @@ class DatasetProfile:
         sample = [e.messages for e in measured] + [e.messages for e in shown]
         texts = ["\n".join(f"{m['role']}: {m['content']}" if m["role"] != "text" else m["content"] for m in messages)
                  for messages in sample]
+        pictured = [bool(e.images) for e in measured + shown]  # their markers become image tokens, not text
+        texts = [text.replace(IMAGE_MARKER, "") if has else text for text, has in zip(texts, pictured)]
         answers = [[m["content"] for m in messages if m["role"] in ("assistant", "text")] for messages in sample]
         cap = seq_len * MAX_CHARS_PER_TOKEN if seq_len else MAX_TEXT_CHARS
         cut = sum(len(text) > cap for text in texts[:len(measured)])
