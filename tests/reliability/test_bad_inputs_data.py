@@ -69,6 +69,10 @@ DATA_CASES = [
     DataCase("content_part_that_is_a_picture", {"parts.jsonl": jsonl(
         chat("Hi", "one"), chat([{"type": "image_url", "image_url": {"url": "cat.png"}}], "two"))},
              error=("image_url", "text only"), where=("parts.jsonl", "line 2"), fix=("skip_invalid",)),
+    DataCase("images_column_with_a_text_only_model", {"mllm.jsonl": jsonl(
+        {**chat("<image>Who is it?", "one"), "images": ["a.jpg"]}, chat("Hi", "two"))},
+             error=("1 of 2 examples has images", "text only"), where=("mllm.jsonl", "line 1"),
+             fix=("vision-language model", "skip_invalid")),
     DataCase("content_a_single_part_object", {"part.jsonl": jsonl(chat({"type": "text", "text": "Hi"}, "one"))},
              check=lambda text, _: "Hi" in text and "'type'" not in text),
     DataCase("sharegpt_value_as_parts", {"share.jsonl": jsonl({"conversations": [
