@@ -325,3 +325,17 @@ def image(width: int, height: int, seed: int = 0):
 
     pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
     return Image.fromarray(pixels, "RGB")
+
+
+PROMPT_IMAGE = {
+    "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_5": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>", "gemma4": "<|image|>",
+    "idefics3": "<image>", "llava": "<image>", "llava_next": "<image>", "mllama": "<|image|>",
+}
+"""What a prompt holds where one image goes; the processor expands it to the image's tokens."""
+
+
+def image_token_id(family: str, config: Any) -> int:
+    """The id the processor repeats once per image token (Gemma 3 and 4: the soft token, not boi)."""
+    key = next(k for k in FAMILY_TOKENS[family] if k.startswith("image_token"))
+    return getattr(config, key)

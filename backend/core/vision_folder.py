@@ -10,6 +10,7 @@ the family comes from backend/core/registries/vision_families.py.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,3 +117,34 @@ class VisionFolder:
         if self.family is None:
             return None
         return self.family.tokens_per_image(self.config, width, height, cap, self.processor)
+
+    def largest_tokens(self) -> int | None:
+        """The most tokens one image can cost at the configured cap: the rule at the cap's own size, a large
+        photo either way round, and LLaVA-NeXT's grid sizes."""
+        if self.family is None:
+            return None
+        cap = self.cap or 0
+        side = math.isqrt(cap) if self.family.cap_key == "max_pixels" else cap
+        probes = [(side, side), (4096, 2304), (2304, 4096)] if side > 0 else [(4096, 2304), (2304, 4096)]
+        grid = self.config.get("image_grid_pinpoints") or self.processor.get("image_grid_pinpoints") or []
+        probes += [(w, h) for h, w in grid]
+        return max(self.family.tokens_per_image(self.config, w, h, None, self.processor) for w, h in probes)
+
+    def tower_line(self) -> str:
+        """The vision tower in a few words: its model_type, layers, width and patch (and image) size."""
+        vision = self.config.get("vision_config")
+        if not isinstance(vision, dict):
+            return ""
+        layers = vision.get("depth") or vision.get("num_hidden_layers")
+        words = [str(vision.get("model_type") or "vision tower")]
+        words += [f"{layers} layers"] if layers else []
+        words += [f"width {vision['hidden_size']}"] if vision.get("hidden_size") else []
+        words += [f"patch {vision['patch_size']}"] if vision.get("patch_size") else []
+        words += [f"image {vision['image_size']}"] if vision.get("image_size") else []
+        return " · ".join(words)
+
+    def projector_line(self) -> str:
+        """Where the projector lives in the model (the family's parameter prefixes)."""
+        if self.family is None:
+            return ""
+        return ", ".join(p.rstrip(".") for p in self.family.projector)
