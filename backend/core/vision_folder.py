@@ -136,7 +136,7 @@ class VisionFolder:
         if not isinstance(vision, dict):
             return ""
         layers = vision.get("depth") or vision.get("num_hidden_layers")
-        words = [str(vision.get("model_type") or "vision tower")]
+        words = [str(vision["model_type"])] if vision.get("model_type") else []
         words += [f"{layers} layers"] if layers else []
         words += [f"width {vision['hidden_size']}"] if vision.get("hidden_size") else []
         words += [f"patch {vision['patch_size']}"] if vision.get("patch_size") else []
