@@ -94,11 +94,17 @@ class VisionFolder:
         if family is not None and not has_vision_tower(config):
             # Gemma 3 1B and Qwen3.5's text models share a model_type family with no tower: plain text models
             return cls(model_type=model_type, config=config)
+        where = f"{folder / 'config.json'}: " if folder is not None else ""
+        tower = str((config.get("vision_config") or {}).get("model_type") or "")
         refusal = ""
         if family is None:
-            where = f"{folder / 'config.json'}: " if folder is not None else ""
             refusal = (f"{where}model_type '{model_type}' is a vision-language model this studio has not proven; "
                        f"proven: {proven_labels()}")
+        elif family.towers and tower and tower not in family.towers:
+            refusal = (f"{where}model_type '{model_type}' with a '{tower}' vision tower is a vision-language model "
+                       f"this studio has not proven ({family.label} is proven with {', '.join(family.towers)}); "
+                       f"proven: {proven_labels()}")
+            family = None
         return cls(True, model_type, family, refusal, config, processor, files)
 
     @classmethod

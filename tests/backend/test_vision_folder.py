@@ -36,12 +36,13 @@ def test_text_models_are_not_vlms(name, tmp_path):
     {"model_type": "paligemma", "image_token_index": 257152, "vision_config": {"model_type": "siglip_vision_model"}},
     {"model_type": "internvl_chat", "vision_config": {"image_size": 448}},  # remote code: the tower tells
     {"model_type": "llava_onevision", "image_token_index": 151646},
+    {"model_type": "llava", "image_token_index": 10, "vision_config": {"model_type": "pixtral"}},  # Pixtral-12B
 ])
 def test_unproven_families_are_refused_in_one_line_naming_the_proven(config, tmp_path):
     vision = VisionFolder.read(_folder(tmp_path, config))
     assert vision.is_vlm and vision.family is None
     assert "\n" not in vision.refusal and str(tmp_path / "config.json") in vision.refusal
-    assert config["model_type"] in vision.refusal
+    assert f"model_type '{config['model_type']}'" in vision.refusal
     assert all(family.label in vision.refusal for family in VISION_FAMILIES.values())
 
 

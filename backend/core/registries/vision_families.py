@@ -39,6 +39,9 @@ class VisionFamily:
     """How many images one row may hold; None: any number (the processor takes a list)."""
     other: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Further non-text parts, (label, prefixes): Gemma 4's audio tower."""
+    towers: tuple[str, ...] = ()
+    """The vision_config model_types proven in this family (empty: any): LLaVA's is CLIP, and a `llava`
+    folder with another tower (Pixtral's) is another model."""
     notes: tuple[str, ...] = field(default=())
 
     def image_token_id(self, config: Config) -> int | None:
@@ -294,11 +297,11 @@ VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
                  notes=("an image larger than one tile is cut into tiles plus a shrunk whole; each is "
                         "image_seq_len tokens",)),
     VisionFamily("llava", "LLaVA-1.5", ("llava",), ("model.vision_tower.",), ("model.multi_modal_projector.",),
-                 "<image>", "image_token_index", "image_size", _llava_tokens,
+                 "<image>", "image_token_index", "image_size", _llava_tokens, towers=("clip_vision_model",),
                  notes=("every image is resized to the CLIP tower's square: (image_size / patch)^2 tokens",)),
     VisionFamily("llava_next", "LLaVA-NeXT", ("llava_next",), ("model.vision_tower.",),
                  ("model.multi_modal_projector.", "model.image_newline"), "<image>", "image_token_index",
-                 "image_size", _llava_next_tokens,
+                 "image_size", _llava_next_tokens, towers=("clip_vision_model",),
                  notes=("anyres: the base square plus the best grid of image_grid_pinpoints, one newline per row",)),
     VisionFamily("mllama", "Llama 3.2 Vision (Mllama)", ("mllama",), ("model.vision_model.",),
                  ("model.multi_modal_projector.",), "<|image|>", "image_token_index", "image_size",
