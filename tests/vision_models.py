@@ -66,7 +66,8 @@ PROCESSOR_PIL = {
 
 NEEDS_VIDEO = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma4")
 """Families whose transformers processor takes a video processor too, which needs torchvision: their
-folders hold the image processor and tokenizer, and `load_processor` builds the processor without video."""
+folders hold the image processor and tokenizer, and the backend builds the processor without video
+(backend/training/model/vision_processor.py)."""
 
 
 def _shrink(section: dict[str, Any], **values: Any) -> dict[str, Any]:
@@ -242,22 +243,13 @@ PROCESSORS = {
 
 
 def processor_class(family: str):
-    """The family's transformers processor; for NEEDS_VIDEO families, a subclass that takes no video
-    processor (transformers checks the video processor's class, which does not exist without torchvision)."""
+    """The family's transformers processor; for NEEDS_VIDEO families the image-only one the backend loads
+    (backend/training/model/vision_processor.py)."""
     import transformers
 
-    base = getattr(transformers, PROCESSORS[family])
-    if family not in NEEDS_VIDEO:
-        return base
+    from backend.training.model.vision_processor import WITH_VIDEO, image_only
 
-    class ImageOnlyProcessor(base):
-        def check_argument_for_proper_class(self, argument_name, argument):
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-    ImageOnlyProcessor.__name__ = f"ImageOnly{base.__name__}"
-    return ImageOnlyProcessor
+    return image_only(WITH_VIDEO[family]) if family in NEEDS_VIDEO else getattr(transformers, PROCESSORS[family])
 
 
 def tiny_processor(family: str, config: Any, tokenizer):
@@ -282,19 +274,10 @@ def tiny_processor(family: str, config: Any, tokenizer):
 
 
 def load_processor(folder: Path, family: str):
-    """What a test uses to read a tiny folder back: AutoProcessor, or for NEEDS_VIDEO families the
-    image-only processor over the folder's AutoImageProcessor (the PIL class it names) and tokenizer."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    """A tiny folder's processor, read back the way the backend reads any VLM folder."""
+    from backend.training.model.vision_processor import load_vision_processor
 
-    if family not in NEEDS_VIDEO:
-        return AutoProcessor.from_pretrained(folder)
-    kwargs: dict[str, Any] = {"video_processor": None}
-    if family == "gemma4":  # the audio side, at its defaults (numpy only; an image never reaches it)
-        from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
-
-        kwargs["feature_extractor"] = Gemma4AudioFeatureExtractor()
-    return processor_class(family)(image_processor=AutoImageProcessor.from_pretrained(folder),
-                                   tokenizer=AutoTokenizer.from_pretrained(folder), **kwargs)
+    return load_vision_processor(folder)
 
 
 def build_tiny_vlm(family: str, folder: Path, *, seed: int = 0) -> Path:

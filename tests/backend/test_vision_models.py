@@ -4,6 +4,7 @@ runs one forward on generated images; the image tokens its processor writes are 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -57,3 +58,16 @@ def test_parts_add_up_to_the_model_and_name_its_tower(family, tmp_path):
     assert parts[TOWER] == sum(p.numel() for p in tower.parameters()) - (own if family == "qwen2_5_vl" else 0)
     assert parts[PROJECTOR] == own + (model.model.image_newline.numel() if family == "llava_next" else 0)
     assert parts[LANGUAGE] > parts[TOWER] > 0
+
+
+def test_the_processor_loader_refuses_a_folder_without_processor_files(tmp_path):
+    from backend.core.errors import JobError
+    from backend.training.model.vision_processor import load_vision_processor
+    from tests import model_configs
+
+    (tmp_path / "config.json").write_text(json.dumps(model_configs.load("Qwen--Qwen2.5-VL-7B-Instruct")))
+    with pytest.raises(JobError, match="no preprocessor_config.json or processor_config.json"):
+        load_vision_processor(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "paligemma", "vision_config": {}}))
+    with pytest.raises(JobError, match="'paligemma' is a vision-language model this studio has not proven"):
+        load_vision_processor(tmp_path)
