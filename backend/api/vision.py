@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 from backend.core.vision_folder import VisionFolder
 from backend.runtime.processes import module_command, worker_env
@@ -57,3 +58,25 @@ def image_tokens_line(vision: VisionFolder) -> str:
     if largest is not None and largest != tokens:
         line += f"; up to {largest:,}"
     return line + f" ({family.cap_key} {cap:,}, {vision.processor_files or 'transformers defaults'})"
+
+
+def data_rules(folder: Path | None) -> tuple[Callable[[int, int], int | None] | None, int | None]:
+    """What the Data page's reader needs from the model side: (tokens per image of (width, height), the
+    images a row may hold). A text model: (None, 0), rows with images are refused; an unproven or
+    unreadable VLM: (None, None), the images are shown but not counted; a proven family: its rule and
+    its `images_per_row` (None: any number)."""
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        return None, None
+    vision = read_vision(Path(folder))
+    if not vision.is_vlm:
+        return None, 0
+    if vision.family is None:
+        return None, None
+
+    def tokens(width: int, height: int) -> int | None:
+        try:
+            return vision.tokens_per_image(width, height)
+        except ValueError:  # an image the family's processor refuses (an aspect above 200 for Qwen)
+            return None
+
+    return tokens, vision.family.images_per_row

@@ -27,3 +27,16 @@ def test_the_counting_module_answers_one_json_line(tmp_path, capsys):
     assert main([str(tmp_path)]) == 1
     line = capsys.readouterr().out.strip()
     assert "\n" not in line and "not a proven vision-language family" in json.loads(line)["error"]
+
+
+def test_data_rules_for_the_data_page(tmp_path):
+    text, vlm, odd = tmp_path / "text", tmp_path / "vlm", tmp_path / "odd"
+    for folder, config in [(text, model_configs.load("Qwen--Qwen3-8B")),
+                           (vlm, model_configs.load("llava-hf--llava-1.5-7b-hf")),
+                           (odd, {"model_type": "paligemma", "vision_config": {}})]:
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    assert vision.data_rules(text) == (None, 0)  # a text model takes no image
+    tokens, most = vision.data_rules(vlm)
+    assert tokens(640, 480) == 576 and most is None
+    assert vision.data_rules(odd) == (None, None) and vision.data_rules(None) == (None, None)
