@@ -31,14 +31,20 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 def meta_model(name: str, text_only: bool = True):
     """The transformers causal LM of one fixture, built on the meta device (no memory, no weights).
     text_only=False builds what AutoModelForCausalLM loads from the whole file (a multimodal config:
-    its vision tower too, as training loads it)."""
+    its vision tower too, as training loads it; a family AutoModelForCausalLM does not take, such as
+    Qwen2.5-VL or LLaVA, is built by AutoModelForImageTextToText)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     cfg = dict(text_config(load(name)) if text_only else load(name))
     config = AutoConfig.for_model(**cfg)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        try:
+            return AutoModelForCausalLM.from_config(config)
+        except ValueError:
+            if text_only:
+                raise
+            return AutoModelForImageTextToText.from_config(config)
 
 
 def parameter_count(model) -> int:

@@ -38,6 +38,7 @@ from studio.widgets.discard_question import discard_edits
 from studio.widgets.preset_picker_widget import PresetPickerWidget
 from studio.widgets.units import human_count
 from studio.widgets.vertical_scroll_area import VerticalScrollArea
+from studio.widgets.vision_facts_widget import VisionFactsWidget
 
 BUNDLED_MODEL = "bundled:tiny"
 
@@ -118,6 +119,8 @@ class ModelPage(QWidget):
             self.facts[key] = value
             facts.addRow(label, value)
 
+        self.vision = VisionFactsWidget()
+
         self.trust_check = editors.editor("model.trust_remote_code")
         self.trust_check.setText("Trust remote code (run Python shipped inside the model folder)")
         self.trust_note = QLabel()
@@ -133,7 +136,7 @@ class ModelPage(QWidget):
         content = QWidget()
         rows_layout = QVBoxLayout(content)
         rows_layout.setContentsMargins(0, 0, 0, 0)
-        for part in (start, pick, self.problem_label, adapter, about, security):
+        for part in (start, pick, self.problem_label, adapter, about, self.vision, security):
             rows_layout.addWidget(part)
         rows_layout.addStretch(1)
         layout = QVBoxLayout(self)
@@ -234,8 +237,9 @@ class ModelPage(QWidget):
         f = self.facts
         arch = info.architecture or "—"
         f["architecture"].setText(f"{arch} ({info.model_type})" if info.model_type else arch)
-        f["parameters"].setText(f"{human_count(info.parameters)}  ({info.parameters:,})" if info.parameters
-                                else "unknown")
+        f["parameters"].setText((f"{human_count(info.parameters)}  ({info.parameters:,})" if info.parameters
+                                 else "unknown") + ("; the language model as the estimate counts it, each part "
+                                                    "below" if info.vision.is_vlm and info.parameters else ""))
         shape = [str(v) if v is not None else "?" for v in (info.layers, info.hidden_size, info.heads)]
         kv = f" (KV heads {info.kv_heads})" if info.kv_heads and info.kv_heads != info.heads else ""
         f["shape"].setText(" · ".join(shape) + kv if info.layers else "—")
@@ -248,6 +252,7 @@ class ModelPage(QWidget):
         f["tokenizer"].setText("tokenizer.json found" if info.has_tokenizer else "no tokenizer.json")
         if info.warnings:
             f["parameters"].setToolTip("\n".join(info.warnings))
+        self.vision.show_folder(info.folder, info.vision)
 
     def _show_trust(self) -> None:
         info, trusted = self.info, bool(self._state.get("model.trust_remote_code"))

@@ -2,7 +2,8 @@
 
 Only files are read (config.json, the names of the weight files): no torch, no transformers, no
 network. The parameter count comes from the memory estimator's architecture table, so the Model
-page and the Techniques page agree on the number.
+page and the Techniques page agree on the number; a vision-language folder's parts are counted later,
+off the GUI thread (backend/api/vision.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.paths import resolve_resource
+from backend.core.vision_folder import VisionFolder
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class ModelInfo:
     has_tokenizer: bool = False
     problem: str = ""
     warnings: tuple[str, ...] = ()
+    vision: VisionFolder = field(default_factory=VisionFolder)
+    """The vision side: a proven vision-language family, a refused one (its line is `problem`), or none."""
 
     @classmethod
     def read(cls, path: str) -> "ModelInfo":
@@ -70,6 +74,7 @@ class ModelInfo:
         except (ValueError, KeyError, TypeError, ImportError) as exc:
             warnings = [f"parameter count unavailable: {exc}"]
         auto_map = raw.get("auto_map") if isinstance(raw.get("auto_map"), dict) else {}
+        vision = VisionFolder.from_config(raw, folder)
         weights = ""
         if any(folder.glob("*.safetensors")):
             weights = "safetensors"
@@ -93,7 +98,9 @@ class ModelInfo:
             auto_map=dict(auto_map),
             weights=weights,
             has_tokenizer=(folder / "tokenizer.json").is_file(),
+            problem=vision.refusal,
             warnings=tuple(warnings),
+            vision=vision,
         )
 
 

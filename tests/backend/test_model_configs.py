@@ -25,6 +25,11 @@ PUBLISHED = {
     "mistralai--Mistral-7B-Instruct-v0.3": 7.3e9,       # Mistral AI: "a 7.3B parameter model"
     "mistralai--Mixtral-8x7B-v0.1": 46.7e9,             # Mistral AI: "46.7B total parameters"
     "google--gemma-3-4b-it": 4.30e9,                    # model card: 4.3B, vision tower included
+    # Vision-language models: the hub page's count of the published safetensors (vision tower included);
+    # the names (7B, 4B, 7b) count the language model alone.
+    "Qwen--Qwen2.5-VL-7B-Instruct": 8.29e9,             # hub: 8.29B params (ViT 675M + Qwen2.5-7B)
+    "Qwen--Qwen3-VL-4B-Instruct": 4.44e9,               # hub: 4.44B params
+    "llava-hf--llava-1.5-7b-hf": 7.06e9,                # hub: 7.06B params
 }
 
 

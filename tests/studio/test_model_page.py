@@ -94,3 +94,47 @@ def test_a_missing_folder_is_reported_on_the_page(qtbot, make_studio, tmp_path):
     assert page.facts["parameters"].text() == "unknown"
     page.choose("bundled:tiny")
     assert page.problem_label.text() == ""
+
+
+def _vlm_folder(folder: Path, fixture: str, **processor) -> Path:
+    from tests import model_configs
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(model_configs.load(fixture)))
+    if processor:
+        (folder / "preprocessor_config.json").write_text(json.dumps(processor))
+    return folder
+
+
+def test_page_shows_a_vision_language_model_and_its_parts(qtbot, make_studio, tmp_path, monkeypatch):
+    import studio.widgets.vision_facts_widget as box
+
+    counted = []
+    monkeypatch.setattr(box, "part_counts", lambda folder: counted.append(folder) or
+                        {"vision tower": 631_975_680, "projector": 44_574_464, "language model": 7_615_616_512})
+    studio = make_studio()
+    page = studio.pages["model"]
+    folder = _vlm_folder(tmp_path / "qwen25vl", "Qwen--Qwen2.5-VL-7B-Instruct", max_pixels=12845056, min_pixels=3136)
+    page.choose(str(folder))
+    qtbot.waitUntil(lambda: "total" in page.vision.values["parts"].text(), timeout=10_000)
+    shown = {key: label.text() for key, label in page.vision.values.items()}
+    assert not page.vision.isHidden() and counted == [folder]
+    assert shown["family"].startswith("Qwen2.5-VL (qwen2_5_vl)") and "151655" in shown["family"]
+    assert shown["tower"] == "32 layers · width 1280 · patch 14" and shown["projector"] == "model.visual.merger"
+    assert shown["tokens"].startswith("999 for a 1024×768 image; up to 16,384 (max_pixels 12,845,056")
+    assert "vision tower 632.0 M" in shown["parts"] and "8,292,166,656" in shown["parts"]
+    page.choose("bundled:tiny")
+    assert page.vision.isHidden()
+
+
+def test_page_refuses_an_unproven_vision_family_in_one_line(qtbot, make_studio, tmp_path):
+    studio = make_studio()
+    page = studio.pages["model"]
+    folder = tmp_path / "pali"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "paligemma", "image_token_index": 257152,
+                                                    "vision_config": {"model_type": "siglip_vision_model"}}))
+    page.choose(str(folder))
+    text = page.problem_label.text()
+    assert "'paligemma' is a vision-language model this studio has not proven; proven: Qwen2.5-VL" in text
+    assert "\n" not in text and page.vision.isHidden()

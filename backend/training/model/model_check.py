@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.core.config.run_config import RunConfig
+from backend.core.vision_folder import VisionFolder
 from backend.core.errors import bad_input
 from backend.core.paths import not_downloaded
 
@@ -107,6 +108,9 @@ def _model_type(file: Path, config: dict[str, Any], trust_remote_code: bool) -> 
         raise bad_input(f"{file}: model_type {model_type!r} is not a model type transformers "
                         f"{transformers.__version__} knows; the studio knows {families}",
                         "fix model_type in config.json, or upgrade transformers if the model is newer than it")
+    vision = VisionFolder.from_config(config, file.parent)
+    if vision.refusal:
+        raise bad_input(vision.refusal, "pick a model of a proven family (docs/architecture.md, Vision-language models)")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise bad_input(f"{file}: model_type {model_type!r} has no causal language model in transformers "
                         f"(an encoder or encoder-decoder model); the studio fine-tunes decoders such as {families}",
