@@ -60,7 +60,11 @@ def image_tokens_line(vision: VisionFolder) -> str:
     return line + f" ({family.cap_key} {cap:,}, {vision.processor_files or 'transformers defaults'})"
 
 
-def data_rules(folder: Path | None) -> tuple[Callable[[int, int], int | None] | None, int | None]:
+ImageRules = tuple[Callable[[int, int], int | None] | None, int | None]
+"""(tokens per image of (width, height) or None, images a row may hold or None for any)."""
+
+
+def data_rules(folder: Path | None) -> ImageRules:
     """What the Data page's reader needs from the model side: (tokens per image of (width, height), the
     images a row may hold). A text model: (None, 0), rows with images are refused; an unproven or
     unreadable VLM: (None, None), the images are shown but not counted; a proven family: its rule and

@@ -34,6 +34,7 @@ from backend.core.config.schedule import held_out
 from backend.core.paths import resolve_resource
 from studio.services.background_call import BackgroundCall
 from backend.api.previews import DatasetProfile
+from backend.api.vision import ImageRules, data_rules
 from backend.api.previews import ObjectiveRecords, read_objective_records, reward_columns
 from studio.state.config_state import ConfigState
 from studio.state.form_values import config_path, display_path
@@ -81,10 +82,9 @@ class DataPage(QWidget):
         super().__init__(parent)
         self._state = state
         self.profile: DatasetProfile | None = None
-        self.image_tokens: Callable[[int, int], int | None] | None = None
-        """The model's tokens per image of (width, height); set by the model side, then reload()."""
-        self.max_images: int | None = None
-        """The images the model takes a row (None: no limit known)."""
+        self.model_rules: Callable[[Path | None], ImageRules] = data_rules
+        """The model folder's image rules (tokens per image of (width, height), images a row may hold),
+        asked again at each read: a text model refuses image rows as training would."""
         self._loader = BackgroundCall(self, synchronous=synchronous)
         self._loader.finished.connect(self._on_loader_finished)
         self._loader.failed.connect(self._on_loader_failed)
@@ -230,9 +230,12 @@ class DataPage(QWidget):
             needed = reward_columns(self._state.get("grpo.rewards")) if objective == "grpo" else ()
             self._loader.call(lambda: read_objective_records(data, objective, needed, model_path=model))
             return
-        count, most = self.image_tokens, self.max_images
-        self._loader.call(lambda: DatasetProfile.read(data, model, fmt, skip_invalid=skip, max_images=most,
-                                                      image_tokens=count))
+        rules = self.model_rules
+
+        def read() -> DatasetProfile:
+            count, most = rules(resolve_resource(model) if model else None)
+            return DatasetProfile.read(data, model, fmt, skip_invalid=skip, max_images=most, image_tokens=count)
+        self._loader.call(read)
 
     def is_loading(self) -> bool:
         return self._loader.is_busy()

@@ -143,7 +143,10 @@ def test_rows_with_images_show_thumbnails_and_their_tokens(qtbot, make_studio):
 
     studio = make_studio()
     page = studio.pages["data"]
-    page.choose(str(PEER / "mllm_demo.json"))
+    page.choose(str(PEER / "mllm_demo.json"))  # the bundled model is text-only: refused, as training would
+    assert "vision-language model" in page.summary_label.text()
+    page.model_rules = lambda folder: (None, None)  # a VLM whose image tokens are unknown
+    page.reload()
     assert "· 6 examples · 8 images" in page.summary_label.text()
     assert page.preview.thumbnail_count == 7  # the first five rows hold 2 + 1 + 1 + 2 + 1 images
     shown = page.preview.toPlainText()
@@ -151,7 +154,7 @@ def test_rows_with_images_show_thumbnails_and_their_tokens(qtbot, make_studio):
     assert "Images not counted" in page.approx_label.text() and not page.histogram.shows_text_outline
     image = page.preview.loadResource(2, QUrl("thumb:1-1"))  # 2: QTextDocument.ImageResource
     assert max(image.width(), image.height()) == 72 and image.pixel(1, 1) != image.pixel(40, 30)
-    page.image_tokens = lambda width, height: (width // 28) * (height // 28)
+    page.model_rules = lambda folder: (lambda width, height: (width // 28) * (height // 28), None)
     page.reload()
     assert "tokens (" in page.preview.toPlainText() and "for 2 images)" in page.preview.toPlainText()
     page.histogram.flush()
