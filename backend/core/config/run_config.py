@@ -18,6 +18,7 @@ from backend.core.config.base import Section as _Section
 from backend.core.config.errors import ConfigError, describe_error, is_cross_field, override_for, short_item, yaml_line
 from backend.core.config.file import parse_config_yaml, read_config_text
 from backend.core.config.objectives import GrpoSection, KtoSection, Objective
+from backend.core.config.vision import VisionSection
 from backend.core.config.schedule import Schedule, TrainSection, clear_alternatives, plan_schedule
 from backend.core.paths import resolve_resource
 
@@ -186,6 +187,7 @@ class RunConfig(_Section):
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     kto: KtoSection = Field(default_factory=KtoSection)
     grpo: GrpoSection = Field(default_factory=GrpoSection)
+    vision: VisionSection = Field(default_factory=VisionSection)
 
     @field_validator("schema_version")
     @classmethod
