@@ -197,6 +197,16 @@ def run_of_model(model: Path, work: Path) -> Path:
     return folder.path
 
 
+def render(work: Path) -> str:
+    """The table of a finished bench from its work folder (results.json and the perplexity files)."""
+    results = json.loads((work / "results.json").read_text())
+    sides = {(s["format"], s["tool"]): s for s in results["sides"]}
+    elsewhere = work / "perplexity_theirs.json"
+    return (llmcompressor_table.table(results["formats"], sides, json.loads((work / "perplexity.json").read_text()),
+                                      results["merged"], json.loads(elsewhere.read_text()) if elsewhere.is_file()
+                                      else {}) + "\n\n" + results["note"] + f"; work folder {work}")
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
@@ -211,6 +221,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--venv", type=Path, default=VENV, help=f"llmcompressor's venv (default {VENV})")
     parser.add_argument("--llmcompressor", default=LLMCOMPRESSOR, help=f"its version (default {LLMCOMPRESSOR})")
     parser.add_argument("--work", type=Path, help="folder for everything written (default: a temporary one, removed)")
+    parser.add_argument("--table", type=Path, metavar="WORK", help="print the table of a finished bench's --work folder")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.samples is None:
@@ -229,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             child_inputs(Path(rest[0]), Path(rest[1]), int(rest[2]), int(rest[3]))
         else:
             child_ours(rest[0], Path(rest[1]), Path(rest[2]), int(rest[3]))
+        return 0
+    if args.table:
+        print(render(args.table))
         return 0
     began = time.monotonic()
     work = args.work or Path(tempfile.mkdtemp(prefix="calibrated-vs-llmcompressor-"))
@@ -259,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(data['held_out'])} held-out rows of {HELD_OUT.relative_to(ROOT)}", flush=True)
 
     sides: dict[tuple[str, str], dict] = {}
+    theirs_dtype, theirs_unpinned = None, False
     for fmt in args.formats:
         out = work / "ours" / fmt
         got = measured([*me, "--child", "ours", fmt, str(run_dir), str(out), str(args.samples)], env,
@@ -274,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                         str(work / "calibration.json"), str(out), "--group", str(data["group"])], theirs_env,
                        work / "logs" / f"llmcompressor-{fmt}.log")
         result = got.result()
+        theirs_dtype = result.get("dtype", theirs_dtype)
+        theirs_unpinned = theirs_unpinned or bool(result.get("unpinned"))
         sides[fmt, "llmcompressor"] = {
             "folder": out, "wall": got.wall, "rss": got.peak_rss, "error": None if got.rc == 0 else got.failure(),
             "quantize": sum(result[k] for k in ("load_s", "calibrate_s", "save_s")) if result else None}
@@ -283,25 +300,29 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", FAILED {side['error']}" if side["error"] else ""), flush=True)
 
     folders = [str(merged)] + [str(s["folder"]) for s in sides.values() if not s["error"]]
-    scores_path = work / "perplexity.json"
     done = measured([sys.executable, str(ROOT / "bench" / "folder_perplexity.py"), str(work / "held_out.json"),
-                     str(scores_path), *folders], env, work / "logs" / "perplexity.log")
+                     str(work / "perplexity.json"), *folders], env, work / "logs" / "perplexity.log")
     if done.rc:
         raise SystemExit(f"scoring failed: {done.failure()}")
-    scores = json.loads(scores_path.read_text())
+    scores = json.loads((work / "perplexity.json").read_text())
     unloaded = [f for f in folders[1:] if "error" in scores[f]]
-    theirs_scores = {}
     if unloaded:  # scored where they were written, labelled so, with the merged model beside them there
-        there = work / "perplexity_in_llmcompressor_venv.json"
         done = measured([venv_python, str(ROOT / "bench" / "folder_perplexity.py"), str(work / "held_out.json"),
-                         str(there), str(merged), *unloaded], theirs_env, work / "logs" / "perplexity-theirs.log")
-        theirs_scores = json.loads(there.read_text()) if done.rc == 0 else {}
-    print()
-    print(llmcompressor_table.table(args.formats, sides, scores, str(merged), theirs_scores))
-    print(f"\nours: {sys.version.split()[0]}, the export job (its check included in wall s); llmcompressor "
-          + ", ".join(f"{k} {v}" for k, v in versions.items())
-          + f"; {len(data['calibration'])} calibration rows, group size {data['group']}; "
-          f"whole bench {time.monotonic() - began:.0f} s; work folder {work}")
+                         str(work / "perplexity_theirs.json"), str(merged), *unloaded], theirs_env,
+                        work / "logs" / "perplexity-theirs.log")
+        if done.rc:
+            print(f"scoring in llmcompressor's venv failed: {done.failure()}", flush=True)
+    sides_out = [{"format": f, "tool": t, **{k: str(v) if k == "folder" else v for k, v in s.items()}}
+                 for (f, t), s in sides.items()]
+    note = (f"ours: the export job (its check included in wall s), Python {sys.version.split()[0]}; llmcompressor side: "
+            + ", ".join(f"{k} {v}" for k, v in versions.items())
+            + f", the merged model loaded in {theirs_dtype or '?'}"
+            + ("" if not theirs_unpinned else ", AWQ's memory pinning switched off (no accelerator)")
+            + f"; {len(data['calibration'])} calibration rows, group size {data['group']}, "
+            f"{len(data['held_out'])} held-out rows; whole bench {time.monotonic() - began:.0f} s")
+    (work / "results.json").write_text(json.dumps({"formats": args.formats, "merged": str(merged),
+                                                   "sides": sides_out, "note": note}, indent=2))
+    print("\n" + render(work))
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

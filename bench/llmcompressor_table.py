@@ -76,7 +76,7 @@ def _cells(side: dict, other: dict, scores: dict, merged: str, elsewhere: dict) 
     theirs = None if other["error"] else _scored(other_folder, scores, merged, elsewhere)
     versus = ""
     if theirs is not None and theirs[2] == where:
-        versus = signed(paired(own["all"], theirs["all"]))
+        versus = signed(paired(own["all"], theirs[0]["all"]))
     elif theirs is not None:  # different environments: through each one's own merged model
         a, b = paired(own["all"], base["all"])[0], paired(theirs[0]["all"], theirs[1]["all"])[0]
         versus = f"≈ {((1 + a) / (1 + b) - 1) * 100:+.2f}%"
