@@ -67,3 +67,16 @@ def test_table_compares_in_one_environment_and_through_merged_across_two():
     assert f"≈ {(math.exp(0.03) / math.exp(0.01) - 1) * 100:+.2f}%" in rows["awq", "ours"]
     assert "did not write: exit 1: boom" in rows["gptq", "llmcompressor"]
     assert "| 12 | 4 | 0.65 |" in rows["gptq", "ours"]
+
+
+def test_table_prints_again_from_a_work_folder(tmp_path):
+    import json
+
+    (tmp_path / "perplexity.json").write_text(json.dumps({"m": {"all": [1.0], "answers": [0.5]},
+                                                          "o": {"all": [1.1], "answers": [0.5]},
+                                                          "l": {"all": [1.2], "answers": [0.5]}}))
+    sides = [{"format": "w8a8", "tool": "ours", **_side("o")}, {"format": "w8a8", "tool": "llmcompressor", **_side("l")}]
+    (tmp_path / "results.json").write_text(json.dumps({"formats": ["w8a8"], "merged": "m", "sides": sides,
+                                                       "note": "the note"}))
+    text = bench.render(tmp_path)
+    assert f"| w8a8 | llmcompressor | {math.exp(1.2):.4f} |" in text and text.endswith(f"the note; work folder {tmp_path}")
