@@ -66,7 +66,8 @@ class Measured:
 
     def failure(self) -> str:
         """The last line of the child's stderr: why it failed, in its own words."""
-        lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        text = self.log.read_text(errors="replace") if self.log.is_file() else ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
         errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
         last = (errors or lines or ["no output"])[-1]
         return f"exit {self.rc}: {last[:300]} (log: {self.log})"
