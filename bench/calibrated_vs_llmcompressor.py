@@ -14,6 +14,7 @@ the same held-out rows; a folder ours cannot load is said so in its row, and sco
     python bench/calibrated_vs_llmcompressor.py --quick --formats w8a8
     python bench/calibrated_vs_llmcompressor.py --run RUN_DIR         # a finished run of ours
     python bench/calibrated_vs_llmcompressor.py --model MERGED_DIR    # any merged folder (exported as a full run)
+    python bench/calibrated_vs_llmcompressor.py --work DIR            # keep everything; --table DIR prints it again
 """
 
 from __future__ import annotations
