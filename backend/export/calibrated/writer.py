@@ -61,7 +61,7 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     scale_dtype = DTYPES[dtype]
     units, algorithm = ALGORITHMS[spec.algorithm](model, linears, scheme, scale_dtype, qparams, rows)
     budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
-    passes = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
+    runs = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
     release()  # the calibration's activations, handed back before the packed copies are made
     ignore = sorted({name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - set(linears))
     compressor = pack.pack(model, linears, qparams, scheme, ignore, scale_dtype, should_stop)
@@ -69,7 +69,8 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     del model
     _finish_folder(scratch, tmp, tokenizer)
     shutil.rmtree(scratch)
-    return [f"calibrated on {described}, {passes} pass(es) over them",
+    return [f"calibrated on {described}, one decoder layer at a time, each fed the quantized layers' outputs "
+            f"({runs} run(s) of a layer with statistics)",
             f"{algorithm}; {len(linears)} linear layers quantized to the compressed-tensors "
             f"{pack.format_name(compressor)} format ({spec.scheme}"
             + (f", groups of {group}" if group else "") + "); kept 16-bit: embeddings, norms"
