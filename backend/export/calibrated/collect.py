@@ -7,7 +7,9 @@ model's own forward computes their masks and position embeddings); then, layer b
 states are run through the layer with its units' hooks on, its units are finished (their weights changed),
 and the layer is run again so that its now-quantized outputs become the next layer's inputs. Every unit so
 sees the earlier layers quantized, as the references do; the units of one layer see each other unquantized
-(they gather in one run), as llmcompressor's do. After each layer `tell` gets a line with the time left.
+(they gather in one run), as llmcompressor's do, except that a unit of a later `stage` (GPTQ after SmoothQuant)
+gathers in a run after the earlier stage's units are finished. After each layer `tell` gets a line with the
+time left.
 
 A unit defines `add(x)` (the hooked module's first input, real tokens only) or `add_call(args, kwargs)`
 (the module's whole call, padding included: e.g. AWQ re-running its parent module).
@@ -88,13 +90,12 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
               should_stop: Callable[[], bool] | None = None, name: str = "calibration",
               tell: Callable[[str], None] | None = None) -> int:
     """Calibrate and finish `units` decoder layer by decoder layer; returns the runs of a layer with statistics
-    (one per layer, more where a layer's statistics exceed what `budget` leaves). Rows go right-padded in
-    batches of about BATCH_TOKENS, and only real tokens reach `add`.
+    (one per layer, more where a layer's units' statistics exceed `budget` bytes: each run gathers as many as
+    fit, at least one). Rows go right-padded in batches of about BATCH_TOKENS, and only real tokens reach `add`.
 
-    `budget` bytes hold the cached hidden states and one group's statistics. The cache is tokens x hidden x
-    dtype (128 rows of 512 tokens at a 7B model's 4096 widths in 16 bits: 0.5 GB, 4% of the model), a single
-    layer's width per token where the model holds thousands of weights per width; what it leaves of the budget
-    bounds the statistics gathered in one run (at least one unit's)."""
+    The cached hidden states, outside the budget, are tokens x hidden x dtype: one layer's width per token
+    where the model holds thousands of weights per width: the default 128 rows of at most 512 tokens at a 7B
+    model's 4096 widths in 16 bits are at most 0.5 GB, 4% of the model (the most rows, 1024, eight times that)."""
     _, stack = decoder_layers(model)
     by_layer = units_by_layer(stack, units)
     if not units:
@@ -104,10 +105,9 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
     runs = 0
     with cpu_products_in_fp32(model):
         batches = capture(model, stack, rows, should_stop)
-        cached = sum(b.hidden.numel() * b.hidden.element_size() for b in batches)
         for index in range(last + 1):
             layer = stack[index]
-            for group in passes(by_layer[index], budget - cached):
+            for group in layer_groups(by_layer[index], budget):
                 gather(layer, index, group, batches, should_stop)
                 runs += 1
                 trim_heap()  # the run's activations: the heap keeps them, and each finish's larger blocks are fresh maps
@@ -120,6 +120,15 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
                     batch.hidden = batch.run(layer, index)
             progress.finished(index)
     return runs
+
+
+def layer_groups(units: list[Unit], budget: int) -> list[list[Unit]]:
+    """One layer's units in the runs that gather them: by `stage` (a unit's optional attribute, 0 if absent:
+    a GPTQ unit's Hessian must see the inputs a scaling unit of its layer has changed, so it runs after), then
+    as many per run as `budget` bytes of statistics hold."""
+    stages = sorted({getattr(unit, "stage", 0) for unit in units})
+    return [group for stage in stages
+            for group in passes([u for u in units if getattr(u, "stage", 0) == stage], budget)]
 
 
 def units_by_layer(stack: torch.nn.ModuleList, units: list[Unit]) -> list[list[Unit]]:
