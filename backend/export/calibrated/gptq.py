@@ -95,12 +95,13 @@ def quantize(weight: torch.Tensor, solve: Solve, args: object,
     scale, zero = weight_qparams(w, args, scale_dtype)  # (rows, groups) or (rows, 1)
     if solve.inverse is None:
         return fake_quantize(w, scale, args), scale, zero
-    rows, columns = w.shape
+    columns = w.shape[1]
     low, high = bounds(args)
-    steps = scale.float().repeat_interleave(args.group_size, dim=1) if args.group_size else \
-        scale.float().expand(rows, columns)
+    order = solve.order if solve.order is not None else torch.arange(columns, device=w.device)
+    group_of = (order // args.group_size).tolist() if args.group_size else [0] * columns  # by rounding position
+    steps = scale.float()
     if solve.order is not None:
-        w, steps = w[:, solve.order], steps[:, solve.order]
+        w = w[:, solve.order]
     inverse = solve.inverse
     out = torch.zeros_like(w)
     with one_thread():
@@ -110,7 +111,7 @@ def quantize(weight: torch.Tensor, solve: Solve, args: object,
             errors = torch.zeros_like(block)
             block_inverse = inverse[start:end, start:end]
             for i in range(end - start):
-                column, step = block[:, i], steps[:, start + i]
+                column, step = block[:, i], steps[:, group_of[start + i]]
                 rounded = torch.clamp(torch.round(column / step), low, high) * step
                 out[:, start + i] = rounded
                 error = (column - rounded) / block_inverse[i, i]
