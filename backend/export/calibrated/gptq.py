@@ -59,13 +59,16 @@ def inverse_factor(running: Hessian, act_order: bool = True) -> Solve:
     dead = torch.diag(hessian) == 0
     hessian[dead, dead] = 1.0
     order = torch.argsort(torch.diag(hessian), descending=True) if act_order else None
-    if order is not None:
-        hessian = hessian[order][:, order]
+    if order is not None:  # one statement each: H[order][:, order] would hold three H-sized matrices at once
+        hessian = hessian.index_select(0, order)
+        hessian = hessian.index_select(1, order)
     hessian.diagonal().add_(DAMPING * torch.mean(torch.diag(hessian)))
     try:
         factor = torch.linalg.cholesky(hessian)
         del hessian
-        inverse = torch.linalg.cholesky(torch.cholesky_inverse(factor), upper=True)
+        inverse = torch.cholesky_inverse(factor)
+        del factor
+        inverse = torch.linalg.cholesky(inverse, upper=True)
     except torch.linalg.LinAlgError:
         return Solve(None, dead, order)
     return Solve(inverse if bool(torch.isfinite(inverse).all()) else None, dead, order)
@@ -118,6 +121,7 @@ def quantize(weight: torch.Tensor, solve: Solve, args: object,
                 block[:, i:] -= error[:, None] * block_inverse[i, i:][None, :]
                 errors[:, i] = error
             w[:, end:] -= errors @ inverse[start:end, end:]
+    del w  # before the permuted copy of `out`: two weight-sized fp32 matrices at most, as in stored order
     if solve.order is not None:
         out = out[:, torch.argsort(solve.order)]
     return out, scale, zero
