@@ -1,16 +1,24 @@
-"""Running calibration rows through the model with hooks on the inputs of chosen linear layers.
+"""Calibration one decoder layer at a time, with hooks on the inputs of chosen linear layers (llmcompressor's
+sequential pipeline, and IST-DASLab/gptq's per-layer loop).
 
-Each unit (a GPTQ Hessian, an AWQ or SmoothQuant mapping) states the bytes its statistics hold; units
-are taken in the order the layers run, as many per pass over the rows as fit the budget, and each pass's
-units are finished (their weights changed) before the next pass, so later layers see the earlier ones'
-result. Only the last position's logits are computed. As each decoder layer's units of a pass are finished,
-`tell` gets a line with the time left (Progress).
+Each unit (a GPTQ Hessian, an AWQ or SmoothQuant mapping) hooks one module inside a decoder layer. The inputs
+of decoder layer 0 are captured once for every batch of rows (the layers themselves are skipped while the
+model's own forward computes their masks and position embeddings); then, layer by layer, the cached hidden
+states are run through the layer with its units' hooks on, its units are finished (their weights changed),
+and the layer is run again so that its now-quantized outputs become the next layer's inputs. Every unit so
+sees the earlier layers quantized, as the references do; the units of one layer see each other unquantized
+(they gather in one run), as llmcompressor's do, except that a unit of a later `stage` (GPTQ after SmoothQuant)
+gathers in a run after the earlier stage's units are finished. After each layer `tell` gets a line with the
+time left.
+
+A unit defines `add(x)` (the hooked module's first input, real tokens only) or `add_call(args, kwargs)`
+(the module's whole call, padding included: e.g. AWQ re-running its parent module).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import torch
@@ -43,72 +51,171 @@ def passes(units: list[Unit], budget: int) -> list[list[Unit]]:
 
 
 class Progress:
-    """The units' decoder layers, and a line per layer of a pass once its units there are finished: the time
-    left is the mean time per layer so far (forward passes included) times the layers left."""
+    """A line per decoder layer once its units are finished and its outputs propagated: the time left is the
+    mean time per layer so far (the capture of layer 0's inputs included) times the layers left."""
 
-    def __init__(self, model: Any, units: list[Unit], name: str, tell: Callable[[str], None] | None):
-        _, stack = decoder_layers(model)
-        where = {module: index for index, layer in enumerate(stack) for module in layer.modules()}
-        self.layer = [where.get(unit.module, -1) for unit in units]
-        self.units = Counter(self.layer)  # a layer split over two passes counts its share done in each
-        self.total = len(stack)
-        self.name, self.tell, self.began, self.done = name, tell, time.monotonic(), 0.0
+    def __init__(self, total: int, last: int, name: str, tell: Callable[[str], None] | None):
+        self.total, self.last, self.name, self.tell, self.began = total, last, name, tell, time.monotonic()
 
-    def finished(self, position: int, last_of_pass: bool) -> None:
-        """Unit `position` (of `units`) is finished; a line when it is its layer's last in this pass."""
-        index = self.layer[position]
-        self.done += 1 / self.units[index]
-        if self.tell and (last_of_pass or self.layer[position + 1] != index):
-            left = (time.monotonic() - self.began) / self.done * max(len(self.units) - self.done, 0.0)
+    def finished(self, index: int) -> None:
+        if self.tell:
+            left = (time.monotonic() - self.began) / (index + 1) * (self.last - index)
             self.tell(f"{self.name}: layer {index + 1}/{self.total}, {left:.0f} s left")
 
 
+@dataclass
+class Batch:
+    """One batch of rows at the current decoder layer: its hidden states (replaced by each layer's outputs),
+    its real tokens, and every layer's other arguments as the model computed them (masks and position
+    embeddings; layers of one kind share the very same tensors)."""
+
+    hidden: torch.Tensor
+    mask: torch.Tensor
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)  # each layer's call less its hidden states
+    positional: bool = True  # the hidden states go first, not as `hidden_states=`
+
+    def run(self, layer: torch.nn.Module, index: int) -> torch.Tensor:
+        args, kwargs = self.calls[index]
+        out = layer(self.hidden, *args, **kwargs) if self.positional else layer(*args, hidden_states=self.hidden,
+                                                                                **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+
 class _Reached(Exception):
-    """Raised by the hook on a pass's last unit: the layers after it have nothing to give this pass."""
+    """Raised by the hook on a group's last unit: the rest of the layer has nothing to give this group."""
 
 
 @torch.no_grad()
 def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
               should_stop: Callable[[], bool] | None = None, name: str = "calibration",
               tell: Callable[[str], None] | None = None) -> int:
-    """Feed every row through the model once per pass, finishing each pass's units; returns the passes run.
-    Rows go right-padded in batches of about BATCH_TOKENS (each pass widens every 16-bit weight once per
-    batch on a CPU: verify.cpu_products_in_fp32), and only real tokens reach the statistics. A forward pass
-    stops at its pass's last unit: the layers after it would only be run again by the next pass."""
+    """Calibrate and finish `units` decoder layer by decoder layer; returns the runs of a layer with statistics
+    (one per layer, more where a layer's units' statistics exceed `budget` bytes: each run gathers as many as
+    fit, at least one). Rows go right-padded in batches of about BATCH_TOKENS, and only real tokens reach `add`.
+
+    The cached hidden states, outside the budget, are tokens x hidden x dtype: one layer's width per token
+    where the model holds thousands of weights per width: the default 128 rows of at most 512 tokens at a 7B
+    model's 4096 widths in 16 bits are at most 0.5 GB, 4% of the model (the most rows, 1024, eight times that)."""
+    _, stack = decoder_layers(model)
+    by_layer = units_by_layer(stack, units)
+    if not units:
+        return 0
+    last = max(index for index, found in enumerate(by_layer) if found)
+    progress = Progress(len(stack), last, name, tell)
+    runs = 0
+    with cpu_products_in_fp32(model):
+        batches = capture(model, stack, rows, should_stop)
+        for index in range(last + 1):
+            layer = stack[index]
+            for group in layer_groups(by_layer[index], budget):
+                gather(layer, index, group, batches, should_stop)
+                runs += 1
+                trim_heap()  # the run's activations: the heap keeps them, and each finish's larger blocks are fresh maps
+                for unit in group:
+                    unit.finish()
+                    trim_heap()
+            if index < last:
+                for batch in batches:
+                    _check(should_stop)
+                    batch.hidden = batch.run(layer, index)
+            progress.finished(index)
+    return runs
+
+
+def layer_groups(units: list[Unit], budget: int) -> list[list[Unit]]:
+    """One layer's units in the runs that gather them: by `stage` (a unit's optional attribute, 0 if absent:
+    a GPTQ unit's Hessian must see the inputs a scaling unit of its layer has changed, so it runs after), then
+    as many per run as `budget` bytes of statistics hold."""
+    stages = sorted({getattr(unit, "stage", 0) for unit in units})
+    return [group for stage in stages
+            for group in passes([u for u in units if getattr(u, "stage", 0) == stage], budget)]
+
+
+def units_by_layer(stack: torch.nn.ModuleList, units: list[Unit]) -> list[list[Unit]]:
+    """`units` by the decoder layer holding their module, in their given order; ValueError for a unit outside
+    every decoder layer (this pipeline never runs the model past its decoder layers)."""
+    where = {module: index for index, layer in enumerate(stack) for module in layer.modules()}
+    found: list[list[Unit]] = [[] for _ in stack]
+    for unit in units:
+        if unit.module not in where:
+            raise ValueError(f"calibration unit on {type(unit.module).__name__} outside the decoder layers: only "
+                             "layers inside them can be calibrated layer by layer")
+        found[where[unit.module]].append(unit)
+    return found
+
+
+def capture(model: Any, stack: torch.nn.ModuleList, rows: list[list[int]],
+            should_stop: Callable[[], bool] | None) -> list[Batch]:
+    """Every batch's inputs of decoder layer 0 and every layer's other arguments, from one run of the model in
+    which each decoder layer only records its call and hands its input on unchanged (nothing is computed but
+    the embeddings, masks and position embeddings)."""
     device = next(p.device for p in model.parameters())
-    groups = passes(units, budget)
-    batches = _batches(rows)
-    progress, position = Progress(model, units, name, tell), 0
-    for group in groups:
-        current: dict[str, Any] = {}
-        handles = [unit.module.register_forward_pre_hook(_hook(unit, current)) for unit in group]
-        try:
-            with cpu_products_in_fp32(model):
-                for ids, mask in batches:
-                    if should_stop and should_stop():
-                        raise InterruptedError("stop requested")
-                    current["mask"], current["waiting"] = mask.to(device).bool(), set(group)
-                    try:
-                        model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False,
-                              logits_to_keep=1)
-                    except _Reached:
-                        pass
-        finally:
-            for handle in handles:
-                handle.remove()
-        trim_heap()  # the passes' activations: the heap keeps them, and each finish's larger blocks are fresh maps
-        for count, unit in enumerate(group, 1):
-            unit.finish()
-            trim_heap()
-            progress.finished(position, count == len(group))
-            position += 1
-    return len(groups)
+    batches: list[Batch] = []
+    current: list[tuple[tuple, dict]] = []
+    saved = [layer.__dict__.get("forward") for layer in stack]
+
+    def recorder(layer_index: int) -> Callable:
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            current.append((args, kwargs))
+            if layer_index == len(stack) - 1:
+                raise _Reached
+            return args[0] if args else kwargs["hidden_states"]
+        return forward
+
+    for index, layer in enumerate(stack):
+        layer.forward = recorder(index)
+    try:
+        for ids, mask in _batches(rows):
+            _check(should_stop)
+            current = []
+            try:
+                model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, logits_to_keep=1)
+            except _Reached:
+                pass
+            if len(current) != len(stack):
+                raise RuntimeError(f"the model ran {len(current)} of its {len(stack)} decoder layers")
+            args, kwargs = current[0]
+            positional = bool(args)
+            hidden = args[0] if positional else kwargs["hidden_states"]
+            calls = [(a[1:], kw) if positional else (a, {k: v for k, v in kw.items() if k != "hidden_states"})
+                     for a, kw in current]  # without the hidden states, which the cache replaces layer by layer
+            batches.append(Batch(hidden, mask.to(device).bool(), calls, positional))
+    finally:
+        for layer, before in zip(stack, saved):
+            if before is None:
+                del layer.forward
+            else:
+                layer.forward = before
+    return batches
+
+
+def gather(layer: torch.nn.Module, index: int, group: list[Unit], batches: list[Batch],
+           should_stop: Callable[[], bool] | None) -> None:
+    """Run every batch through decoder layer `index` with the hooks of `group` on, stopping at its last unit."""
+    current: dict[str, Any] = {}
+    handles = [_register(unit, current) for unit in group]
+    try:
+        for batch in batches:
+            _check(should_stop)
+            current["mask"], current["waiting"] = batch.mask, set(group)
+            try:
+                batch.run(layer, index)
+            except _Reached:
+                pass
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _check(should_stop: Callable[[], bool] | None) -> None:
+    if should_stop and should_stop():
+        raise InterruptedError("stop requested")
 
 
 BATCH_TOKENS = 1024
-"""Positions per forward pass. The pass's activations and their fp32 products are the calibration's largest
-transient (about 0.3 GB over 2048 tokens at TinyLlama's widths, more than half of a 2-layer model's 16-bit
-size); 1024 halves it for about 4% more time on a GPTQ write (docs/benchmarks.md)."""
+"""Positions per batch. A batch's activations and their fp32 products are the calibration's largest transient
+(about 0.3 GB over 2048 tokens at TinyLlama's widths, in a whole-model pass); 1024 halves it for about 4% more
+time on a GPTQ write (docs/benchmarks.md)."""
 
 
 def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -134,12 +241,23 @@ def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _hook(unit: Unit, current: dict[str, Any]) -> Callable:
+def _register(unit: Unit, current: dict[str, Any]) -> torch.utils.hooks.RemovableHandle:
+    """The unit's pre-hook: its whole call to `add_call` where it has one, else the first input's real tokens
+    to `add`; the group's last unit to be reached ends the run."""
+    def reached() -> None:
+        current["waiting"].discard(unit)
+        if not current["waiting"]:
+            raise _Reached
+
+    if hasattr(unit, "add_call"):
+        def call_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            unit.add_call(args, kwargs)
+            reached()
+        return unit.module.register_forward_pre_hook(call_hook, with_kwargs=True)
+
     def hook(module: torch.nn.Module, args: tuple) -> None:
         x = args[0]
         mask = current.get("mask")
         unit.add(x[mask] if mask is not None and x.shape[:2] == mask.shape else x)
-        current["waiting"].discard(unit)
-        if not current["waiting"]:
-            raise _Reached
-    return hook
+        reached()
+    return unit.module.register_forward_pre_hook(hook)

@@ -1,19 +1,28 @@
 """GPTQ (Frantar et al., 2022): round a weight one input column at a time, and spread each column's
 rounding error over the columns not yet rounded, weighted by the inverse Hessian of the layer's
-inputs (H = 2 X^T X over the calibration tokens), so the layer's output on those inputs moves least."""
+inputs (H = 2 X^T X over the calibration tokens), so the layer's output on those inputs moves least.
+
+As IST-DASLab/gptq with `act_order` and `static_groups` (llmcompressor's default, `actorder="static"`): the
+columns are rounded in descending order of H's diagonal (the inputs with the most energy first, while the
+most columns are left to absorb their error), onto group scales fixed beforehand from the weight as stored.
+Where H cannot be factored even damped, the layer is rounded to nearest and the export's report says so."""
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
-from backend.export.calibrated.grid import bounds, weight_qparams
+from backend.export.calibrated.grid import bounds, fake_quantize, weight_qparams
 from backend.export.calibrated.layers import rewrite
 
 DAMPING = 0.01
 """Added to H's diagonal as a share of its mean, so its Cholesky factor exists (the paper's value)."""
+BLOCK = 128
+"""Columns rounded one by one with their errors spread inside the block, then onto the later columns in one
+product (both references' `blocksize`): the result is the same in exact arithmetic, and this is their order."""
 
 
 class Hessian:
@@ -32,18 +41,37 @@ class Hessian:
         self.tokens = total
 
 
-def inverse_factor(running: Hessian) -> tuple[torch.Tensor, torch.Tensor]:
-    """(upper Cholesky factor of H's inverse, H damped; columns no token reached): computed once for all
-    the layers that share H, taking H from `running` and consuming it, so at most two H-sized matrices live."""
+@dataclass
+class Solve:
+    """What the layers sharing one H need: the upper Cholesky factor of H's inverse in `order` (None when H
+    could not be factored even damped: the layers are then rounded to nearest), the columns no token reached,
+    and the order the columns are rounded in (descending diag(H), activation order; None: as stored)."""
+
+    inverse: torch.Tensor | None
+    dead: torch.Tensor
+    order: torch.Tensor | None
+
+
+def inverse_factor(running: Hessian, act_order: bool = True) -> Solve:
+    """The Solve of `running`'s H, computed once for all the layers that share it and consuming H, so at most
+    two H-sized matrices live."""
     hessian, running.matrix = running.matrix, None
     dead = torch.diag(hessian) == 0
     hessian[dead, dead] = 1.0
+    order = torch.argsort(torch.diag(hessian), descending=True) if act_order else None
+    if order is not None:  # one statement each: H[order][:, order] would hold three H-sized matrices at once
+        hessian = hessian.index_select(0, order)
+        hessian = hessian.index_select(1, order)
     hessian.diagonal().add_(DAMPING * torch.mean(torch.diag(hessian)))
-    factor = torch.linalg.cholesky(hessian)
-    del hessian
-    inverse = torch.cholesky_inverse(factor)
-    del factor
-    return torch.linalg.cholesky(inverse, upper=True), dead
+    try:
+        factor = torch.linalg.cholesky(hessian)
+        del hessian
+        inverse = torch.cholesky_inverse(factor)
+        del factor
+        inverse = torch.linalg.cholesky(inverse, upper=True)
+    except torch.linalg.LinAlgError:
+        return Solve(None, dead, order)
+    return Solve(inverse if bool(torch.isfinite(inverse).all()) else None, dead, order)
 
 
 @contextlib.contextmanager
@@ -59,45 +87,52 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def quantize(weight: torch.Tensor, inverse: torch.Tensor, dead: torch.Tensor, args: object,
+def quantize(weight: torch.Tensor, solve: Solve, args: object,
              scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the rounded weight, fp32; its scale; its zero point): groups are the blocks error is spread over,
-    each group's scale taken from its columns as the errors before it left them."""
+    """(the rounded weight, fp32; its scale; its zero point). The scales are static: taken per group (or per
+    output channel) from the weight as stored, before any error is spread, so rounding in activation order
+    leaves every column on its own group's grid and the file needs no g_idx (IST-DASLab's `static_groups`,
+    llmcompressor's `actorder="static"`)."""
     w = weight.float().clone()
-    w[:, dead] = 0.0
-    rows, columns = w.shape
-    group = args.group_size or columns
+    w[:, solve.dead] = 0.0
+    scale, zero = weight_qparams(w, args, scale_dtype)  # (rows, groups) or (rows, 1)
+    if solve.inverse is None:
+        return fake_quantize(w, scale, args), scale, zero
+    columns = w.shape[1]
     low, high = bounds(args)
+    order = solve.order if solve.order is not None else torch.arange(columns, device=w.device)
+    group_of = (order // args.group_size).tolist() if args.group_size else [0] * columns  # by rounding position
+    steps = scale.float()
+    if solve.order is not None:
+        w = w[:, solve.order]
+    inverse = solve.inverse
     out = torch.zeros_like(w)
-    scales, zeros = [], []
-    for start in range(0, columns, group):
-        end = min(start + group, columns)
-        block = w[:, start:end].clone()
-        errors = torch.zeros_like(block)
-        block_inverse = inverse[start:end, start:end]
-        if args.group_size:
-            scale, zero = weight_qparams(block, args, scale_dtype)  # one group: (rows, 1)
-        else:
-            scale, zero = weight_qparams(w, args, scale_dtype)  # per output channel: (rows, 1)
-        s = scale.float()[:, 0]
-        with one_thread():
+    with one_thread():
+        for start in range(0, columns, BLOCK):
+            end = min(start + BLOCK, columns)
+            block = w[:, start:end].clone()
+            errors = torch.zeros_like(block)
+            block_inverse = inverse[start:end, start:end]
             for i in range(end - start):
-                column = block[:, i]
-                rounded = torch.clamp(torch.round(column / s), low, high) * s
+                column, step = block[:, i], steps[:, group_of[start + i]]
+                rounded = torch.clamp(torch.round(column / step), low, high) * step
                 out[:, start + i] = rounded
                 error = (column - rounded) / block_inverse[i, i]
                 block[:, i:] -= error[:, None] * block_inverse[i, i:][None, :]
                 errors[:, i] = error
-        w[:, end:] -= errors @ inverse[start:end, end:]
-        scales.append(scale)
-        zeros.append(zero)
-    if args.group_size:
-        return out, torch.cat(scales, dim=1), torch.cat(zeros, dim=1)
-    return out, scales[0], zeros[0]
+            w[:, end:] -= errors @ inverse[start:end, end:]
+    del w  # before the permuted copy of `out`: two weight-sized fp32 matrices at most, as in stored order
+    if solve.order is not None:
+        out = out[:, torch.argsort(solve.order)]
+    return out, scale, zero
 
 
 class GptqUnit:
-    """The linear layers that read one input: its Hessian, then each of them rounded by GPTQ."""
+    """The linear layers that read one input: its Hessian, then each of them rounded by GPTQ in activation order
+    (or to nearest, listed in `fallbacks`, where H cannot be factored even damped)."""
+
+    stage = 1
+    """After any scaling unit of the same decoder layer (collect.py): the Hessian must be of the scaled inputs."""
 
     def __init__(self, linears: list[torch.nn.Linear], args: object, scale_dtype: torch.dtype,
                  qparams: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]):
@@ -105,6 +140,7 @@ class GptqUnit:
         self.module = linears[0]
         self.cost = self.module.in_features ** 2 * 4
         self.hessian: Hessian | None = None
+        self.fallbacks: list[torch.nn.Linear] = []
 
     def add(self, x: torch.Tensor) -> None:
         if self.hessian is None:
@@ -115,11 +151,15 @@ class GptqUnit:
     def finish(self) -> None:
         if self.hessian is None:
             return
-        inverse, dead = inverse_factor(self.hessian)
+        solve = inverse_factor(self.hessian)
         self.hessian = None
+        if solve.inverse is None:
+            self.fallbacks += self.linears
         for linear in self.linears:
-            rounded, scale, zero = quantize(linear.weight, inverse.to(linear.weight.device), dead, self.args,
-                                            self.scale_dtype)
+            device = linear.weight.device
+            moved = Solve(None if solve.inverse is None else solve.inverse.to(device), solve.dead.to(device),
+                          None if solve.order is None else solve.order.to(device))
+            rounded, scale, zero = quantize(linear.weight, moved, self.args, self.scale_dtype)
             rewrite(linear, "weight", rounded)
             del rounded
             self.qparams[linear] = (scale, zero)

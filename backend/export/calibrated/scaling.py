@@ -1,7 +1,8 @@
 """The two scaling algorithms: per-input-channel scales folded into the layer feeding the channels.
 
 SmoothQuant (Xiao et al., 2022) moves activation outliers into the weights so that 8-bit activations
-lose less: s = max|X|^a / max|W|^(1-a), a = 0.5. AWQ (Lin et al., 2023) protects the weight columns
+lose less: s = range(X)^a / (2 max|W|)^(1-a), a = 0.8, as llmcompressor computes it (its W8A8 recipe's
+strength; range = max - min over the calibration tokens). AWQ (Lin et al., 2023) protects the weight columns
 that meet large activations from 4-bit rounding: s = mean|X|^a, a searched on a grid for the least
 output error of the rounded layers on calibration rows (a = 0 is plain rounding, so it never does worse
 there).
@@ -16,33 +17,48 @@ import torch
 from backend.export.calibrated.grid import fake_quantize, weight_qparams
 from backend.export.calibrated.layers import Mapping
 
-SMOOTHING = 0.5
+SMOOTHING = 0.8
+"""SmoothQuant's alpha in llmcompressor's W8A8 example recipe (the paper's default is 0.5)."""
+SMOOTHING_FLOOR = 1e-5
+"""The least smoothing scale (llmcompressor's MINIMUM_SMOOTHING_SCALE)."""
 AWQ_GRID = 20
 AWQ_ROWS = 512
 """Calibration tokens whose outputs the AWQ search compares: the error it minimises settles with far fewer."""
 
 
 class SmoothQuantUnit:
-    """max|X| per input channel of one mapping, then its smoothing scale folded in."""
+    """Per input channel, the least and the greatest value of one mapping's input over the real calibration
+    tokens, then its smoothing scale folded in."""
 
     def __init__(self, mapping: Mapping):
         self.mapping = mapping
         self.module = mapping.linears[0]
-        self.cost = self.module.in_features * 4
-        self.peak: torch.Tensor | None = None
+        self.cost = self.module.in_features * 8
+        self.low: torch.Tensor | None = None
+        self.high: torch.Tensor | None = None
 
     def add(self, x: torch.Tensor) -> None:
-        peak = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
-        self.peak = peak if self.peak is None else torch.maximum(self.peak, peak)
+        flat = x.detach().reshape(-1, x.shape[-1])
+        low, high = flat.amin(dim=0).float(), flat.amax(dim=0).float()
+        self.low = low if self.low is None else torch.minimum(self.low, low)
+        self.high = high if self.high is None else torch.maximum(self.high, high)
 
     def finish(self) -> None:
-        if self.peak is None:
+        if self.low is None:
             return
-        weights = torch.cat([m.weight.detach().abs().float() for m in self.mapping.linears], dim=0).amax(dim=0)
-        scale = (self.peak.pow(SMOOTHING) / weights.to(self.peak.device).clamp(min=1e-5).pow(1 - SMOOTHING))
-        scale = torch.where(self.peak > 0, scale.clamp(min=1e-5), torch.ones_like(scale))
-        self.mapping.fold(scale)
-        self.peak = None
+        self.mapping.fold(smoothing_scales(self.high - self.low, self.mapping.linears))
+        self.low = self.high = None
+
+
+def smoothing_scales(ranges: torch.Tensor, linears: list[torch.nn.Linear]) -> torch.Tensor:
+    """llmcompressor's SmoothQuant scales: range^a / (2 max|W|)^(1-a) per input channel, the range itself where
+    no weight reads the channel, at least SMOOTHING_FLOOR. A channel no token moved (range 0) keeps 1, where
+    llmcompressor's floor would multiply the feeding norm's weight by 1e5 for inputs calibration never saw."""
+    weights = 2.0 * torch.cat([m.weight.detach().abs().float().amax(dim=0, keepdim=True) for m in linears]).amax(0)
+    weights = weights.to(ranges.device)
+    scale = ranges.pow(SMOOTHING) / weights.pow(1 - SMOOTHING)
+    scale = torch.where(weights > 0.0, scale, ranges).clamp(min=SMOOTHING_FLOOR)
+    return torch.where(ranges > 0, scale, torch.ones_like(scale))
 
 
 class AwqUnit:

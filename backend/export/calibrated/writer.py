@@ -61,26 +61,34 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     scale_dtype = DTYPES[dtype]
     units, algorithm = ALGORITHMS[spec.algorithm](model, linears, scheme, scale_dtype, qparams, rows)
     budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
-    passes = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
+    runs = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
     release()  # the calibration's activations, handed back before the packed copies are made
     ignore = sorted({name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - set(linears))
+    names = {module: name for name, module in linears.items()}
+    rounded = [names[m] for unit in units for m in getattr(unit, "fallbacks", [])]
     compressor = pack.pack(model, linears, qparams, scheme, ignore, scale_dtype, should_stop)
     pack.save(model, compressor, tmp)
     del model
     _finish_folder(scratch, tmp, tokenizer)
     shutil.rmtree(scratch)
-    return [f"calibrated on {described}, {passes} pass(es) over them",
-            f"{algorithm}; {len(linears)} linear layers quantized to the compressed-tensors "
-            f"{pack.format_name(compressor)} format ({spec.scheme}"
-            + (f", groups of {group}" if group else "") + "); kept 16-bit: embeddings, norms"
-            + (f", {', '.join(ignore)}" if ignore else "")]
+    notes = [f"calibrated on {described}, one decoder layer at a time, each fed the quantized layers' outputs "
+             f"({runs} run(s) of a layer with statistics)",
+             f"{algorithm}; {len(linears)} linear layers quantized to the compressed-tensors "
+             f"{pack.format_name(compressor)} format ({spec.scheme}"
+             + (f", groups of {group}" if group else "") + "); kept 16-bit: embeddings, norms"
+             + (f", {', '.join(ignore)}" if ignore else "")]
+    if rounded:
+        notes.append(f"GPTQ rounded {', '.join(rounded)} to nearest: the Cholesky factorisation of their inputs' "
+                     "Hessian failed even damped (more or more varied calibration samples may avoid it)")
+    return notes
 
 
 def _gptq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
           rows: list) -> tuple[list, str]:
     """GPTQ on each set of layers sharing an input; it fills `qparams` with the scales it rounded to."""
     units = [gptq.GptqUnit(g, scheme.weights, scale_dtype, qparams) for g in gptq.shared_inputs(linears)]
-    return units, "GPTQ (block = group, damping 1% of the mean Hessian diagonal, no act-order)"
+    return units, (f"GPTQ (activation order with static groups, blocks of {gptq.BLOCK} columns, damping 1% of the "
+                   "mean Hessian diagonal)")
 
 
 def _awq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
@@ -92,9 +100,12 @@ def _awq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qpara
 
 def _smoothquant(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
                  rows: list) -> tuple[list, str]:
-    """SmoothQuant's per-input-channel scales, moving activation outliers into the weights before int8 rounding."""
+    """llmcompressor's W8A8 recipe: SmoothQuant's per-input-channel scales, moving activation outliers into the
+    weights, then GPTQ on the 8-bit per-channel weights (on the smoothed inputs: collect.py's stages)."""
     units = [scaling.SmoothQuantUnit(m) for m in layers.mappings(model, False)]
-    return units, f"SmoothQuant (alpha {scaling.SMOOTHING}), then per-channel round-to-nearest int8 weights"
+    units += [gptq.GptqUnit(g, scheme.weights, scale_dtype, qparams) for g in gptq.shared_inputs(linears)]
+    return units, (f"SmoothQuant (alpha {scaling.SMOOTHING}), then GPTQ on per-channel int8 weights (activation "
+                   "order, damping 1% of the mean Hessian diagonal)")
 
 
 ALGORITHMS: dict[str, Callable[..., tuple[list, str]]] = {"gptq": _gptq, "awq": _awq, "smoothquant": _smoothquant}
