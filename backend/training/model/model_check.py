@@ -111,6 +111,8 @@ def _model_type(file: Path, config: dict[str, Any], trust_remote_code: bool) -> 
     vision = VisionFolder.from_config(config, file.parent)
     if vision.refusal:
         raise bad_input(vision.refusal, "pick a model of a proven family (docs/architecture.md, Vision-language models)")
+    if vision.family is not None:
+        return  # a proven VLM trains through AutoModelForImageTextToText (backend/training/vision)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise bad_input(f"{file}: model_type {model_type!r} has no causal language model in transformers "
                         f"(an encoder or encoder-decoder model); the studio fine-tunes decoders such as {families}",
