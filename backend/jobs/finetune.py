@@ -175,7 +175,7 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
                             "with sft only for now", "set technique.objective: sft")
         model, trainer, callback, eval_examples = vision_trainer(config, folder, plan, model_path, reporter, stop,
                                                                  ledger, peak, capabilities)
-        tokenizer = trainer.data_collator.processor
+        tokenizer = trainer.vision_run  # its save_pretrained writes the processor's files
     elif objective_method(config.technique.objective).through_trl:  # DPO, KTO, GRPO (backend.training.objectives)
         model, trainer, callback, eval_examples = _objective_trainer(config, folder, plan, model_path, tokenizer,
                                                                reporter, stop, ledger, peak, capabilities)

@@ -58,4 +58,5 @@ def vision_trainer(config, folder: RunFolder, plan: TechniquePlan, model_path: P
     context = sum(len(r) for r in train_set["input_ids"]) / max(len(train_set), 1)
     callback.token_flops = token_flops(model, context, [])
     trainer.remove_callback(PrinterCallback)
+    trainer.vision_run = run  # saved beside the adapter in place of a bare tokenizer
     return model, trainer, callback, stats.eval_examples

@@ -20,7 +20,7 @@ from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.training.counting_trainer import SupervisedCountingTrainer
 from backend.training.model.loading import check_lora_rank, check_model_folder, rank_device
 from backend.training.model.techniques import TechniquePlan
-from backend.training.model.vision_processor import load_vision_processor
+from backend.training.model.vision_processor import WITH_VIDEO, load_vision_processor
 from backend.training.shortcuts.installer import attention_implementation
 from backend.training.vision import parts
 from backend.training.vision.collator import VisionCollator
@@ -61,6 +61,15 @@ class VisionRun:
 
     def collator(self, rows: ImageRows) -> VisionCollator:
         return VisionCollator(self.processor, rows)
+
+    def save_pretrained(self, folder: Path | str, **kwargs: Any) -> None:
+        """The processor beside the adapter or model, as the folder had it: a processor built without its
+        video half (vision_processor.py) cannot save itself whole, so its tokenizer and image processor go."""
+        if self.family.key in WITH_VIDEO:
+            self.processor.image_processor.save_pretrained(folder)
+            self.processor.tokenizer.save_pretrained(folder)
+        else:
+            self.processor.save_pretrained(folder)
 
 
 def is_vision_folder(folder: Path) -> bool:

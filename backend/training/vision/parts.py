@@ -47,7 +47,9 @@ def tuning(config: RunConfig) -> dict[str, str]:
 
 def part_roots(model: Any, family: VisionFamily, part: str) -> list[str]:
     """The outermost modules of `part` (e.g. model.visual.merger): what modules_to_save wraps."""
-    names = [n for n, _ in model.named_modules() if n and part_of(n + ".", family) == part]
+    modules = dict(model.named_modules())
+    names = [n for n in modules if n and part_of(n + ".", family) == part
+             and not isinstance(modules[n], (torch.nn.ModuleList, torch.nn.ModuleDict))]
     return [n for n in names if not any(n.startswith(other + ".") for other in names if other != n)]
 
 
