@@ -115,7 +115,7 @@ def quantization_config(config: RunConfig, plan: TechniquePlan, family: VisionFa
     """The BitsAndBytesConfig of a QLoRA/LoRA8 run, the tower and projector in its skip list; None otherwise."""
     from transformers import BitsAndBytesConfig
 
-    skip = parts.skip_quantization(None, family)
+    skip = parts.skip_quantization(family)
     if plan.quantization == "nf4":
         return BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,

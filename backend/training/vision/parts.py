@@ -81,7 +81,7 @@ def saved_modules(model: Any, family: VisionFamily, config: RunConfig) -> list[s
     return [root for part in (TOWER, PROJECTOR) if parts[part] == "full" for root in part_roots(model, family, part)]
 
 
-def skip_quantization(model_config: Any, family: VisionFamily) -> list[str]:
+def skip_quantization(family: VisionFamily) -> list[str]:
     """Module names bitsandbytes must leave in 16-bit: the tower, the projector, other towers and the head.
     Read from the prefixes, so it needs no model: transformers matches a name or a name's start."""
     prefixes = list(family.tower) + list(family.projector) + [p for _, ps in family.other for p in ps]
