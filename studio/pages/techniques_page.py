@@ -113,6 +113,8 @@ OFFLOAD_NEEDS = (("technique.gradient_checkpointing", False, "needs gradient che
                  ("technique.torch_compile", True, "torch.compile would trace the copies"))
 """When technique.activation_offload does nothing (backend/core/registries/shortcuts.py _activation_offload):
 (key, value that stops it, why); it also needs CUDA and a single or DDP run."""
+NONE_TEXT = {"vision.max_pixels": "the model's"}
+"""What an unset optional number reads where "off" would mislead: no cap of ours is the folder's own cap."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "train.warmup_ratio": 2, "train.max_grad_norm": 2, "technique.lora_dropout": 2,
             "technique.lora_alpha": 1,
@@ -228,7 +230,7 @@ class TechniquesPage(QWidget):
     def _field(self, key: str) -> QWidget:
         """The editor of `key` as this page shows it: paired fields narrower and with their unit."""
         if key not in PAIRED:
-            widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3))
+            widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3), none_text=NONE_TEXT.get(key, "off"))
             widget.setMinimumWidth(150)
             return widget
         widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3), none_text="—")
