@@ -225,3 +225,13 @@ train: {{max_steps: 6, micro_batch_size: 4, learning_rate: 0.01, warmup_steps: 0
     assert "3 with images" in out and f"18 image rows, {6 * per_step:,} image tokens" in out
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     assert (run / "adapter" / "preprocessor_config.json").is_file()
+
+
+def test_a_lora_part_under_full_tuning_is_refused_before_loading(tmp_path):
+    from backend.core.errors import JobError
+    from backend.training.vision.door import VisionRun
+
+    config = run_config(tmp_path / "no-model", tmp_path / "none.jsonl", tower="lora")
+    config.technique.method = "full"
+    with pytest.raises(JobError, match="vision.tower: lora needs a LoRA technique"):
+        VisionRun.open(tmp_path / "no-model", config)

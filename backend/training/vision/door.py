@@ -40,6 +40,7 @@ class VisionRun:
 
     @classmethod
     def open(cls, folder: Path, config: RunConfig) -> "VisionRun":
+        parts.tuning(config)  # a lora part under method full is refused before anything loads
         vision = VisionFolder.read(folder)
         if vision.family is None:
             raise bad_input(vision.refusal or f"{folder}: not a vision-language model folder",
