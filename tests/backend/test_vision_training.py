@@ -235,3 +235,26 @@ def test_a_lora_part_under_full_tuning_is_refused_before_loading(tmp_path):
     config.technique.method = "full"
     with pytest.raises(JobError, match="vision.tower: lora needs a LoRA technique"):
         VisionRun.open(tmp_path / "no-model", config)
+
+
+def test_preparing_for_4_bit_training_leaves_the_frozen_tower_16_bit(tmp_path):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from backend.training.model.vision_parts import LANGUAGE, PROJECTOR, TOWER, part_of
+    from backend.training.vision.parts import keep_image_side_dtype
+
+    folder = vision_models.build_tiny_vlm("qwen2_5_vl", tmp_path / "m")
+    family = VISION_FAMILIES["qwen2_5_vl"]
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.bfloat16)
+    config = run_config(folder, tmp_path / "none.jsonl", tower="frozen", projector="full")
+
+    def upcast(m):  # what peft's prepare_model_for_kbit_training does to every unquantized 16-bit weight
+        for p in m.parameters():
+            p.data = p.data.float()
+        return m
+
+    model = keep_image_side_dtype(model, family, config, upcast)
+    dtypes = {part: {p.dtype for n, p in model.named_parameters() if part_of(n, family) == part}
+              for part in (LANGUAGE, TOWER, PROJECTOR)}
+    assert dtypes == {LANGUAGE: {torch.float32}, TOWER: {torch.bfloat16}, PROJECTOR: {torch.float32}}

@@ -134,7 +134,8 @@ def add_vision_adapters(model: Any, config: RunConfig, plan: TechniquePlan, fami
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
         if plan.quantization:
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            model = parts.keep_image_side_dtype(
+                model, family, config, lambda m: prepare_model_for_kbit_training(m, use_gradient_checkpointing=False))
         technique = config.technique
         lora = LoraConfig(r=technique.lora_rank, lora_alpha=technique.lora_alpha, lora_dropout=technique.lora_dropout,
                           target_modules=parts.lora_targets(model, family, config),

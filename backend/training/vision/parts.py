@@ -106,3 +106,18 @@ def set_trainable(model: Any, family: VisionFamily, config: RunConfig) -> dict[s
         if parameter.requires_grad:
             counts[part if part in counts else TOWER] += parameter.numel()
     return counts
+
+
+def keep_image_side_dtype(model: Any, family: VisionFamily, config: RunConfig, prepare: Any) -> Any:
+    """peft's `prepare_model_for_kbit_training` without its upcast of the frozen (or LoRA-adapted) tower and
+    projector to fp32: bitsandbytes left them 16-bit, and fp32 would double their memory for weights that do
+    not train. A part tuned full is upcast as peft does (its updates need fp32 weights)."""
+    parts = tuning(config)
+    kept = {name: p.dtype for name, p in model.named_parameters()
+            if part_of(name, family) != LANGUAGE and parts.get(part_of(name, family)) != "full"}
+    model = prepare(model)
+    for name, parameter in model.named_parameters():
+        if name in kept and parameter.dtype != kept[name]:
+            parameter.data = parameter.data.to(kept[name])
+    return model
+
