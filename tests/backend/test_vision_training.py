@@ -258,3 +258,19 @@ def test_preparing_for_4_bit_training_leaves_the_frozen_tower_16_bit(tmp_path):
     dtypes = {part: {p.dtype for n, p in model.named_parameters() if part_of(n, family) == part}
               for part in (LANGUAGE, TOWER, PROJECTOR)}
     assert dtypes == {LANGUAGE: {torch.float32}, TOWER: {torch.bfloat16}, PROJECTOR: {torch.float32}}
+
+
+@pytest.mark.slow
+def test_a_vlm_runs_adapter_exports_and_passes_its_check(tmp_path, capsys):
+    from backend.cli.app import main
+    from backend.core.paths import runs_dir
+    from tests.conftest import PRESET
+
+    folder = vision_models.build_tiny_vlm("qwen2_5_vl", tmp_path / "m")
+    data = write_data(tmp_path / "data")
+    assert main(["train", str(PRESET), "--set", f"model.path={folder}",
+                 "--set", f"data.path={data}", "--set", "data.validation_split=0", "--set", "train.max_steps=2",
+                 "--set", "vision.projector=full", "--set", "train.seq_len=1024"]) == 0
+    run = next(runs_dir().glob("*-tiny-lora-*"))
+    assert main(["export", str(run), "--format", "adapter"]) == 0
+    assert "PASSED: adapter export" in capsys.readouterr().out
