@@ -63,7 +63,7 @@ def image_tokens_line(vision: VisionFolder) -> str:
 def cap_cost_line(folder: Path | None, max_pixels: int | None) -> str:
     """The Techniques page's line under the resolution cap: what the example photo costs in training at
     `vision.max_pixels` ("" for a text model or an unproven VLM). The cap is the training processor's
-    only where the family's own cap is max_pixels (backend/training/vision/door.apply_cap)."""
+    only where the family's own cap is max_pixels (apply_cap in backend/training/vision/door.py)."""
     if folder is None or not (Path(folder) / "config.json").is_file():
         return ""
     vision = read_vision(Path(folder))
