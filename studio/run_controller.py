@@ -356,7 +356,7 @@ class RunController(QObject):
         self.page.set_status(message, details=self._details)
         self.window.run_status.setText(message)
         self.page.set_progress(state.step, state.max_steps, state.eta_s if state.running else None, state.running)
-        self.page.set_throughput(state.tokens_per_s, state.mfu, state.compile_seconds)
+        self.page.set_throughput(state.tokens_per_s, state.mfu, state.compile_seconds, state.images_seen)
         self.page.set_plan(state.plan)
 
     # --- readouts ---------------------------------------------------------------------------------

@@ -60,6 +60,25 @@ def image_tokens_line(vision: VisionFolder) -> str:
     return line + f" ({family.cap_key} {cap:,}, {vision.processor_files or 'transformers defaults'})"
 
 
+def cap_cost_line(folder: Path | None, max_pixels: int | None) -> str:
+    """The Techniques page's line under the resolution cap: what the example photo costs in training at
+    `vision.max_pixels` ("" for a text model or an unproven VLM). The cap is the training processor's
+    only where the family's own cap is max_pixels (apply_cap in backend/training/vision/door.py)."""
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        return ""
+    vision = read_vision(Path(folder))
+    family = vision.family
+    if family is None:
+        return ""
+    width, height = EXAMPLE_IMAGE
+    applies = family.cap_key == "max_pixels"
+    tokens = vision.tokens_per_image(width, height, max_pixels if applies else None)
+    line = f"about {tokens:,} tokens per {width}×{height} image"
+    if max_pixels is not None and not applies:
+        line += f" ({family.label} sizes images by its {family.cap_key}; this cap is not used)"
+    return line
+
+
 ImageRules = tuple[Callable[[int, int], int | None] | None, int | None]
 """(tokens per image of (width, height) or None, images a row may hold or None for any)."""
 

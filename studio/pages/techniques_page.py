@@ -23,7 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backend.api.vision import cap_cost_line
 from backend.core.config.run_config import ConfigError, TechniqueSection
+from backend.core.paths import resolve_resource
 from backend.core.config.schedule import Schedule, held_out
 from studio.state.config_state import ConfigState
 from studio.state.estimate_state import EstimateState
@@ -56,6 +58,8 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
                           ("technique.shortcuts", "Speed shortcuts"), ("technique.liger_kernel", "Liger kernel"),
                           ("technique.torch_compile", "Torch compile"))),
     ("Data shaping", (("technique.packing", "Packing"), ("technique.neftune_alpha", "NEFTune alpha"))),
+    ("Images", (("vision.tower", "Tune the vision tower"), ("vision.projector", "Tune the projector"),
+                ("vision.max_pixels", "Image resolution cap"))),
     ("Batch, length and schedule", (("train.micro_batch_size", "Micro batch size"),
                                     ("train.gradient_accumulation_steps", "Gradient accumulation"),
                                     ("train.seq_len", "Sequence length"), ("train.max_steps", "Steps or epochs"),
@@ -77,6 +81,8 @@ PAIRED_WIDTH = (84, 108)
 """Each editor of a pair, narrowest and widest, in pixels: seven digits show whole (the units are in the
 row's label), and the form keeps its two columns at 1280x800 with GRPO's settings."""
 COLUMNS = {"Objective": 0, "Method": 0, "Memory and speed": 1, "Batch, length and schedule": 1}
+VISION_GROUP = "Images"
+"""The group shown only while the model is a proven vision-language model (backend/training/vision)."""
 """Each group's column when the form has two; any other group (Data shaping, Hardware, More techniques)
 goes to the shorter column, so a DPO, KTO or GRPO section does not make the left column scroll alone."""
 OBJECTIVE_ONLY = {"technique.dpo_beta": "dpo", "technique.dpo_loss": "dpo", "kto.beta": "kto",
@@ -107,6 +113,8 @@ OFFLOAD_NEEDS = (("technique.gradient_checkpointing", False, "needs gradient che
                  ("technique.torch_compile", True, "torch.compile would trace the copies"))
 """When technique.activation_offload does nothing (backend/core/registries/shortcuts.py _activation_offload):
 (key, value that stops it, why); it also needs CUDA and a single or DDP run."""
+NONE_TEXT = {"vision.max_pixels": "the model's"}
+"""What an unset optional number reads where "off" would mislead: no cap of ours is the folder's own cap."""
 LORA_ONLY = ("technique.lora_rank", "technique.lora_alpha", "technique.lora_dropout", "technique.lora_targets")
 DECIMALS = {"train.learning_rate": 6, "train.warmup_ratio": 2, "train.max_grad_norm": 2, "technique.lora_dropout": 2,
             "technique.lora_alpha": 1,
@@ -167,6 +175,11 @@ class TechniquesPage(QWidget):
                     self.max_seq_len_label.setStyleSheet("color: palette(placeholder-text);")
                     self.max_seq_len_label.setWordWrap(True)  # "(model's limit)" wraps rather than widen the column
                     form.addRow(self.max_seq_len_label)  # both columns: one line at 1280x800
+                if key == "vision.max_pixels":  # its token cost, right under it (api/vision.cap_cost_line)
+                    self.image_cost_label = QLabel()
+                    self.image_cost_label.setStyleSheet("color: palette(placeholder-text);")
+                    self.image_cost_label.setWordWrap(True)
+                    form.addRow(self.image_cost_label)
             if title == "Objective":
                 self.rewards = RewardSummaryWidget(state)
                 self.rewards_label = self.rewards.label
@@ -174,6 +187,8 @@ class TechniquesPage(QWidget):
                 form.addRow(self.rewards_label, self.rewards)
                 self.objective_form = form
             form_widget.add(box, COLUMNS.get(title))
+            if title == VISION_GROUP:
+                self.vision_box = box
         self.hardware = HardwareWidget(state, editors)
         dense(self.hardware.layout())
         form_widget.add(self.hardware, None)
@@ -215,7 +230,7 @@ class TechniquesPage(QWidget):
     def _field(self, key: str) -> QWidget:
         """The editor of `key` as this page shows it: paired fields narrower and with their unit."""
         if key not in PAIRED:
-            widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3))
+            widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3), none_text=NONE_TEXT.get(key, "off"))
             widget.setMinimumWidth(150)
             return widget
         widget = self._editors.editor(key, decimals=DECIMALS.get(key, 3), none_text="—")
@@ -287,10 +302,26 @@ class TechniquesPage(QWidget):
             self._show_packing()
         if key in ("", "technique.activation_offload", "hardware.strategy", *(k for k, _, _ in OFFLOAD_NEEDS)):
             self._show_offload()
+        if key in ("", "model.path", "vision.max_pixels"):
+            self._show_vision()
         problem = self._state.problem()
         self.problem_label.setText(f"Cannot start: {problem}" if problem else "")
         self.problem_label.setVisible(bool(problem))
         self._show_length()
+
+    def _show_vision(self) -> None:
+        """The Images group only for a proven VLM, with what a photo costs at the cap (config.json only)."""
+        model = self._state.get("model.path")
+        try:
+            line = cap_cost_line(resolve_resource(model) if model else None, self._state.get("vision.max_pixels"))
+        except (OSError, ValueError):  # a path that is not a folder yet, an image the family's rule refuses
+            line = ""
+        self.image_cost_label.setText(line)
+        if getattr(self, "_vision_shown", None) != bool(line):
+            self._vision_shown = bool(line)
+            self.vision_box.setVisible(self._vision_shown)
+            if hasattr(self, "form"):
+                self.form.reflow()
 
     def _show_max_seq_len(self) -> None:
         """The longest seq_len that fits this device's memory (EstimateState.seq_len_answer)."""

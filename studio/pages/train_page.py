@@ -254,8 +254,9 @@ class TrainPage(QWidget):
         self.eta_label.setText(f"about {clock_text(eta_s)} left" if eta_s is not None else "")
 
     def set_throughput(self, tokens_per_s: float | None, mfu: float | None = None,
-                       compile_seconds: float | None = None) -> None:
-        """Useful tokens/s with MFU beside it; torch.compile's first-step time apart, never averaged in."""
+                       compile_seconds: float | None = None, images_seen: tuple[int, int] | None = None) -> None:
+        """Useful tokens/s with MFU beside it; torch.compile's first-step time apart, never averaged in; a
+        vision-language run's image rows and image tokens trained on so far."""
         if tokens_per_s is None:
             self.tokens_label.setText("— useful tokens/s")
             return
@@ -264,4 +265,6 @@ class TrainPage(QWidget):
             parts.append(f"MFU {100 * mfu:.1f}%")
         if compile_seconds is not None:
             parts.append(f"compile {compile_seconds:.1f} s (not counted)")
+        if images_seen is not None:
+            parts.append(f"{images_seen[0]:,} image rows, {images_seen[1]:,} image tokens")
         self.tokens_label.setText(" · ".join(parts))

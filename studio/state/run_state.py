@@ -70,6 +70,8 @@ class RunState(QObject):
         self.tokens_per_s: float | None = None
         self.mfu: float | None = None
         self.compile_seconds: float | None = None
+        self.images_seen: tuple[int, int] | None = None
+        """(image rows, image tokens) a vision-language run has trained on; None for a text model."""
         self.loss: float | None = None
 
     @property
@@ -83,14 +85,14 @@ class RunState(QObject):
             return
         self.status, self.message, self.run_dir, self.phase = "idle", READY, "", ""
         self.step, self.max_steps, self.tokens_per_s, self.loss = 0, 0, None, None
-        self.mfu = self.compile_seconds = None
+        self.mfu = self.compile_seconds = self.images_seen = None
         self.eta_s, self._rate_start, self.plan, self.pid = None, None, "", None
         self.changed.emit()
 
     def begin(self, run_dir: str, max_steps: int) -> None:
         self.status, self.run_dir, self.phase = "starting", run_dir, ""
         self.step, self.max_steps, self.tokens_per_s, self.loss = 0, max_steps, None, None
-        self.mfu = self.compile_seconds = None
+        self.mfu = self.compile_seconds = self.images_seen = None
         self.eta_s, self._rate_start, self.plan, self.pid = None, None, "", None
         self._say("Starting the worker…", log=f"Run folder: {run_dir}")
 
@@ -143,6 +145,8 @@ class RunState(QObject):
             self._update_eta()
             self.tokens_per_s = event.tokens_per_s if event.tokens_per_s is not None else self.tokens_per_s
             self.mfu = event.mfu if event.mfu is not None else self.mfu
+            if event.image_rows_seen is not None:
+                self.images_seen = (event.image_rows_seen, event.image_tokens_seen or 0)
             self.loss = event.loss if event.loss is not None else self.loss
             loss = f", loss {self.loss:.4f}" if self.loss is not None else ""
             self._say(f"Training: step {self.step} of {self.max_steps}{loss}",

@@ -197,3 +197,24 @@ def test_the_derived_length_stays_grey_in_a_new_theme(qtbot, make_studio):
     finally:
         app.setStyleSheet(sheet)
         app.setPalette(palette)
+
+
+def test_the_image_choices_show_only_for_a_vision_language_model(qtbot, make_studio, tmp_path):
+    from backend.core.vision_folder import VisionFolder
+    from tests import vision_models
+
+    studio = make_studio(sampler=FakeSampler())
+    page = studio.pages["techniques"]
+    assert not page.vision_box.isVisibleTo(page)  # the bundled text model
+    folder = vision_models.build_tiny_vlm("qwen2_5_vl", tmp_path / "vlm")
+    studio.config.set("model.path", str(folder))
+    assert page.vision_box.isVisibleTo(page)
+    assert [page.editor("vision.tower").itemText(i) for i in range(3)] == ["frozen", "lora", "full"]
+    vision = VisionFolder.read(folder)
+    assert page.image_cost_label.text() == f"about {vision.tokens_per_image(1024, 768):,} tokens per 1024×768 image"
+    studio.config.set("vision.max_pixels", 31_360)
+    smaller = vision.tokens_per_image(1024, 768, 31_360)
+    assert page.image_cost_label.text() == f"about {smaller:,} tokens per 1024×768 image"
+    assert smaller < vision.tokens_per_image(1024, 768)
+    studio.config.set("model.path", "bundled:tiny")
+    assert not page.vision_box.isVisibleTo(page)

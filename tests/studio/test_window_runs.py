@@ -133,3 +133,16 @@ def test_throughput_readout_says_what_it_counts(make_studio):
     assert "4 per frozen one" in page.tokens_label.toolTip()
     page.set_throughput(2048.4, 0.5, compile_seconds=31.25)
     assert page.tokens_label.text() == "2,048 useful tokens/s · MFU 50.0% · compile 31.2 s (not counted)"
+
+
+def test_a_vision_language_run_shows_the_image_rows_and_tokens_it_trained_on(make_studio):
+    from backend.core.protocol import MetricsLogged
+
+    studio = make_studio(fake_command("normal"))
+    state = studio.controller.state
+    state.apply(MetricsLogged(step=1, max_steps=4, tokens_per_s=100.0, image_rows_seen=3, image_tokens_seen=1410))
+    assert state.images_seen == (3, 1410)
+    studio.train_page.set_throughput(state.tokens_per_s, None, None, state.images_seen)
+    assert studio.train_page.tokens_label.text() == "100 useful tokens/s · 3 image rows, 1,410 image tokens"
+    state.apply(MetricsLogged(step=2, max_steps=4, tokens_per_s=100.0))  # a text model's event leaves it as it was
+    assert state.images_seen == (3, 1410)
