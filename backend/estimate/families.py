@@ -60,6 +60,11 @@ for _type, _values in {
     # broken, not brief, and a class default would estimate some other model without a word.
     ESTIMATE_FAMILIES[_type][1].update({k: v for k, v in zip(_DIMENSIONS, _values) if v is not None})
 ESTIMATE_FAMILIES["gpt2"][1].update(vocab_size=50257, n_head=12)
+VLM_TEXT = {"qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+"""A vision-language model's language model that is a text family's decoder (M-RoPE aside, which holds
+no memory of its own): Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's."""
+for _type, _text in VLM_TEXT.items():
+    ESTIMATE_FAMILIES[_type] = ESTIMATE_FAMILIES[_text]
 
 ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
@@ -178,7 +183,8 @@ def text_part(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | Non
     text = raw.get("text_config")
     if isinstance(text, dict):
         model_type = text.get("model_type") or f"{raw.get('model_type', '')}_text"
-        return {**text, "model_type": model_type, "_source": source}, raw
+        tied = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
+        return {**tied, **text, "model_type": model_type, "_source": source}, raw
     if text is not None:
         raise ValueError(f"{source}: text_config is {type(text).__name__}, not an object; {_FIX}")
     towers = [k for k in raw if k.endswith(("vision_config", "audio_config")) and isinstance(raw[k], dict)]
