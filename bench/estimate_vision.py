@@ -38,7 +38,7 @@ def tower_inputs(family: str, model, config: dict[str, Any], pixels: int) -> dic
     torch.manual_seed(0)
     vision = config["vision_config"]
     if family.startswith("qwen"):
-        patches, side = patches_per_image(config, family, pixels)
+        patches, side = patches_per_image(config, family, pixels, square=True)
         values = vision.get("in_channels", 3) * vision["temporal_patch_size"] * vision["patch_size"] ** 2
         return {"pixel_values": torch.randn(patches, values),
                 "image_grid_thw": torch.tensor([[1, side, side]])}
@@ -118,7 +118,7 @@ def compare(result: dict[str, Any], pixels: int) -> dict[str, Any]:
     """The estimate's figures beside the measured ones (fp32, one image)."""
     from backend.estimate.vision_memory import image_side_bytes
 
-    est = image_side_bytes(result["config"], result["family"], pixels, compute_bytes=4, images=1)
+    est = image_side_bytes(result["config"], result["family"], pixels, compute_bytes=4, images=1, square=True)
     rows = {}
     for key, measured in (("tower_params", result["tower_params"]), ("projector_params", result["projector_params"]),
                           ("pixel_bytes", result["pixel_bytes"]),

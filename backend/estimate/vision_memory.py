@@ -28,9 +28,10 @@ def _vision(config: Config) -> Config:
     return value if isinstance(value, dict) else {}
 
 
-def patches_per_image(config: Config, family: str, cap: int | None) -> tuple[int, int]:
+def patches_per_image(config: Config, family: str, cap: int | None, square: bool = False) -> tuple[int, int]:
     """(patches the tower sees, the grid's side) for the largest image `cap` allows (None: the family's
-    default cap). Qwen: a square of at most `cap` pixels after smart_resize; the fixed-size towers: their
+    default cap). Qwen: cap / (patch x merge)^2 merged tokens, the most any aspect reaches (`square`: a
+    square image's, which bench/estimate_vision.py feeds); the fixed-size towers: their
     square (CLIP's class token included); SmolVLM: the tile's square times the tiles of a cap x cap image."""
     vlm = VISION_FAMILIES[family]
     cap = cap or vlm.cap(config)
@@ -40,7 +41,10 @@ def patches_per_image(config: Config, family: str, cap: int | None) -> tuple[int
         factor = patch * int(v.get("spatial_merge_size") or 2)
         side = math.isqrt(cap)
         h, w = smart_resize(side, side, factor, factor * factor, cap)
-        return (h // patch) * (w // patch), h // patch
+        if square:
+            return (h // patch) * (w // patch), h // patch
+        # the most any aspect reaches: smart_resize keeps h x w within cap, both multiples of factor
+        return (cap // (factor * factor)) * (factor // patch) ** 2, h // patch
     image, patch = int(v.get("image_size") or 224), int(v.get("patch_size") or 16)
     grid = image // patch
     if family in ("llava", "llava_next"):
@@ -66,16 +70,19 @@ class ImageSide:
     pixel_values: int
 
 
-def image_side(config: Config, family: str, cap: int | None) -> ImageSide | None:
+def image_side(config: Config, family: str, cap: int | None, square: bool = False) -> ImageSide | None:
     """The image side of `config` at `cap` (None: a family whose tower is not transcribed)."""
     shape = tower_shape(config, family)
     if shape is None:
         return None
     vlm = VISION_FAMILIES[family]
     cap = cap or vlm.cap(config)
-    patches, grid = patches_per_image(config, family, cap)
-    side = math.isqrt(cap) if family.startswith("qwen") else cap
-    tokens = vlm.tokens_per_image(config, side, side, cap)
+    patches, grid = patches_per_image(config, family, cap, square)
+    if family.startswith("qwen"):
+        merge = int(_vision(config).get("spatial_merge_size") or 2)
+        tokens = patches // (merge * merge)
+    else:
+        tokens = vlm.tokens_per_image(config, cap, cap, cap)
     crops = patches // (grid * grid + 1) if family in ("llava", "llava_next") else 0  # CLIP's class tokens
     return ImageSide(shape, patches, tokens, (patches - crops) * shape.patch_values)
 
@@ -108,11 +115,11 @@ _KIND = {"gemma3": "siglip", "idefics3": "siglip", "llava": "clip", "llava_next"
 
 
 def image_side_bytes(config: Config, family: str, cap: int | None, *, compute_bytes: int, images: int,
-                     checkpointing: bool = False) -> dict[str, int]:
+                     checkpointing: bool = False, square: bool = False) -> dict[str, int]:
     """Per step with `images` images: parameters, pixel bytes (fp32, plus a compute-dtype copy when that is
     not fp32), the frozen forward's transient peak, the trained tower's saved activations (with
     checkpointing: each layer's input and one layer recomputed, not measured)."""
-    side = image_side(config, family, cap)
+    side = image_side(config, family, cap, square)
     if side is None:
         return {}
     shape, patches = side.shape, side.patches * images
