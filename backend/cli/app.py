@@ -52,6 +52,8 @@ def _progress(event: dict, out, printer: ProgressPrinter) -> None:
             text += f"  {tps:,.0f} useful tok/s"
         if event.get("mfu"):
             text += f"  MFU {100 * event['mfu']:.1f}%"
+        if event.get("image_rows_seen") is not None:  # a vision-language run
+            text += f"  {event['image_rows_seen']:,} image rows, {event.get('image_tokens_seen') or 0:,} image tokens"
         if out.isatty():
             out.write("\r\033[K" + text)
         elif step == total or step - printer.printed_step >= max(1, total // 10):

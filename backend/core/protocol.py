@@ -148,6 +148,10 @@ class MetricsLogged(Message):
     grad_norm: float | None = None
     tokens_per_s: float | None = Field(default=None, description="Non-padding tokens per second.")
     tokens_seen: int | None = None
+    image_rows_seen: int | None = Field(default=None, description="Rows holding images trained on so far (a "
+                                        "vision-language run; None for a text model). This rank's count.")
+    image_tokens_seen: int | None = Field(default=None, description="Image tokens in those rows' text "
+                                          "sequences (Mllama: one per image; its tiles enter by cross-attention).")
     mfu: float | None = Field(default=None, description="Model FLOPs utilisation against the measured peak.")
     elapsed_s: float | None = None
     memory: MemorySample = Field(default_factory=MemorySample)

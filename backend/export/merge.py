@@ -23,6 +23,8 @@ from backend.core.errors import bad_input
 from backend.core.registries.export_formats import export_format
 from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.core.runs.trained_weights import weights_problem
+from backend.core.vision_folder import VisionFolder
+from backend.training.vision.parts import skip_quantization
 from backend.export.adapter_weights import AdapterWeights
 from backend.export.checkpoint_files import CheckpointFiles, read_config
 from backend.export.merged_source import MergedSource
@@ -148,24 +150,28 @@ def merged_source(run: TrainedRun, dtype: torch.dtype) -> MergedSource:
 def load_trained(run: TrainedRun, dtype: torch.dtype, device: str, adapter_dir: Path | None = None) -> Any:
     """The trained model in 16-bit on `device`: the base as the run held it (its quantized layers quantized
     again the same way) + the adapter from `adapter_dir` (the run's by default), unmerged, through peft;
-    method full: the run's model/ folder."""
-    from transformers import AutoModelForCausalLM
+    method full: the run's model/ folder. A vision-language run's base loads with its image side
+    (AutoModelForImageTextToText), so the adapter's names find their layers."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    family = VisionFolder.read(run.base_path).family
+    auto = AutoModelForImageTextToText if family is not None else AutoModelForCausalLM
+    skip = skip_quantization(family) if family is not None else None  # the tower stayed 16-bit in training
     common = {"trust_remote_code": run.config.model.trust_remote_code,
               "use_safetensors": not run.config.model.allow_pickle, **LOAD_KWARGS}
     if run.full:
-        model = AutoModelForCausalLM.from_pretrained(run.weights_dir, dtype=dtype, **placement(device), **common)
+        model = auto.from_pretrained(run.weights_dir, dtype=dtype, **placement(device), **common)
     elif run.quantization:
         # Quantized from the dtype the run loaded in (the codes depend on it), the rest then cast to 16-bit.
         compute = dtype if device.startswith("cuda") else torch.float32  # CPUs multiply fp32 fastest
-        model = AutoModelForCausalLM.from_pretrained(
-            run.base_path, dtype=run.load_dtype, quantization_config=bnb_config(run.quantization, compute),
+        model = auto.from_pretrained(
+            run.base_path, dtype=run.load_dtype, quantization_config=bnb_config(run.quantization, compute, skip),
             device_map={"": quant_device(run)}, **common)
         for param in model.parameters():
             if param.dtype.is_floating_point and param.dtype != dtype and type(param).__name__ == "Parameter":
                 param.data = param.data.to(dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(run.base_path, dtype=dtype, **placement(device), **common)
+        model = auto.from_pretrained(run.base_path, dtype=dtype, **placement(device), **common)
     if not run.full:
         from peft import PeftModel
 

@@ -16,14 +16,15 @@ from typing import Any
 import torch
 
 
-def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any:
-    """The BitsAndBytesConfig backend.training.model.loading.load_model uses (the compute dtype does not change codes)."""
+def bnb_config(quantization: str, compute_dtype: torch.dtype, skip: list[str] | None = None) -> Any:
+    """The BitsAndBytesConfig backend.training.model.loading.load_model uses (the compute dtype does not change
+    codes); skip: the modules a vision-language run kept in 16-bit (backend/training/vision/parts.py)."""
     from transformers import BitsAndBytesConfig
 
     if quantization == "nf4":
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=compute_dtype)
-    return BitsAndBytesConfig(load_in_8bit=True)
+                                  bnb_4bit_compute_dtype=compute_dtype, llm_int8_skip_modules=skip)
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
 
 
 def dequantized(weight: torch.Tensor, quantization: str, load_dtype: torch.dtype, device: str,

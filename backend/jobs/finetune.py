@@ -24,6 +24,8 @@ from backend.core.protocol import Capabilities, JobFailed, JobFinished, JobStart
 from backend.core.runs.run_continuation import resume_mismatch
 from backend.core.runs.run_folder import RunFolder
 from backend.training.callbacks import ReportingCallback
+from backend.jobs.finetune_vision import vision_trainer
+from backend.training.vision.door import is_vision_folder
 from backend.training.model.capabilities import probe_capabilities
 from backend.training.counting_trainer import PhaseCallback
 from backend.training.tokenized import PackingCollator, PadCollator
@@ -167,7 +169,14 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     tokenizer = load_tokenizer(model_path, config)
 
-    if objective_method(config.technique.objective).through_trl:  # DPO, KTO, GRPO (backend.training.objectives)
+    if is_vision_folder(model_path):  # a proven VLM: image rows, its processor, its parts (backend/training/vision)
+        if config.technique.objective != "sft":
+            raise bad_input(f"technique.objective {config.technique.objective}: a vision-language model trains "
+                            "with sft only for now", "set technique.objective: sft")
+        model, trainer, callback, eval_examples = vision_trainer(config, folder, plan, model_path, reporter, stop,
+                                                                 ledger, peak, capabilities)
+        tokenizer = trainer.vision_run  # its save_pretrained writes the processor's files
+    elif objective_method(config.technique.objective).through_trl:  # DPO, KTO, GRPO (backend.training.objectives)
         model, trainer, callback, eval_examples = _objective_trainer(config, folder, plan, model_path, tokenizer,
                                                                reporter, stop, ledger, peak, capabilities)
     else:

@@ -122,6 +122,13 @@ class ReportingCallback(TrainerCallback):
         self._all_tokens = counts[0]
         self._counts = (counts[1], counts[2], counts[3])
 
+    def _images_seen(self) -> dict[str, int]:
+        """Image rows and tokens trained on, where the trainer counts them (the vision door sets it up)."""
+        trainer = self.trainer
+        if getattr(trainer, "image_token_id", None) is None:
+            return {}
+        return {"image_rows_seen": trainer.image_rows, "image_tokens_seen": trainer.image_tokens}
+
     # --- throughput -------------------------------------------------------------------------
     def tokens_per_s(self) -> float | None:
         """Average useful tokens/s over the run (time saving checkpoints or evaluating excluded)."""
@@ -181,6 +188,7 @@ class ReportingCallback(TrainerCallback):
                     tokens_per_s=self._recent_tokens_per_s(),
                     mfu=self.mfu(),
                     tokens_seen=self._tokens(),
+                    **self._images_seen(),
                     elapsed_s=time.monotonic() - self._started,
                     memory=memory_sample(self.device),
                     extra=objective_metrics(logs),

@@ -32,6 +32,10 @@ class SupervisedCountingTrainer(Trainer):
     """Set by the job where the registry chose it (shortcuts.py): logits only at the loss positions."""
     rows: LastLayerRows | None = None
     """Set by the job where the last layer may run on the loss rows only (last_layer_rows.py)."""
+    image_token_id: int | None = None
+    """Set by the vision door (backend/training/vision): then image rows and image tokens are counted too."""
+    image_rows: int = 0
+    image_tokens: int = 0
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None):
         labels = inputs.get("labels")
@@ -40,6 +44,10 @@ class SupervisedCountingTrainer(Trainer):
             # The model shifts labels by one: the first position never enters the loss.
             targets = int((labels[..., 1:] != IGNORE).sum())
             self.trained_tokens += targets
+        if self.image_token_id is not None:
+            images = inputs["input_ids"] == self.image_token_id
+            self.image_rows += int(images.any(dim=-1).sum())
+            self.image_tokens += int(images.sum())
         mask = inputs.get("attention_mask")
         computed = int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
         self.input_tokens += computed

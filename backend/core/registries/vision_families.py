@@ -43,6 +43,9 @@ class VisionFamily:
     """The vision_config model_types proven in this family (empty: any): LLaVA's is CLIP, and a `llava`
     folder with another tower (Pixtral's) is another model."""
     notes: tuple[str, ...] = field(default=())
+    prompt_image: str | None = None
+    """What a rendered prompt holds where one image goes (the processor expands it into the image's tokens);
+    None: the processor's own `image_token`. Qwen's templates wrap the pad token in vision start/end."""
 
     def image_token_id(self, config: Config) -> int | None:
         value = config.get(self.image_token_id_key)
@@ -273,17 +276,18 @@ _CAPS: dict[str, Callable[[Config, Config], int]] = {
     "mllama": _mllama_cap,
 }
 
+_QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 _QWEN_NOTE = "an image's tokens grow with its area up to max_pixels (smart_resize, then 2x2 patches merged)"
 
 VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
     VisionFamily("qwen2_5_vl", "Qwen2.5-VL", ("qwen2_5_vl",), ("model.visual.",), ("model.visual.merger.",),
-                 "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,)),
+                 "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
     VisionFamily("qwen3_vl", "Qwen3-VL", ("qwen3_vl",), ("model.visual.",),
                  ("model.visual.merger.", "model.visual.deepstack_merger_list."),
-                 "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,)),
+                 "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
     VisionFamily("qwen3_5", "Qwen3.5 (with its vision tower)", ("qwen3_5",), ("model.visual.",),
                  ("model.visual.merger.",), "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens,
-                 notes=(_QWEN_NOTE,)),
+                 notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
     VisionFamily("gemma3", "Gemma 3 (4B and up)", ("gemma3",), ("model.vision_tower.",),
                  ("model.multi_modal_projector.",), "<image_soft_token>", "image_token_index", "image_size",
                  _gemma3_tokens, notes=("every image is resized to the tower's square and pooled to "

@@ -111,6 +111,8 @@ def _model_type(file: Path, config: dict[str, Any], trust_remote_code: bool) -> 
     vision = VisionFolder.from_config(config, file.parent)
     if vision.refusal:
         raise bad_input(vision.refusal, "pick a model of a proven family (docs/architecture.md, Vision-language models)")
+    if vision.family is not None:
+        return  # a proven VLM trains through AutoModelForImageTextToText (backend/training/vision)
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise bad_input(f"{file}: model_type {model_type!r} has no causal language model in transformers "
                         f"(an encoder or encoder-decoder model); the studio fine-tunes decoders such as {families}",
@@ -191,6 +193,11 @@ def _tokenizer(path: Path) -> int | None:
     return max([top] + [i for i in added if isinstance(i, int)])
 
 
+EXTRA_EMBEDDING_ROWS = {"mllama": 8}
+"""Embedding rows a family holds beyond vocab_size: Mllama's text model builds vocab_size + 8
+(modeling_mllama.MllamaTextModel), so Llama 3.2 Vision's 128,264 rows stand beside vocab_size 128,256."""
+
+
 def _weights(path: Path, config: dict[str, Any], allow_pickle: bool, top_id: int | None) -> None:
     files, weight_map = _weight_files(path, allow_pickle)
     headers = {file.name: read_header(file) for file in files}
@@ -199,8 +206,9 @@ def _weights(path: Path, config: dict[str, Any], allow_pickle: bool, top_id: int
             raise bad_input(f"{path / INDEX}: maps {name} to {shard}, which does not hold it", FIX_DOWNLOAD)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     vocab = text.get("vocab_size", config.get("vocab_size"))
+    extra = EXTRA_EMBEDDING_ROWS.get(str(config.get("model_type")), 0)
     for file, name, rows in _embeddings(headers):
-        if isinstance(vocab, int) and vocab != rows:
+        if isinstance(vocab, int) and vocab + extra != rows:
             raise bad_input(f"{path / file}: {name} has {rows} rows, but config.json says vocab_size {vocab}",
                             "set vocab_size to the embedding's rows in config.json, or take config.json and the "
                             "weights from the same model")
