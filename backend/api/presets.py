@@ -104,5 +104,8 @@ def cost_line(config: Any, total_bytes: int, parts: dict[str, int], card_gb: int
     return (f"estimated peak {total_bytes / gib:.1f} GiB per GPU of {card} ({shown} GiB) for {train.seq_len}-token "
             f"rows{f' (one image at the resolution cap: {image_tokens:,} of them image tokens)' if image_tokens else ''}, "
             f"micro-batch {train.micro_batch_size}{', checkpointing' if t.gradient_checkpointing else ''}, "
-            f"{per_step} examples per optimizer step; the worst case (every position a target): instruction "
-            f"data needs less, see the Techniques page once your data is chosen.")
+            f"{per_step} examples per optimizer step; " + (
+                "logits at every position (a vision-language run takes no speed shortcuts); fewer or smaller images "
+                "need less, see the Techniques page once your data is chosen." if image_tokens else
+                "the worst case (every position a target): instruction data needs less, see the Techniques page "
+                "once your data is chosen."))

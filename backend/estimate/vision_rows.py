@@ -1,8 +1,10 @@
 """The estimate's rows for a vision-language model's image side: vision tower, projector, the tower's
 activations, the processor's pixel tensors; and the image tokens a row puts into the language model's sequence.
 
-Each part's tuning comes from the run's `vision` section (frozen, lora or full): frozen holds its weights in
-16 bits (also under QLoRA: the tower and projector are not quantized); lora adds adapters on its linears,
+Each part's tuning comes from the run's `vision` section (frozen, lora or full): frozen holds its weights as
+the language model's unquantized weights are held (16-bit; under QLoRA/LoRA8 the tower and projector are in
+the skip list, unquantized, and peft's prepare_model_for_kbit_training casts them to fp32 as it does every
+16-bit parameter: 4 bytes, which bench/estimate_vision.py cannot check without CUDA); lora adds adapters on its linears,
 their gradients and optimizer state; full gradients and optimizer state for every parameter. The per-image
 figures are `vision_memory.image_side_bytes`' at the resolution cap (`vision.max_pixels` for Qwen, the
 family's fixed square elsewhere), times the images of a micro-batch: the data's most images per row when
@@ -76,7 +78,7 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
     cap = run.vision.max_pixels if family.startswith("qwen") else None
     side = image_side_bytes(raw, family, cap, compute_bytes=setup.compute_bytes, images=images,
                             checkpointing=setup.checkpointing)
-    weight_bytes = setup.compute_bytes if setup.quant else setup.weight_bytes
+    weight_bytes = setup.weight_bytes
     vision = run.vision
     tower = _part(shape.tower_params, shape.tower_linears, vision.tower, setup, weight_bytes, run.technique.optimizer)
     projector = _part(shape.projector_params, shape.projector_linears, vision.projector, setup, weight_bytes,

@@ -65,27 +65,28 @@ def test_rows_follow_each_parts_tuning():
         assert "vision_tower" in b.format_table() and "image tokens" in b.format_table()
 
 
-def test_qlora_keeps_the_tower_in_16_bit_and_images_scale_the_per_image_rows():
-    one = estimate(QWEN, run("qlora", max_pixels=401408), device="cuda", images_per_row=1)
-    two = estimate(QWEN, run("qlora", max_pixels=401408), device="cuda", images_per_row=2)
-    assert one.vision_tower == one.details["vision"]["tower"]["parameters"] * 2
-    assert one.details["vision"]["image_tokens_per_row"] == 512  # 401,408 / 28^2
+def test_qlora_holds_the_unquantized_tower_as_peft_casts_it_and_images_scale_the_per_image_rows():
+    one = estimate(QWEN, run("qlora", max_pixels=301056), device="cuda", images_per_row=1)
+    two = estimate(QWEN, run("qlora", max_pixels=301056), device="cuda", images_per_row=2)
+    # in the skip list, then cast to fp32 by prepare_model_for_kbit_training with every 16-bit parameter
+    assert one.vision_tower == one.details["vision"]["tower"]["parameters"] * 4
+    assert one.details["vision"]["image_tokens_per_row"] == 384  # 301,056 / 28^2
     assert two.pixel_values == 2 * one.pixel_values and two.vision_activations == 2 * one.vision_activations
     assert not any("assumed" in w for w in one.details["warnings"])
-    unknown = estimate(QWEN, run("qlora", max_pixels=401408), device="cuda")
+    unknown = estimate(QWEN, run("qlora", max_pixels=301056), device="cuda")
     assert any("1 image per row assumed" in w for w in unknown.details["warnings"])
     text = estimate(QWEN, run("qlora"), device="cuda", images_per_row=0)
     assert "vision" not in text.details and "vision_tower" not in text.breakdown()
 
 
 def test_image_tokens_past_seq_len_are_said():
-    b = estimate(QWEN, run("qlora", seq_len=256, max_pixels=401408), device="cuda", images_per_row=1)
-    assert any("leaves no text beside 512 image tokens" in w and "vision.max_pixels" in w
+    b = estimate(QWEN, run("qlora", seq_len=256, max_pixels=301056), device="cuda", images_per_row=1)
+    assert any("leaves no text beside 384 image tokens" in w and "vision.max_pixels" in w
                for w in b.details["warnings"])
 
 
 def test_longest_seq_len_leaves_room_for_a_rows_image_tokens():
-    config = run("qlora", max_pixels=401408)
+    config = run("qlora", max_pixels=301056)
     raw = model_configs.load("Qwen--Qwen2.5-VL-7B-Instruct")
     caps = None
     from backend.core.device_caps import device_caps
@@ -93,10 +94,10 @@ def test_longest_seq_len_leaves_room_for_a_rows_image_tokens():
     caps = device_caps("cuda", True, ())
     total = run_total("cuda", caps=caps, model_config=raw, images_per_row=1)
     answer = longest_seq_len(config, int(16 * GIB * 0.95), total, raw, images_per_row=1)
-    assert answer.image_tokens == 512 and answer.seq_len is not None and answer.seq_len > 512
-    assert "512 of them a row's image tokens" in answer.sentence("a 16 GB card")
+    assert answer.image_tokens == 384 and answer.seq_len is not None and answer.seq_len > 384
+    assert "384 of them a row's image tokens" in answer.sentence("a 16 GB card")
     tight = longest_seq_len(config, total(config.model_copy(update={"train": config.train.model_copy(
-        update={"seq_len": 400})})), total, raw, images_per_row=1)
+        update={"seq_len": 300})})), total, raw, images_per_row=1)
     assert tight.seq_len is None and "image tokens a row" in tight.sentence("here")
 
 
