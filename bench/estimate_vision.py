@@ -8,7 +8,7 @@ What is measured, part by part, on the image side of a step (the tower and the p
   (every parameter requires a gradient), storages counted once, the parameters left out
   (bench/estimate_tensors.py's meter);
 - frozen forward peak: the most new storage alive at once while the frozen tower and projector run
-  (no autograd graph: nothing requires a gradient), the pixel tensor left out (bench/estimate_tensors.PeakTracker);
+  (no autograd graph: nothing requires a gradient), the pixel tensor left out (PeakTracker of bench/estimate_tensors.py);
 - pixel values: the processor's tensor for the image (fp32).
 Each is printed beside `backend/estimate/vision_memory.py`'s figure and the ratio.
 
@@ -134,7 +134,7 @@ def measure_step(family: str, folder: Path, *, tower: str = "frozen", projector:
     """A real step of ours on the CPU: the tiny model through the training door (backend/training/vision,
     one_step: the model with its adapters and parts frozen as `vision` says, and a batch of one row with one
     image at the cap), a first step for the optimizer's state, then a steady-state step's peak
-    (bench/estimate_tensors.cpu_step_peak) beside the estimate's total for the same row length."""
+    (cpu_step_peak of bench/estimate_tensors.py) beside the estimate's total for the same row length."""
     import contextlib
     import json as _json
 
@@ -152,7 +152,12 @@ def measure_step(family: str, folder: Path, *, tower: str = "frozen", projector:
     from tests import vision_models
 
     model_dir = vision_models.build_tiny_vlm(family, folder / "model")
-    side = int(pixels ** 0.5) if family.startswith("qwen") else 64
+    if family.startswith("qwen"):
+        side = int(pixels ** 0.5)
+    else:  # the fixed squares take any size; SmolVLM's tiles are counted for an image at its cap
+        from backend.core.registries.vision_families import VISION_FAMILIES
+
+        side = VISION_FAMILIES[family].cap(vision_models.CONFIGS[family]()) if family == "idefics3" else 64
     (folder / "data").mkdir(parents=True, exist_ok=True)
     vision_models.image(side, side).save(folder / "data" / "im.png")
     row = {"messages": [{"role": "user", "content": "<image>What is in this picture?"},
