@@ -24,8 +24,7 @@ from backend.core.protocol import Capabilities, JobFailed, JobFinished, JobStart
 from backend.core.runs.run_continuation import resume_mismatch
 from backend.core.runs.run_folder import RunFolder
 from backend.training.callbacks import ReportingCallback
-from backend.jobs.finetune_vision import vision_trainer
-from backend.training.vision.door import is_vision_folder
+from backend.training.vision.door import VisionRun, add_vision_adapters, is_vision_folder, load_vision_model, make_trainer
 from backend.training.model.capabilities import probe_capabilities
 from backend.training.counting_trainer import PhaseCallback
 from backend.training.tokenized import PackingCollator, PadCollator
@@ -173,7 +172,7 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
         if config.technique.objective != "sft":
             raise bad_input(f"technique.objective {config.technique.objective}: a vision-language model trains "
                             "with sft only for now", "set technique.objective: sft")
-        model, trainer, callback, eval_examples = vision_trainer(config, folder, plan, model_path, reporter, stop,
+        model, trainer, callback, eval_examples = _vision_trainer(config, folder, plan, model_path, reporter, stop,
                                                                  ledger, peak, capabilities)
         tokenizer = trainer.vision_run  # its save_pretrained writes the processor's files
     elif objective_method(config.technique.objective).through_trl:  # DPO, KTO, GRPO (backend.training.objectives)
@@ -306,6 +305,41 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
     callback.trainer = trainer
     trainer.remove_callback(PrinterCallback)
     return trainer.model, trainer, callback, stats.eval_examples
+
+
+def _vision_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, model_path: Path, reporter: Reporter,
+                   stop: StopListener, ledger: MemoryLedger, peak: float, capabilities: Capabilities):
+    """A proven VLM's SFT through the vision door (backend/training/vision/door.py), step for step as
+    _sft_trainer; the speed shortcuts (the plan skips them for these families) and the validation samples
+    (they would generate without the rows' images) stay off. -> (model, trainer, callback, validation rows)."""
+    run = VisionRun.open(model_path, config)
+    reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
+    train_set, eval_set, stats, rows = run.build_datasets(config)
+    for note in stats.notes:
+        reporter.emit(PhaseChanged(phase="data_warning", detail=note))
+    images = sum(len(i) for i in rows.images)
+    reporter.emit(PhaseChanged(phase="tokenize", detail=(
+        f"{stats.train_examples} train / {stats.eval_examples} validation examples ({stats.format}), "
+        f"{rows.image_rows} with images ({images} images, {run.family.label}), "
+        f"{stats.truncated} truncated to {config.train.seq_len} tokens")))
+    schedule = run_schedule(config, stats.train_examples, reporter)
+
+    torch.manual_seed(config.train.seed)
+    ledger.start(plan.device, capabilities)
+    model = add_vision_adapters(load_vision_model(model_path, config, plan, run.family), config, plan, run.family)
+    collator = run.collator(rows)
+    callback = ReportingCallback(reporter, stop, plan.device)
+    callback.peak_flops = peak
+    kwargs = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None, schedule=schedule)
+    kwargs["train_sampling_strategy"] = "group_by_length"  # padded batches: packing is off for image rows
+    trainer = make_trainer(model, TrainingArguments(**kwargs), train_set, eval_set, collator,
+                           [callback, PhaseCallback()], run.image_token_id)
+    callback.trainer = trainer
+    context = sum(len(r) for r in train_set["input_ids"]) / max(len(train_set), 1)
+    callback.token_flops = token_flops(model, context, [])
+    trainer.remove_callback(PrinterCallback)
+    trainer.vision_run = run  # saved beside the adapter in place of a bare tokenizer
+    return model, trainer, callback, stats.eval_examples
 
 
 def save_atomically(model, tokenizer, target: Path) -> Path:
