@@ -118,7 +118,8 @@ def compare(result: dict[str, Any], pixels: int) -> dict[str, Any]:
     """The estimate's figures beside the measured ones (fp32, one image)."""
     from backend.estimate.vision_memory import image_side_bytes
 
-    est = image_side_bytes(result["config"], result["family"], pixels, compute_bytes=4, images=1, square=True)
+    cap = pixels if result["family"].startswith("qwen") else None  # the others' caps are their own squares and tiles
+    est = image_side_bytes(result["config"], result["family"], cap, compute_bytes=4, images=1, square=True)
     rows = {}
     for key, measured in (("tower_params", result["tower_params"]), ("projector_params", result["projector_params"]),
                           ("pixel_bytes", result["pixel_bytes"]),

@@ -145,8 +145,9 @@ def with_vision(phases: dict[str, int], vision: VisionRows, states: ModelStates,
                 accumulate: bool) -> dict[str, int]:
     """The phases with the image side: its states and pixels held throughout (the pixels until the step),
     its trained activations beside the language model's until the backward, its gradients once the
-    backward made them; a frozen tower's forward transient is a phase of its own (it runs before the
-    language model's activations exist)."""
+    backward made them; the tower's forward is a phase of its own (it runs before the language model's
+    activations exist): a frozen tower's transient peak, or a trained one's saved tensors, with the pixel
+    copies some families make while it runs."""
     if not (vision.tower or vision.projector):
         return phases
     fixed = phases.pop("fixed_runtime")
@@ -159,11 +160,10 @@ def with_vision(phases: dict[str, int], vision: VisionRows, states: ModelStates,
         if name in ("optimizer_step", "backward_end", "recompute") or accumulate:
             value += vision.gradients
         out[name] = value
-    if not vision.held_activations:
-        static = states.weights + states.adapters + states.optimizer + states.master
-        out["vision_forward"] = (static + vision.static + vision.pixels + vision.activations
-                                 + (states.gradients + vision.gradients if accumulate else 0)
-                                 + runtime.forward_backward_transient)
+    static = states.weights + states.adapters + states.optimizer + states.master
+    out["vision_forward"] = (static + vision.static + vision.pixels + vision.activations + vision.forward_copies
+                             + (states.gradients + vision.gradients if accumulate else 0)
+                             + runtime.forward_backward_transient)
     out["peak"] = max(out.values()) + fixed
     out["fixed_runtime"] = fixed
     return out

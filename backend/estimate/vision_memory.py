@@ -28,13 +28,14 @@ def _vision(config: Config) -> Config:
     return value if isinstance(value, dict) else {}
 
 
-def patches_per_image(config: Config, family: str, cap: int | None, square: bool = False) -> tuple[int, int]:
+def patches_per_image(config: Config, family: str, cap: int | None, square: bool = False,
+                      processor: Config | None = None) -> tuple[int, int]:
     """(patches the tower sees, the grid's side) for the largest image `cap` allows (None: the family's
     default cap). Qwen: cap / (patch x merge)^2 merged tokens, the most any aspect reaches (`square`: a
     square image's, which bench/estimate_vision.py feeds); the fixed-size towers: their
     square (CLIP's class token included); SmolVLM: the tile's square times the tiles of a cap x cap image."""
     vlm = VISION_FAMILIES[family]
-    cap = cap or vlm.cap(config)
+    cap = cap or vlm.cap(config, processor)
     v = _vision(config)
     if family.startswith("qwen"):
         patch = int(v.get("patch_size") or (14 if family == "qwen2_5_vl" else 16))
@@ -54,8 +55,8 @@ def patches_per_image(config: Config, family: str, cap: int | None, square: bool
             crops = 1 + max((a // image) * (b // image) for a, b in pinpoints)
         return crops * (grid * grid + 1), grid
     if family == "idefics3":
-        tokens = vlm.tokens_per_image(config, cap, cap, cap)
-        per_tile = vlm.tokens_per_image(config, 1, 1, cap)  # a small image: one tile, no split
+        tokens = vlm.tokens_per_image(config, cap, cap, cap, processor)
+        per_tile = grid * grid // int(config.get("scale_factor") or 2) ** 2  # image_seq_len: pixel shuffle
         return (tokens // max(1, per_tile)) * grid * grid, grid
     return grid * grid, grid
 
@@ -70,19 +71,21 @@ class ImageSide:
     pixel_values: int
 
 
-def image_side(config: Config, family: str, cap: int | None, square: bool = False) -> ImageSide | None:
-    """The image side of `config` at `cap` (None: a family whose tower is not transcribed)."""
+def image_side(config: Config, family: str, cap: int | None, square: bool = False,
+               processor: Config | None = None) -> ImageSide | None:
+    """The image side of `config` at `cap` (None: a family whose tower is not transcribed); `processor`: the
+    folder's processor settings (core/vision_folder.processor_settings), whose cap wins over the default."""
     shape = tower_shape(config, family)
     if shape is None:
         return None
     vlm = VISION_FAMILIES[family]
-    cap = cap or vlm.cap(config)
-    patches, grid = patches_per_image(config, family, cap, square)
+    cap = cap or vlm.cap(config, processor)
+    patches, grid = patches_per_image(config, family, cap, square, processor)
     if family.startswith("qwen"):
         merge = int(_vision(config).get("spatial_merge_size") or 2)
         tokens = patches // (merge * merge)
     else:
-        tokens = vlm.tokens_per_image(config, cap, cap, cap)
+        tokens = vlm.tokens_per_image(config, cap, cap, cap, processor)
     crops = patches // (grid * grid + 1) if family in ("llava", "llava_next") else 0  # CLIP's class tokens
     return ImageSide(shape, patches, tokens, (patches - crops) * shape.patch_values)
 
@@ -115,11 +118,12 @@ _KIND = {"gemma3": "siglip", "idefics3": "siglip", "llava": "clip", "llava_next"
 
 
 def image_side_bytes(config: Config, family: str, cap: int | None, *, compute_bytes: int, images: int,
-                     checkpointing: bool = False, square: bool = False) -> dict[str, int]:
+                     checkpointing: bool = False, square: bool = False,
+                     processor: Config | None = None) -> dict[str, int]:
     """Per step with `images` images: parameters, pixel bytes (fp32, plus a compute-dtype copy when that is
     not fp32), the frozen forward's transient peak, the trained tower's saved activations (with
     checkpointing: each layer's input and one layer recomputed, not measured)."""
-    side = image_side(config, family, cap, square)
+    side = image_side(config, family, cap, square, processor)
     if side is None:
         return {}
     shape, patches = side.shape, side.patches * images
@@ -135,7 +139,10 @@ def image_side_bytes(config: Config, family: str, cap: int | None, *, compute_by
     trained = patches * (layers * h + per_layer + rest) if checkpointing else patches * (layers * per_layer + rest)
     frozen = patches * (k.frozen[0] * h + k.frozen[1] * i + k.frozen[2])
     pixels = side.pixel_values * images
-    return {"tower_params": shape.tower_params, "projector_params": shape.projector_params,
+    # Idefics3's get_image_features finds the real tiles with `pixel_values == 0` (one byte a value) and
+    # copies them out (`pixel_values[real].contiguous()`): both alive while its tower runs
+    copies = pixels * (compute_bytes + 1) if family == "idefics3" else 0
+    return {"forward_copies": copies, "tower_params": shape.tower_params, "projector_params": shape.projector_params,
             "pixel_bytes": pixels * 4 + (pixels * compute_bytes if compute_bytes != 4 else 0),
             "frozen_forward_peak": int(frozen * compute_bytes), "trained_activations": int(trained * compute_bytes),
             "image_tokens": side.tokens * images, "patches": patches}

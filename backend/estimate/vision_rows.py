@@ -7,16 +7,19 @@ the skip list, unquantized, and peft's prepare_model_for_kbit_training casts the
 16-bit parameter: 4 bytes, which bench/estimate_vision.py cannot check without CUDA); lora adds adapters on its linears,
 their gradients and optimizer state; full gradients and optimizer state for every parameter. The per-image
 figures are `vision_memory.image_side_bytes`' at the resolution cap (`vision.max_pixels` for Qwen, the
-family's fixed square elsewhere), times the images of a micro-batch: the data's most images per row when
+family's fixed square elsewhere; the folder's processor files set the cap where they are beside config.json),
+times the images of a micro-batch: the data's most images per row when
 the caller knows it, else `DEFAULT_IMAGES_PER_ROW`, said in a note.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backend.core.config.run_config import RunConfig
+from backend.core.vision_folder import processor_settings
 from backend.estimate.setup import Setup
 from backend.estimate.states import optimizer_state
 from backend.estimate.towers import vision_family
@@ -35,6 +38,8 @@ class VisionRows:
     """Held from the tower's forward to its backward when a part trains; else the frozen forward's transient."""
     held_activations: bool = False
     pixels: int = 0
+    forward_copies: int = 0
+    """Copies of the pixels alive only while the tower runs (Idefics3's real-tile selection)."""
     image_tokens_per_row: int = 0
     gradients: int = 0
     """Of `tower` and `projector`: the gradients (they exist from the backward to the optimizer step)."""
@@ -77,7 +82,7 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
     images = per_row * setup.batch
     cap = run.vision.max_pixels if family.startswith("qwen") else None
     side = image_side_bytes(raw, family, cap, compute_bytes=setup.compute_bytes, images=images,
-                            checkpointing=setup.checkpointing)
+                            checkpointing=setup.checkpointing, processor=folder_processor(raw))
     weight_bytes = setup.weight_bytes
     vision = run.vision
     tower = _part(shape.tower_params, shape.tower_linears, vision.tower, setup, weight_bytes, run.technique.optimizer)
@@ -108,6 +113,7 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
     return VisionRows(tower=sum(v for k, v in tower.items() if k != "trained"),
                       projector=sum(v for k, v in projector.items() if k != "trained"),
                       activations=activations, held_activations=held, pixels=side["pixel_bytes"],
+                      forward_copies=side["forward_copies"],
                       image_tokens_per_row=tokens, gradients=tower["gradients"] + projector["gradients"],
                       detail=detail)
 
@@ -120,8 +126,21 @@ def image_tokens_per_row(raw: dict[str, Any] | None, run: RunConfig, images_per_
         return 0
     cap = run.vision.max_pixels if family.startswith("qwen") else None
     per_row = images_per_row if images_per_row is not None else DEFAULT_IMAGES_PER_ROW
-    side = image_side_bytes(raw, family, cap, compute_bytes=2, images=1)  # type: ignore[arg-type]
+    side = image_side_bytes(raw, family, cap, compute_bytes=2, images=1,  # type: ignore[arg-type]
+                            processor=folder_processor(raw))  # type: ignore[arg-type]
     return side["image_tokens"] * per_row
+
+
+def folder_processor(raw: dict[str, Any]) -> dict[str, Any]:
+    """The processor settings beside the config.json `raw` was read from (its cap: SmolVLM's longest_edge,
+    Qwen's max_pixels); {} for a dict given without a file, or a folder without processor files."""
+    source = raw.get("_source")
+    if not isinstance(source, str) or not source.endswith("config.json"):
+        return {}
+    try:
+        return processor_settings(Path(source).parent)[0]
+    except (OSError, ValueError):
+        return {}
 
 
 def _text_hidden(raw: dict[str, Any]) -> int:
