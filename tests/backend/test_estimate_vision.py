@@ -116,3 +116,13 @@ def test_the_vlm_presets_hold_their_cost_lines():
         tokens = b.details["vision"]["image_tokens_per_row"]
         assert f"estimated peak {b.total_bytes / GIB:.1f} GiB" in preset.cost
         assert f"vision tower {b.vision_tower / GIB:.1f}" in preset.cost and f"{tokens:,} of them image tokens" in preset.cost
+
+
+@pytest.mark.parametrize("family,tower", [("qwen2_5_vl", "frozen"), ("llava", "lora")])
+def test_a_real_step_of_ours_peaks_within_ten_percent_of_the_estimate(family, tower, tmp_path):
+    """bench/estimate_vision.py --step: the training door's model and batch (one image at the cap), a steady
+    step's peak on the CPU against the estimate's total for the same row."""
+    from bench.estimate_vision import measure_step
+
+    result = measure_step(family, tmp_path, tower=tower, projector=tower)
+    assert result["ratio"] == pytest.approx(1, abs=0.10), result
