@@ -80,7 +80,7 @@ class Breakdown:
         phases = {k: v for k, v in (self.details.get("peak_phases") or {}).items() if k not in ("peak", "fixed_runtime")}
         when = f"  (at {max(phases, key=phases.get).replace('_', ' ')})" if phases else ""
         vision = self.details.get("vision")
-        if vision:
+        if vision and vision["images_per_row"]:
             lines.append(f"{'image tokens':<{w}}{vision['image_tokens_per_row']:>12,}  a row ({vision['images_per_row']} "
                          f"image{'s' if vision['images_per_row'] != 1 else ''} at the cap, within seq_len)")
         lines.append(f"{'total (peak)':<{w}}{human_bytes(self.total_bytes):>12}{when}")

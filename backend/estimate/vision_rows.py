@@ -74,12 +74,12 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
                 warnings: list[str]) -> VisionRows:
     """The image side of `raw` (config.json) for `run`; empty for a text model or an untranscribed tower."""
     family = vision_family(raw)
-    if family is None or images_per_row == 0:
+    if family is None:
         return VisionRows()
     shape = tower_shape(raw, family)
     assert shape is not None  # vision_family names transcribed families only
     per_row = images_per_row if images_per_row is not None else DEFAULT_IMAGES_PER_ROW
-    images = per_row * setup.batch
+    images = per_row * setup.batch  # 0 for text-only data: the tower and projector are loaded, never run
     cap = run.vision.max_pixels if family.startswith("qwen") else None
     side = image_side_bytes(raw, family, cap, compute_bytes=setup.compute_bytes, images=images,
                             checkpointing=setup.checkpointing, processor=folder_processor(raw))
@@ -88,7 +88,9 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
     tower = _part(shape.tower_params, shape.tower_linears, vision.tower, setup, weight_bytes, run.technique.optimizer)
     projector = _part(shape.projector_params, shape.projector_linears, vision.projector, setup, weight_bytes,
                       run.technique.optimizer)
-    if vision.tower != "frozen":
+    if not images:
+        activations, held = 0, False
+    elif vision.tower != "frozen":
         activations, held = side["trained_activations"], True
     elif vision.projector != "frozen":
         # the tower runs without a graph; the projector's inputs and outputs are saved
@@ -97,11 +99,11 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
         activations = max(activations, side["frozen_forward_peak"])
     else:
         activations, held = side["frozen_forward_peak"], False
-    tokens = side["image_tokens"] // max(1, images) * per_row
+    tokens = side["image_tokens"] // max(1, images) * per_row if images else 0
     if images_per_row is None:
         warnings.append(f"{family}: {per_row} image per row assumed (the data's images are not counted here) at the "
                         f"resolution cap: {tokens:,} image tokens of each row's {run.train.seq_len:,}")
-    if tokens >= run.train.seq_len:
+    if images and tokens >= run.train.seq_len:
         warnings.append(f"train.seq_len {run.train.seq_len:,} leaves no text beside {tokens:,} image tokens a row: "
                         "raise train.seq_len" + (" or lower vision.max_pixels" if family.startswith("qwen") else ""))
     detail = {"family": family, "images_per_row": per_row, "images_per_row_known": images_per_row is not None,

@@ -75,8 +75,10 @@ def test_qlora_holds_the_unquantized_tower_as_peft_casts_it_and_images_scale_the
     assert not any("assumed" in w for w in one.details["warnings"])
     unknown = estimate(QWEN, run("qlora", max_pixels=301056), device="cuda")
     assert any("1 image per row assumed" in w for w in unknown.details["warnings"])
-    text = estimate(QWEN, run("qlora"), device="cuda", images_per_row=0)
-    assert "vision" not in text.details and "vision_tower" not in text.breakdown()
+    text = estimate(QWEN, run("qlora"), device="cuda", images_per_row=0)  # text-only data: loaded, never run
+    assert text.vision_tower == one.vision_tower and text.details["vision"]["image_tokens_per_row"] == 0
+    assert "vision_activations" not in text.breakdown() and "pixel_values" not in text.breakdown()
+    assert text.total_bytes < one.total_bytes
 
 
 def test_image_tokens_past_seq_len_are_said():
