@@ -62,10 +62,7 @@ def data_facts(config: RunConfig) -> tuple[int | None, int | None]:
 
     profile = DatasetProfile.read(config.data.path, config.model.path, config.data.format,
                                   skip_invalid=config.data.skip_invalid, seq_len=config.train.seq_len)
-    images = None
-    if not profile.problem and profile.measured == profile.count:
-        images = max(profile.image_counts) if profile.image_counts else 0
-    return profile.longest_answer(), images
+    return profile.longest_answer(), profile.most_images()
 
 
 def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = None,

@@ -128,3 +128,22 @@ def test_a_real_step_of_ours_peaks_within_ten_percent_of_the_estimate(family, to
 
     result = measure_step(family, tmp_path, tower=tower, projector=tower)
     assert result["ratio"] == pytest.approx(1, abs=0.10), result
+
+
+def test_the_data_gives_the_most_images_a_row(tmp_path):
+    """run_estimate.data_facts and the studio's estimate read the images per row from the data profile."""
+    import json
+
+    from backend.core.data.dataset_profile import DatasetProfile
+
+    for i in range(2):
+        vision_models.image(32, 24, seed=i).save(tmp_path / f"im{i}.png")
+    rows = [{"messages": [{"role": "user", "content": "<image><image>Compare."},
+                          {"role": "assistant", "content": "Both noise."}], "images": ["im0.png", "im1.png"]},
+            {"messages": [{"role": "user", "content": "No picture."}, {"role": "assistant", "content": "Fine."}]}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert DatasetProfile.read(str(path)).most_images() == 2
+    text = tmp_path / "text.jsonl"
+    text.write_text(json.dumps(rows[1]) + "\n")
+    assert DatasetProfile.read(str(text)).most_images() == 0
