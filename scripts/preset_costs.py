@@ -25,9 +25,9 @@ def preset_cost(preset: Preset) -> str:
     config = RunConfig.load(preset.path)
     model = FIXTURES / preset.hub_id.replace("/", "--")
     b = estimate(model, config, device="cuda", num_gpus=preset.cards)
-    parts = {name: getattr(b, name) for name in ("weights", "logits", "activations", "runtime", "cuda_context",
-                                                 "allocator_reserve")}
-    return cost_line(config, b.total_bytes, parts, preset.card_gb, preset.cards)
+    parts = b.breakdown()
+    tokens = (b.details.get("vision") or {}).get("image_tokens_per_row", 0)
+    return cost_line(config, b.total_bytes, parts, preset.card_gb, preset.cards, tokens)
 
 
 def main() -> int:

@@ -161,7 +161,7 @@ def build_rest(core: _Core, worker_command: Sequence[str] | None = None, worker_
     pages = core.pages
     pages["data"] = DataPage(config, editors, synchronous=synchronous_data)
     def measured(profile: Any) -> None:
-        estimate.set_longest_answer(profile.path, profile.longest_answer())
+        estimate.set_longest_answer(profile.path, profile.longest_answer(), profile.most_images())
         hint = f" ({profile.hint})" if profile.hint else ""
         estimate.set_data_problem(profile.path, f"{profile.problem}{hint}" if profile.problem else "")
 

@@ -90,15 +90,22 @@ def list_presets(folder: Path | None = None) -> list[Preset]:
     return sorted(presets, key=lambda p: (p.card_gb * p.cards, p.title))
 
 
-def cost_line(config: Any, total_bytes: int, parts: dict[str, int], card_gb: int, cards: int) -> str:
-    """The header's Cost line for an estimate of `config` (what a test holds the file to)."""
+def cost_line(config: Any, total_bytes: int, parts: dict[str, int], card_gb: int, cards: int,
+              image_tokens: int = 0) -> str:
+    """The header's Cost line for an estimate of `config` (what a test holds the file to); image_tokens:
+    a vision-language model's image tokens a row (one image at the resolution cap)."""
     gib = 1024**3
     t, train = config.technique, config.train
     per_step = train.micro_batch_size * train.gradient_accumulation_steps * cards
-    names = ("weights", "logits", "activations", "runtime", "cuda_context", "allocator_reserve")
+    names = ("weights", "logits", "activations", "runtime", "vision_tower", "projector", "vision_activations",
+             "pixel_values", "cuda_context", "allocator_reserve")
     shown = ", ".join(f"{name.replace('_', ' ')} {parts[name] / gib:.1f}" for name in names if parts.get(name))
     card = f"{cards}x{card_gb} GB" if cards > 1 else f"{card_gb} GB"
     return (f"estimated peak {total_bytes / gib:.1f} GiB per GPU of {card} ({shown} GiB) for {train.seq_len}-token "
-            f"rows, micro-batch {train.micro_batch_size}{', checkpointing' if t.gradient_checkpointing else ''}, "
-            f"{per_step} examples per optimizer step; the worst case (every position a target): instruction "
-            f"data needs less, see the Techniques page once your data is chosen.")
+            f"rows{f' (one image at the resolution cap: {image_tokens:,} of them image tokens)' if image_tokens else ''}, "
+            f"micro-batch {train.micro_batch_size}{', checkpointing' if t.gradient_checkpointing else ''}, "
+            f"{per_step} examples per optimizer step; " + (
+                "logits at every position (a vision-language run takes no speed shortcuts); fewer or smaller images "
+                "need less, see the Techniques page once your data is chosen." if image_tokens else
+                "the worst case (every position a target): instruction data needs less, see the Techniques page "
+                "once your data is chosen."))

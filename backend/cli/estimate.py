@@ -51,7 +51,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from backend.estimate.cards import cuda_cards, usable_bytes
     from backend.estimate.fit import cli_fit
     from backend.estimate.seq_len import card_words, cli_longest_seq_len, cli_target
-    from backend.estimate.run_estimate import estimate_run, longest_answer
+    from backend.estimate.run_estimate import data_facts, estimate_run
 
     config = RunConfig.load(args.config, args.set)
     if args.fetch_config:
@@ -68,19 +68,19 @@ def cmd_estimate(args: argparse.Namespace) -> int:
            f"assumed, this machine's: {found.why}; --device chooses" if args.device is None
            else f"from --device; this machine's would be {found.kind}: {found.why}")
     # As the studio does once its Data page has read the data (the same reading, the same answer).
-    answer = None if args.worst_case else longest_answer(config)
+    answer, images = (None, None) if args.worst_case else data_facts(config)
     caps = device_caps(device, found.bf16 if found.kind == device else None,
                        found.devices if found.kind == device else ())
     result = estimate_run(config, device, caps=caps,
                           target_tokens=answer, calibration=Calibration.read(), num_gpus=args.gpus,
-                          zero_stage=args.zero_stage, data_rows=not args.worst_case)
+                          zero_stage=args.zero_stage, data_rows=not args.worst_case, images_per_row=images)
     breakdown = result.breakdown
     if breakdown is None:  # an unusable config.json: one line naming the file, the key and the fix
         raise ConfigError(result.problem)
     blockers = _start_blockers(config, result, found, caps)
     calibration = result.calibration.note() if device == "cpu" else ""
     cards = cuda_cards(config, result, answer, args.gpus, args.zero_stage)
-    seq = cli_longest_seq_len(args, config, found, answer) if args.max_seq_len else None
+    seq = cli_longest_seq_len(args, config, found, answer, images) if args.max_seq_len else None
     plan = cli_fit(args, config, found, answer) if args.fit else None
     card_fits = None if not args.card_gb else int(breakdown.total_bytes) <= usable_bytes(args.card_gb)
     if args.json:

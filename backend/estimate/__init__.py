@@ -33,7 +33,9 @@ from backend.estimate.architectures import (
     layer_kinds,
     layer_linears,
 )
-from backend.estimate.breakdown import CUDA_PARTS, GIB, MIB, OBJECTIVE_PARTS, PARTS, Breakdown, human_bytes
+from backend.estimate.breakdown import (
+    CUDA_PARTS, GIB, MIB, OBJECTIVE_PARTS, PARTS, VISION_PARTS, Breakdown, human_bytes,
+)
 from backend.estimate.cuda import ALLOCATOR_RESERVE, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
 from backend.estimate.estimator import dora_transient, estimate
 from backend.estimate.families import ESTIMATE_FAMILIES, load_model_config, read_dims
@@ -59,6 +61,7 @@ __all__ = [
     "NF4_BLOCK",
     "NF4_DQ_BLOCK",
     "OBJECTIVE_PARTS",
+    "VISION_PARTS",
     "PARTS",
     "PHI3",
     "Arch",

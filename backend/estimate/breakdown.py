@@ -11,6 +11,8 @@ PARTS = ("weights", "adapters", "gradients", "optimizer", "master_weights", "act
 """The parts of a Breakdown, in display order."""
 OBJECTIVE_PARTS = ("ref_model", "ref_adapter", "reference", "generation")
 """The parts DPO, KTO and GRPO add (backend/estimate/objectives.py), shown only when not zero."""
+VISION_PARTS = ("vision_tower", "projector", "vision_activations", "pixel_values")
+"""A vision-language model's image side (backend/estimate/vision_rows.py), shown only when not zero."""
 CUDA_PARTS = ("allocator_reserve", "cuda_context")
 """What a CUDA card holds beyond torch's allocated tensors (backend/estimate/cuda.py); zero, so not
 shown, on the CPU."""
@@ -32,6 +34,10 @@ class Breakdown:
     ref_adapter: int = 0
     reference: int = 0
     generation: int = 0
+    vision_tower: int = 0
+    projector: int = 0
+    vision_activations: int = 0
+    pixel_values: int = 0
     allocator_reserve: int = 0
     cuda_context: int = 0
     details: dict[str, Any] = field(default_factory=dict)
@@ -50,7 +56,8 @@ class Breakdown:
         return int(peak) if isinstance(peak, int) and peak > 0 else self.sum_bytes
 
     def breakdown(self) -> dict[str, int]:
-        extra = {part: int(getattr(self, part)) for part in OBJECTIVE_PARTS + CUDA_PARTS if getattr(self, part)}
+        extra = {part: int(getattr(self, part)) for part in OBJECTIVE_PARTS + VISION_PARTS + CUDA_PARTS
+                 if getattr(self, part)}
         return {**{part: int(getattr(self, part)) for part in PARTS}, **extra}
 
     def to_json(self, details: bool = False) -> dict[str, Any]:
@@ -65,18 +72,23 @@ class Breakdown:
     def format_table(self) -> str:
         """A CLI table: part, bytes in GiB/MiB, share of the total."""
         total = self.sum_bytes or 1
-        lines = [f"{'part':<16}{'size':>12}{'share':>8}"]
+        w = max(16, *(len(part) + 1 for part in self.breakdown()))  # vision_activations is wider
+        lines = [f"{'part':<{w}}{'size':>12}{'share':>8}"]
         for part, value in self.breakdown().items():
-            lines.append(f"{part:<16}{human_bytes(value):>12}{value / total:>8.1%}")
-        lines.append(f"{'sum of parts':<16}{human_bytes(self.sum_bytes):>12}{1:>8.0%}")
+            lines.append(f"{part:<{w}}{human_bytes(value):>12}{value / total:>8.1%}")
+        lines.append(f"{'sum of parts':<{w}}{human_bytes(self.sum_bytes):>12}{1:>8.0%}")
         phases = {k: v for k, v in (self.details.get("peak_phases") or {}).items() if k not in ("peak", "fixed_runtime")}
         when = f"  (at {max(phases, key=phases.get).replace('_', ' ')})" if phases else ""
-        lines.append(f"{'total (peak)':<16}{human_bytes(self.total_bytes):>12}{when}")
+        vision = self.details.get("vision")
+        if vision and vision["images_per_row"]:
+            lines.append(f"{'image tokens':<{w}}{vision['image_tokens_per_row']:>12,}  a row ({vision['images_per_row']} "
+                         f"image{'s' if vision['images_per_row'] != 1 else ''} at the cap, within seq_len)")
+        lines.append(f"{'total (peak)':<{w}}{human_bytes(self.total_bytes):>12}{when}")
         trained = self.details.get("trainable_parameters") or 0
         if (self.details.get("setup") or {}).get("method") == "full" and trained:
             # the ZeRO paper's (and the first seed article's) 16 bytes per parameter for mixed-precision Adam
             states = self.weights + self.gradients + self.optimizer + self.master_weights
-            lines.append(f"{'model states':<16}{human_bytes(states):>12}  ({states / trained:.1f} bytes x "
+            lines.append(f"{'model states':<{w}}{human_bytes(states):>12}  ({states / trained:.1f} bytes x "
                          f"{trained / 1e9:.2f} B parameters = {states / 1e9:.1f} GB)")
         for warning in self.details.get("warnings", []):
             lines.append(f"note: {warning}")

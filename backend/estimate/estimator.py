@@ -20,6 +20,8 @@ from backend.estimate.parts import (  # noqa: F401 (dora_transient: backend.esti
 )
 from backend.estimate.setup import Setup, resolve_setup
 from backend.estimate.shortcut_memory import offload_activations
+from backend.estimate.towers import vision_family
+from backend.estimate.vision_rows import VisionRows, vision_rows
 
 if TYPE_CHECKING:
     from backend.estimate.calibration import Calibration
@@ -38,6 +40,7 @@ def estimate(
     cpu_bf16: bool = False,
     calibration: Calibration | None = None,
     row_tokens: int | None = None,
+    images_per_row: int | None = None,
 ) -> Breakdown:
     """Estimate the memory of one training step of `run` on one device.
 
@@ -74,12 +77,17 @@ def estimate(
     row_tokens (DPO, KTO, GRPO): the data's longest row as the objective's trainer builds it
     (backend.estimate.objective_rows; GRPO: its longest prompt). TRL pads each batch to its longest
     row, so rows count that many tokens, at most seq_len (GRPO's prompts are not cut). None: seq_len.
+
+    images_per_row (a proven vision-language model): the data's most images in one row; its image side
+    (backend.estimate.vision_rows) counts that many per row at the resolution cap, their image tokens
+    inside seq_len. None: one image a row, said in a note; 0: text only (no image side).
     """
     if run.technique.objective != "sft":  # DPO, KTO, GRPO: SFT's estimate of their training forward, then their passes
         from backend.estimate.objectives import estimate_objective, sft_run
 
         kw = dict(num_gpus=num_gpus, zero_stage=zero_stage, device=device, bf16_supported=bf16_supported,
-                  autocast=autocast, target_tokens=target_tokens, cpu_bf16=cpu_bf16, calibration=calibration)
+                  autocast=autocast, target_tokens=target_tokens, cpu_bf16=cpu_bf16, calibration=calibration,
+                  images_per_row=images_per_row)
         base = estimate(model_config, sft_run(run, row_tokens), **kw)  # type: ignore[arg-type]
         return estimate_objective(model_config, run, base, device=device, bf16_supported=bf16_supported,
                                   autocast=autocast, target_tokens=target_tokens, zero_stage=zero_stage,
@@ -92,6 +100,10 @@ def estimate(
         raise ValueError("zero_stage must be 0, 1, 2 or 3")
     raw = load_model_config(model_config)
     arch, dims, warnings = read_dims(raw)
+    if vision_family(raw) is not None:
+        # The vision door (backend/training/vision) runs without the speed shortcuts: logits at every position
+        run = run.model_copy(update={"technique": run.technique.model_copy(update={"shortcuts": "off"})})
+        target_tokens = None
     deepspeed = device == "cuda" and (zero_stage > 0 or run.technique.offload != "none")
     setup, more = resolve_setup(arch, dims, run, device, bf16_supported, autocast, deepspeed)
     warnings += more
@@ -103,9 +115,13 @@ def estimate(
     logits = logits_part(step, target_tokens)
     dist = distribute(step, states, num_gpus, zero_stage, warnings)
     runtime = runtime_part(step, states, act["total"], logits.held, num_gpus, calibration)
-    phases = step_phases(step, states, act, logits, runtime)
+    vision = vision_rows(raw, run, setup, images_per_row, warnings)
+    phases = with_vision(step_phases(step, states, act, logits, runtime), vision, states, runtime,
+                         run.train.gradient_accumulation_steps > 1)
     parts = StepParts(states, act, logits, dist, runtime, phases)
     details = _details(step, parts, warnings, target_tokens, calibration)
+    if vision.detail:
+        details["vision"] = vision.detail
     return Breakdown(
         weights=states.weights,
         adapters=states.adapters,
@@ -117,8 +133,40 @@ def estimate(
         runtime=runtime.part,
         cuda_context=runtime.detail["cuda_context"],
         allocator_reserve=runtime.detail["allocator_slack"],
+        vision_tower=vision.tower,
+        projector=vision.projector,
+        vision_activations=vision.activations,
+        pixel_values=vision.pixels,
         details=details,
     )
+
+
+def with_vision(phases: dict[str, int], vision: VisionRows, states: ModelStates, runtime: Runtime,
+                accumulate: bool) -> dict[str, int]:
+    """The phases with the image side: its states and pixels held throughout (the pixels until the step),
+    its trained activations beside the language model's until the backward, its gradients once the
+    backward made them; the tower's forward is a phase of its own (it runs before the language model's
+    activations exist): a frozen tower's transient peak, or a trained one's saved tensors, with the pixel
+    copies some families make while it runs."""
+    if not (vision.tower or vision.projector):
+        return phases
+    fixed = phases.pop("fixed_runtime")
+    phases.pop("peak")
+    out = {}
+    for name, value in phases.items():
+        value += vision.static
+        if name != "optimizer_step":
+            value += vision.pixels + (vision.activations if vision.held_activations else 0)
+        if name in ("optimizer_step", "backward_end", "recompute") or accumulate:
+            value += vision.gradients
+        out[name] = value
+    static = states.weights + states.adapters + states.optimizer + states.master
+    out["vision_forward"] = (static + vision.static + vision.pixels + vision.activations + vision.forward_copies
+                             + (states.gradients + vision.gradients if accumulate else 0)
+                             + runtime.forward_backward_transient)
+    out["peak"] = max(out.values()) + fixed
+    out["fixed_runtime"] = fixed
+    return out
 
 
 @dataclass(frozen=True)

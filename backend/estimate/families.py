@@ -60,6 +60,18 @@ for _type, _values in {
     # broken, not brief, and a class default would estimate some other model without a word.
     ESTIMATE_FAMILIES[_type][1].update({k: v for k, v in zip(_DIMENSIONS, _values) if v is not None})
 ESTIMATE_FAMILIES["gpt2"][1].update(vocab_size=50257, n_head=12)
+_NESTED_SIZES = {"llama": {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008}}
+"""LlamaConfig's sizes, which a vision-language model's text_config may leave to the class (unlike a text
+model's own config.json, where a missing width is a broken file)."""
+VLM_TEXT = {"qwen2_5_vl": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+"""A vision-language model's language model that is a text family's decoder (M-RoPE aside, which holds
+no memory of its own): Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's."""
+_VLM_DEFAULTS = {"qwen2": {"intermediate_size": 29568, "vocab_size": 152064, "num_attention_heads": 64,
+                           "num_key_value_heads": 8}, "qwen3": {"max_position_embeddings": 128000}}
+"""Where the VLM's text config class's defaults differ from the text family's (Qwen2_5_VLTextConfig's are 72B's)."""
+for _type, _text in VLM_TEXT.items():
+    _arch, _defaults = ESTIMATE_FAMILIES[_text]
+    ESTIMATE_FAMILIES[_type] = (_arch, {**_defaults, **_VLM_DEFAULTS[_text]})
 
 ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "gpt2": {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
@@ -178,7 +190,10 @@ def text_part(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | Non
     text = raw.get("text_config")
     if isinstance(text, dict):
         model_type = text.get("model_type") or f"{raw.get('model_type', '')}_text"
-        return {**text, "model_type": model_type, "_source": source}, raw
+        tied = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
+        # A nested text_config is built from its class's defaults (LLaVA-1.5's names neither width nor depth)
+        sizes = {k: v for k, v in _NESTED_SIZES.get(str(model_type), {}).items() if k not in text}
+        return {**tied, **sizes, **text, "model_type": model_type, "_source": source}, raw
     if text is not None:
         raise ValueError(f"{source}: text_config is {type(text).__name__}, not an object; {_FIX}")
     towers = [k for k in raw if k.endswith(("vision_config", "audio_config")) and isinstance(raw[k], dict)]

@@ -52,20 +52,29 @@ class RunEstimate:
 
 def longest_answer(config: RunConfig) -> int | None:
     """The data's longest answer in tokens, read as the studio's Data page reads it (None: not known)."""
+    return data_facts(config)[0]
+
+
+def data_facts(config: RunConfig) -> tuple[int | None, int | None]:
+    """(the longest answer in tokens, the most images in one row) of the data, read as the Data page reads
+    it; None where not known (images: unless every row was read; 0 for text-only data)."""
     from backend.core.data.dataset_profile import DatasetProfile  # torch-free (tokenizers only)
 
-    return DatasetProfile.read(config.data.path, config.model.path, config.data.format,
-                               skip_invalid=config.data.skip_invalid, seq_len=config.train.seq_len).longest_answer()
+    profile = DatasetProfile.read(config.data.path, config.model.path, config.data.format,
+                                  skip_invalid=config.data.skip_invalid, seq_len=config.train.seq_len)
+    return profile.longest_answer(), profile.most_images()
 
 
 def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = None,
                  target_tokens: int | None = None, calibration: Calibration | None = None,
                  num_gpus: int | None = None, zero_stage: int | None = None, data_problem: str = "",
                  probe: Probe | None = None, facts: AttentionFacts | None = None,
-                 model_config: dict[str, Any] | None = None, data_rows: bool = True) -> RunEstimate:
+                 model_config: dict[str, Any] | None = None, data_rows: bool = True,
+                 images_per_row: int | None = None) -> RunEstimate:
     """The estimate of `config` on `device` as it will run; never raises for an unreadable model
     or an estimator gap (the sentence lands in `problem`). calibration None reads this machine's.
-    data_rows: DPO, KTO and GRPO rows as long as the data's longest (False: train.seq_len, the worst case)."""
+    data_rows: DPO, KTO and GRPO rows as long as the data's longest (False: train.seq_len, the worst case).
+    images_per_row: a vision-language model's data's most images a row (None: not known, one assumed)."""
     caps = caps if caps is not None else device_caps(device)
     if caps.cuda != (device == "cuda"):
         caps = caps.model_copy(update={"cuda": device == "cuda"})
@@ -87,7 +96,8 @@ def estimate_run(config: RunConfig, device: str, *, caps: Capabilities | None = 
             breakdown = estimator.estimate(model_config, runnable(config, found), device=device,  # type: ignore
                                            num_gpus=gpus, zero_stage=stage, bf16_supported=bf16,
                                            target_tokens=target_tokens, cpu_bf16=cpu_features.native_bf16(),
-                                           calibration=calibration, row_tokens=rows)
+                                           calibration=calibration, row_tokens=rows,
+                                           images_per_row=images_per_row)
         except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
             problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return RunEstimate(device, breakdown, tuple(found), calibration, problem)
@@ -97,7 +107,8 @@ def estimate_here(config: RunConfig, device: str, caps: Capabilities | None = No
                   runs_root: Path | None = None) -> RunEstimate:
     """estimate_run with what a headless caller has: the data read now and this machine's runs."""
     try:
-        answer = longest_answer(config)
+        answer, images = data_facts(config)
     except Exception:  # the data is the worker's to refuse; the estimate then counts every position
-        answer = None
-    return estimate_run(config, device, caps=caps, target_tokens=answer, calibration=Calibration.read(runs_root))
+        answer, images = None, None
+    return estimate_run(config, device, caps=caps, target_tokens=answer, calibration=Calibration.read(runs_root),
+                        images_per_row=images)

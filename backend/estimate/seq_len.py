@@ -15,6 +15,7 @@ from typing import Any, Callable
 from backend.core.config.run_config import RunConfig
 from backend.estimate import human_bytes
 from backend.estimate.families import max_positions
+from backend.estimate.vision_rows import image_tokens_per_row
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,20 @@ class SeqLenAnswer:
     """The total at seq_len 1 (the weights and states alone, near enough), for the 'nothing fits' line."""
     problem: str = ""
     """Why there is no answer (an unreadable config.json), one line."""
+    image_tokens: int = 0
+    """A vision-language model's image tokens a row (inside seq_len): the answer leaves room for them."""
 
     def sentence(self, where: str) -> str:
         """One line: 'longest seq_len that fits <where>: 6,144 tokens' (and why it stops there)."""
         if self.problem:
             return f"no longest seq_len: {self.problem}"
+        images = f" ({self.image_tokens:,} image tokens a row and one text token)" if self.image_tokens else ""
         if self.seq_len is None:
-            return (f"no seq_len fits {where}: even one token needs {human_bytes(self.floor_bytes)} of "
-                    f"{human_bytes(self.limit_bytes)}")
+            return (f"no seq_len fits {where}: even {'that' if images else 'one token'}{images} needs "
+                    f"{human_bytes(self.floor_bytes)} of {human_bytes(self.limit_bytes)}")
         text = f"longest seq_len that fits {where}: {self.seq_len:,} tokens"
+        if self.image_tokens:
+            text += f", {self.image_tokens:,} of them a row's image tokens"
         if self.capped_at is not None:
             text += " (the model's max_position_embeddings; memory would allow more)"
         return text
@@ -49,33 +55,38 @@ def with_seq_len(config: RunConfig, seq_len: int) -> RunConfig:
 
 
 def longest_seq_len(config: RunConfig, limit_bytes: int, total_at: Callable[[RunConfig], int],
-                    model_config: dict[str, Any] | None, *, ceiling: int = 1 << 20) -> SeqLenAnswer:
+                    model_config: dict[str, Any] | None, *, ceiling: int = 1 << 20,
+                    images_per_row: int | None = None) -> SeqLenAnswer:
     """Bisection for the largest seq_len whose total (`total_at`, e.g. estimate_run's) is at most
     `limit_bytes`: total(answer) fits and total(answer + 1) does not, unless capped at the model's
     positions (or at `ceiling` for a model without a limit). `total_at` raises ValueError (one line)
-    when there is no estimate."""
+    when there is no estimate. A vision-language model's rows hold their image tokens
+    (estimate/vision_rows.py, `images_per_row` as estimate's): the search starts past them."""
     cap = (max_positions(model_config) if model_config is not None else None) or ceiling
+    images = image_tokens_per_row(model_config, config, images_per_row)
+    low = min(cap, images + 1)
 
     def fits(seq: int) -> tuple[bool, int]:
         total = total_at(with_seq_len(config, seq))
         return total <= limit_bytes, total
 
     try:
-        ok, floor = fits(1)
+        ok, floor = fits(low)
         if not ok:
-            return SeqLenAnswer(None, limit_bytes, floor_bytes=floor)
+            return SeqLenAnswer(None, limit_bytes, floor_bytes=floor, image_tokens=images)
         if fits(cap)[0]:
-            return SeqLenAnswer(cap, limit_bytes, capped_at=cap if cap != ceiling else None, floor_bytes=floor)
+            return SeqLenAnswer(cap, limit_bytes, capped_at=cap if cap != ceiling else None, floor_bytes=floor,
+                                image_tokens=images)
     except ValueError as exc:
         return SeqLenAnswer(None, limit_bytes, problem=str(exc).splitlines()[0])
-    lo, hi = 1, cap  # fits(lo), not fits(hi)
+    lo, hi = low, cap  # fits(lo), not fits(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid)[0]:
             lo = mid
         else:
             hi = mid
-    return SeqLenAnswer(lo, limit_bytes, floor_bytes=floor)
+    return SeqLenAnswer(lo, limit_bytes, floor_bytes=floor, image_tokens=images)
 
 
 def run_total(device: str, **estimate_kwargs: Any) -> Callable[[RunConfig], int]:
@@ -136,8 +147,10 @@ def cli_estimate_kwargs(args: Any, config: RunConfig, found: Any, device: str, a
             "model_config": load_model_config(config.model.path)}
 
 
-def cli_longest_seq_len(args: Any, config: RunConfig, found: Any, answer: int | None) -> tuple[Any, str]:
-    """(SeqLenAnswer, where) for --max-seq-len on cli_target's memory."""
+def cli_longest_seq_len(args: Any, config: RunConfig, found: Any, answer: int | None,
+                        images: int | None = None) -> tuple[Any, str]:
+    """(SeqLenAnswer, where) for --max-seq-len on cli_target's memory; images: the data's most a row."""
     device, limit, where = cli_target(args, found)
     kwargs = cli_estimate_kwargs(args, config, found, device, answer)
-    return longest_seq_len(config, limit, run_total(device, **kwargs), kwargs["model_config"]), where
+    total = run_total(device, **kwargs, images_per_row=images)
+    return longest_seq_len(config, limit, total, kwargs["model_config"], images_per_row=images), where

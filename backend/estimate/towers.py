@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from backend.core.registries.vision_families import BY_MODEL_TYPE
+from backend.estimate.vision_towers import READERS
+
 _SIGLIP = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
            "image_size": 224, "patch_size": 16, "vision_use_head": True}
 """SiglipVisionConfig's defaults (transformers 5.24)."""
@@ -36,6 +39,8 @@ def tower_params(config: dict[str, Any]) -> tuple[int, int, tuple[tuple[int, int
     text = config.get("text_config") or config
     if not isinstance(vision, dict):
         return 0, 0, (), []
+    if vision_family(config) is not None:  # estimate/vision_memory.py's rows count it
+        return 0, 0, (), []
     kind = vision.get("model_type") or ("siglip_vision_model" if config.get("model_type") == "gemma3" else "vision")
     if kind != "siglip_vision_model" or config.get("model_type") != "gemma3":
         return 0, 0, (), [f"{config.get('model_type')}: its {kind} tower is not counted (only Gemma 3's SigLIP "
@@ -45,3 +50,9 @@ def tower_params(config: dict[str, Any]) -> tuple[int, int, tuple[tuple[int, int
     return total, linear_weights, tuple(linears), [
         f"gemma3: the SigLIP vision tower and projector ({total / 1e6:.0f} M parameters) are held as frozen weights; "
         "a text-only step does not run them"]
+
+
+def vision_family(config: dict[str, Any]) -> str | None:
+    """The proven vision family whose tower and projector the estimate's vision rows count (None: not one)."""
+    family = BY_MODEL_TYPE.get(str(config.get("model_type")))
+    return family.key if family is not None and family.key in READERS else None

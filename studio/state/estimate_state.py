@@ -66,6 +66,7 @@ class EstimateState(QObject):
         self._confirmed: Capabilities | None = None
         self._caps: dict[str, Capabilities] = {}
         self._answers: tuple[str, int | None] = ("", None)
+        self._images: tuple[str, int | None] = ("", None)
         """(data path, its longest answer in tokens) from the Data page's measurement."""
         self._data_problem: tuple[str, str] = ("", "")
         """(data path, why the Data page could not read it)."""
@@ -120,10 +121,12 @@ class EstimateState(QObject):
             self._confirmed = caps
             self._timer.start()
 
-    def set_longest_answer(self, data_path: str, tokens: int | None) -> None:
-        """The Data page measured the data: logits are counted for its longest answer, not every position."""
-        if (data_path, tokens) != self._answers:
+    def set_longest_answer(self, data_path: str, tokens: int | None, images: int | None = None) -> None:
+        """The Data page measured the data: logits are counted for its longest answer, not every position;
+        a vision-language model's image side for its most images in a row (None: not known, one assumed)."""
+        if (data_path, tokens) != self._answers or (data_path, images) != self._images:
             self._answers = (data_path, tokens)
+            self._images = (data_path, images)
             self._timer.start()
 
     def set_data_problem(self, data_path: str, problem: str) -> None:
@@ -144,6 +147,12 @@ class EstimateState(QObject):
         """The measured longest answer, when it belongs to the draft's data path."""
         path, tokens = self._answers
         return tokens if path and path == self._config.get("data.path") else None
+
+    @property
+    def images_per_row(self) -> int | None:
+        """The data's most images in a row, when it belongs to the draft's data path."""
+        path, images = self._images
+        return images if path and path == self._config.get("data.path") else None
 
     @property
     def data_problem(self) -> str:
@@ -193,7 +202,7 @@ class EstimateState(QObject):
         self.config_problem = ""
         result = estimate_run(config, self.device, caps=self.caps(), target_tokens=self.longest_answer,
                               calibration=self.calibration, data_problem=self.data_problem,
-                              model_config=self.model_config(config.model.path))
+                              model_config=self.model_config(config.model.path), images_per_row=self.images_per_row)
         self.breakdown, self.verdicts, self.problem = result.breakdown, result.verdicts, result.problem
         self._result = result
         self.start_verdicts = tuple(before_start(config, self.caps(self.machine[0]), self.model_config(config.model.path),
@@ -218,8 +227,10 @@ class EstimateState(QObject):
             self.cards = cuda_cards(config, self._result, self.longest_answer, None, None, model_config=raw)
             if self.limit_bytes:
                 total = run_total(self.device, caps=self.caps(), target_tokens=self.longest_answer,
-                                  calibration=self.calibration, data_problem=self.data_problem, model_config=raw)
-                self.seq_len_answer = longest_seq_len(config, self.limit_bytes, total, raw)
+                                  calibration=self.calibration, data_problem=self.data_problem, model_config=raw,
+                                  images_per_row=self.images_per_row)
+                self.seq_len_answer = longest_seq_len(config, self.limit_bytes, total, raw,
+                                                      images_per_row=self.images_per_row)
         self.answers_changed.emit()
 
     def fit_plan(self) -> Any:
@@ -235,7 +246,8 @@ class EstimateState(QObject):
             return None
         estimate_at = fit_estimator(self.device, caps=self.caps(), target_tokens=self.longest_answer,
                                     calibration=self.calibration, data_problem=self.data_problem,
-                                    model_config=self.model_config(config.model.path))
+                                    model_config=self.model_config(config.model.path),
+                                    images_per_row=self.images_per_row)
         return make_fit(config, self.limit_bytes, estimate_at, where=self.limit_label)
 
     def _draft(self) -> Any:

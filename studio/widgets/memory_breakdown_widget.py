@@ -37,6 +37,10 @@ PART_COLORS = {
     "ref_adapter": "#0e7490",
     "reference": "#7c3aed",
     "generation": "#be185d",
+    "vision_tower": "#0f766e",
+    "projector": "#65a30d",
+    "vision_activations": "#c026d3",
+    "pixel_values": "#b45309",
     "allocator_reserve": "#64748b",
     "cuda_context": "#475569",
 }
@@ -46,6 +50,8 @@ PART_WORDS = {
     "runtime": "Runtime (cuBLAS, transients)", "allocator_reserve": "CUDA allocator reserve",
     "cuda_context": "CUDA context",
     "ref_model": "Reference model (frozen copy)", "ref_adapter": "Reference adapter", "reference": "Reference / KL passes", "generation": "Generation (KV cache)",
+    "vision_tower": "Vision tower", "projector": "Projector", "vision_activations": "Vision activations (per image)",
+    "pixel_values": "Pixel values",
 }
 CPU_RUNTIME_WORDS = "Runtime (process baseline)"
 CUDA_NOTES = {"allocator_reserve": RESERVE_NOTE.format(share=ALLOCATOR_RESERVE),

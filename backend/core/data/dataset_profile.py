@@ -158,6 +158,13 @@ class DatasetProfile:
             return None
         return max(self.targets)
 
+    def most_images(self) -> int | None:
+        """The most images one row holds, for a VLM's memory estimate: 0 for text-only data; None unless every
+        row was read (a sample could miss the row with the most)."""
+        if self.problem or self.measured != self.count:
+            return None
+        return max(self.image_counts) if self.image_counts else 0
+
     def truncated_share(self, seq_len: int) -> float:
         """Share of the measured examples longer than seq_len tokens."""
         if not self.lengths:
