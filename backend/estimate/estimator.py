@@ -20,6 +20,7 @@ from backend.estimate.parts import (  # noqa: F401 (dora_transient: backend.esti
 )
 from backend.estimate.setup import Setup, resolve_setup
 from backend.estimate.shortcut_memory import offload_activations
+from backend.core.registries.vision_families import takes_image_door
 from backend.estimate.towers import vision_family
 from backend.estimate.vision_rows import VisionRows, vision_rows
 
@@ -100,7 +101,8 @@ def estimate(
         raise ValueError("zero_stage must be 0, 1, 2 or 3")
     raw = load_model_config(model_config)
     arch, dims, warnings = read_dims(raw)
-    if vision_family(raw) is not None:
+    if vision_family(raw) is not None and takes_image_door(raw, run.vision.tower, run.vision.projector,
+                                                           images_per_row):
         # The vision door (backend/training/vision) runs without the speed shortcuts: logits at every position
         run = run.model_copy(update={"technique": run.technique.model_copy(update={"shortcuts": "off"})})
         target_tokens = None

@@ -24,7 +24,7 @@ from backend.core.protocol import Capabilities, JobFailed, JobFinished, JobStart
 from backend.core.runs.run_continuation import resume_mismatch
 from backend.core.runs.run_folder import RunFolder
 from backend.training.callbacks import ReportingCallback
-from backend.training.vision.door import VisionRun, add_vision_adapters, is_vision_folder, load_vision_model, make_trainer
+from backend.training.vision.door import VisionRun, add_vision_adapters, load_vision_model, make_trainer, takes_door
 from backend.training.model.capabilities import probe_capabilities
 from backend.training.counting_trainer import PhaseCallback
 from backend.training.tokenized import PackingCollator, PadCollator
@@ -168,7 +168,7 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     tokenizer = load_tokenizer(model_path, config)
 
-    if is_vision_folder(model_path):  # a proven VLM: image rows, its processor, its parts (backend/training/vision)
+    if takes_door(model_path, config):  # a proven VLM: image rows, its processor, its parts (backend/training/vision)
         if config.technique.objective != "sft":
             raise bad_input(f"technique.objective {config.technique.objective}: a vision-language model trains "
                             "with sft only for now", "set technique.objective: sft")

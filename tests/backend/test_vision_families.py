@@ -99,3 +99,25 @@ def test_fixture_image_token_ids_are_read_from_their_config():
 def test_an_empty_image_is_refused():
     with pytest.raises(ValueError, match="no tokens"):
         VISION_FAMILIES["llava"].tokens_per_image({}, 0, 10)
+
+
+def test_only_gemma3_text_rows_with_frozen_parts_keep_the_text_path():
+    from backend.core.registries.vision_families import takes_image_door
+
+    gemma3, qwen = model_configs.load("google--gemma-3-4b-it"), model_configs.load("Qwen--Qwen2.5-VL-7B-Instruct")
+    assert not takes_image_door(gemma3, "frozen", "frozen", 0)  # text rows: shortcuts and objectives, as before
+    assert takes_image_door(gemma3, "frozen", "frozen", 1) and takes_image_door(gemma3, "frozen", "frozen", None)
+    assert takes_image_door(gemma3, "lora", "frozen", 0) and takes_image_door(gemma3, "frozen", "full", 0)
+    assert takes_image_door(qwen, "frozen", "frozen", 0)  # no causal-LM class loads it: always the image door
+    assert not takes_image_door(model_configs.load("google--gemma-3-1b-it"), "frozen", "frozen", None)  # no tower
+
+
+def test_gemma3_text_rows_are_estimated_with_the_text_paths_logits():
+    from backend.core.config.run_config import RunConfig
+    from backend.estimate.estimator import estimate
+
+    config, run = model_configs.load("google--gemma-3-4b-it"), RunConfig()
+    run = run.model_copy(update={"train": run.train.model_copy(update={"seq_len": 1024})})
+    text = estimate(config, run, images_per_row=0, target_tokens=100)  # 100 answer tokens a row
+    images = estimate(config, run, images_per_row=1, target_tokens=100)
+    assert text.logits < images.logits / 4  # the text path's logits only where the loss looks

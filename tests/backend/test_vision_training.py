@@ -274,3 +274,18 @@ def test_a_vlm_runs_adapter_exports_and_passes_its_check(tmp_path, capsys):
     run = next(runs_dir().glob("*-tiny-lora-*"))
     assert main(["export", str(run), "--format", "adapter"]) == 0
     assert "PASSED: adapter export" in capsys.readouterr().out
+
+
+def test_gemma3_text_rows_keep_the_text_path_and_image_rows_take_the_door(tmp_path):
+    """Gemma 3 trained as text before its images did: its text rows keep the text path (its speed shortcuts,
+    DPO/KTO/GRPO); rows with images, or a tuned tower, take the image door. Qwen2.5-VL always takes it."""
+    from backend.training.vision.door import takes_door
+
+    gemma, qwen = (vision_models.build_tiny_vlm(name, tmp_path / name) for name in ("gemma3", "qwen2_5_vl"))
+    text = tmp_path / "text.jsonl"
+    text.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "content": "Hello"}]}) + "\n")
+    pictures = write_data(tmp_path / "pictures")
+    assert not takes_door(gemma, run_config(gemma, text))
+    assert takes_door(gemma, run_config(gemma, pictures)) and takes_door(gemma, run_config(gemma, text, tower="lora"))
+    assert takes_door(qwen, run_config(qwen, text))

@@ -43,6 +43,9 @@ class VisionFamily:
     """The vision_config model_types proven in this family (empty: any): LLaVA's is CLIP, and a `llava`
     folder with another tower (Pixtral's) is another model."""
     notes: tuple[str, ...] = field(default=())
+    text_door: bool = False
+    """Rows without images may train on the text path (its speed shortcuts, DPO/KTO/GRPO): transformers'
+    causal-LM class loads the whole model (Gemma 3, which trained as text before its images did)."""
     prompt_image: str | None = None
     """What a rendered prompt holds where one image goes (the processor expands it into the image's tokens);
     None: the processor's own `image_token`. Qwen's templates wrap the pad token in vision start/end."""
@@ -290,8 +293,9 @@ VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
                  notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
     VisionFamily("gemma3", "Gemma 3 (4B and up)", ("gemma3",), ("model.vision_tower.",),
                  ("model.multi_modal_projector.",), "<image_soft_token>", "image_token_index", "image_size",
-                 _gemma3_tokens, notes=("every image is resized to the tower's square and pooled to "
-                                        "mm_tokens_per_image tokens (pan-and-scan crops not counted)",)),
+                 _gemma3_tokens, text_door=True,
+                 notes=("every image is resized to the tower's square and pooled to "
+                        "mm_tokens_per_image tokens (pan-and-scan crops not counted)",)),
     VisionFamily("gemma4", "Gemma 4", ("gemma4",), ("model.vision_tower.",), ("model.embed_vision.",),
                  None, "image_token_id", "max_soft_tokens", _gemma4_tokens,
                  other=(("audio tower", ("model.audio_tower.", "model.embed_audio.")),),
@@ -316,6 +320,16 @@ VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
 """Proven families by key."""
 
 BY_MODEL_TYPE: dict[str, VisionFamily] = {t: f for f in VISION_FAMILIES.values() for t in f.model_types}
+
+
+def takes_image_door(config: Config, tower: str, projector: str, images_per_row: int | None) -> bool:
+    """Whether a run of a proven VLM trains through the image door (backend/training/vision) rather than
+    the text path: always, but for a `text_door` family whose rows hold no images (images_per_row 0;
+    None, unknown, counts as images) and whose tower and projector stay frozen."""
+    family = BY_MODEL_TYPE.get(str(config.get("model_type")))
+    if family is None or not _vision(config):
+        return False
+    return not family.text_door or tower != "frozen" or projector != "frozen" or images_per_row != 0
 
 
 def proven_labels() -> str:

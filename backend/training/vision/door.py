@@ -14,7 +14,8 @@ import torch
 
 from backend.core.config.run_config import RunConfig
 from backend.core.errors import bad_input
-from backend.core.registries.vision_families import VisionFamily
+from backend.core.data.examples import DatasetReader
+from backend.core.registries.vision_families import VisionFamily, takes_image_door
 from backend.core.vision_folder import VisionFolder
 from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.training.counting_trainer import SupervisedCountingTrainer
@@ -73,9 +74,19 @@ class VisionRun:
             self.processor.save_pretrained(folder)
 
 
-def is_vision_folder(folder: Path) -> bool:
-    """A proven VLM folder takes this door; an unproven one was refused by model_check already."""
-    return VisionFolder.read(folder).family is not None
+def takes_door(folder: Path, config: RunConfig) -> bool:
+    """Whether this run trains through this door (core's takes_image_door): a proven VLM's, unless its
+    family trains text rows on the text path (Gemma 3) and neither its data nor its tuned parts need images.
+    The data is read for such a family only, its images checked by their headers."""
+    vision = VisionFolder.read(folder)
+    if vision.family is None:
+        return False
+    if not vision.family.text_door:
+        return True
+    reader = DatasetReader(config.resolved_data_path(), config.data.format, config.data.skip_invalid,
+                           config.data.max_examples, max_images=None, check_pixels=False)
+    images = 1 if any(example.images for example in reader.examples()) else 0
+    return takes_image_door(vision.config, config.vision.tower, config.vision.projector, images)
 
 
 def apply_cap(processor: Any, family: VisionFamily, max_pixels: int | None) -> None:
