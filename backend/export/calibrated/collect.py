@@ -21,6 +21,10 @@ from backend.export.verify import cpu_products_in_fp32
 
 
 class Unit(Protocol):
+    """What a pass feeds: `add(x)` gets the real tokens' rows of `module`'s input. A unit that also defines
+    `add_call(args, kwargs)` gets `module`'s whole call instead (unmasked, every keyword), for an algorithm
+    that runs the module again (AWQ's loss on the parent module's output)."""
+
     module: torch.nn.Module
     cost: int
 
@@ -81,7 +85,8 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
     progress, position = Progress(model, units, name, tell), 0
     for group in groups:
         current: dict[str, Any] = {}
-        handles = [unit.module.register_forward_pre_hook(_hook(unit, current)) for unit in group]
+        handles = [unit.module.register_forward_pre_hook(_hook(unit, current), with_kwargs=hasattr(unit, "add_call"))
+                   for unit in group]
         try:
             with cpu_products_in_fp32(model):
                 for ids, mask in batches:
@@ -135,11 +140,20 @@ def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _hook(unit: Unit, current: dict[str, Any]) -> Callable:
+    def reached() -> None:
+        current["waiting"].discard(unit)
+        if not current["waiting"]:
+            raise _Reached
+
+    if hasattr(unit, "add_call"):
+        def call_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            unit.add_call(args, kwargs)
+            reached()
+        return call_hook
+
     def hook(module: torch.nn.Module, args: tuple) -> None:
         x = args[0]
         mask = current.get("mask")
         unit.add(x[mask] if mask is not None and x.shape[:2] == mask.shape else x)
-        current["waiting"].discard(unit)
-        if not current["waiting"]:
-            raise _Reached
+        reached()
     return hook
