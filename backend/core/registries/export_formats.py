@@ -207,7 +207,7 @@ _calibrated("gptq-int4", "merged model, 4-bit GPTQ weights calibrated on the run
             "transformers)", Bounds(0.25, 0.85, (("awq-int4", None), ("w8a8", None))),
             bits=4, algorithm="gptq", order=2, linear_bytes=0.53)
 _calibrated("awq-int4", "merged model, 4-bit AWQ-scaled asymmetric weights (a zero point per group) calibrated on the "
-            "run's data (compressed-tensors W4A16_ASYM; vLLM >= 0.9.2 on NVIDIA, transformers)",
+            "run's data (compressed-tensors W4A16_ASYM; vLLM from mid-2025, transformers)",
             Bounds(0.25, 0.85, (("gptq-int4", None), ("w8a8", None))),
             bits=4, algorithm="awq", order=3, linear_bytes=0.54, symmetric=False)
 # 8-bit weights as Q8_0, plus every linear layer's input rounded to 8 bits per token

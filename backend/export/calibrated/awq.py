@@ -83,6 +83,7 @@ def quantized_scaled(weight: torch.Tensor, scales: torch.Tensor, args: Any, scal
     return (fake_quantize(scaled, scale, args, zero) / scales[None, :]).to(weight.dtype)
 
 
+@torch.no_grad()
 def search_scale(parent: nn.Module, calls: list[tuple[tuple, dict]], linears: list[nn.Linear],
                  x_mean: torch.Tensor, args: Any, scale_dtype: torch.dtype,
                  points: list[tuple[float, bool]] | None = None) -> torch.Tensor:
@@ -113,6 +114,7 @@ def search_scale(parent: nn.Module, calls: list[tuple[tuple, dict]], linears: li
     return best
 
 
+@torch.no_grad()
 def best_clip(weight: torch.Tensor, x: torch.Tensor, args: Any, scale_dtype: torch.dtype) -> torch.Tensor:
     """(rows, groups) largest magnitudes to keep: AutoAWQ's _compute_best_clip, each (row, group) shrunk to the
     step whose rounded partial products over the group's inputs move least (einsum in place of its broadcast)."""
