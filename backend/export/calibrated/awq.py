@@ -181,10 +181,12 @@ class AwqUnit:
         self.count = 0
 
     def add(self, x: torch.Tensor) -> None:  # the Unit protocol's; add_call is what the pipeline calls
-        self.add_call((x,), {})
+        self._keep(x.detach(), {})
 
     def add_call(self, args: tuple, kwargs: dict) -> None:
-        x, rest = _split_call(self.module, args, kwargs)
+        self._keep(*_split_call(self.module, args, kwargs))
+
+    def _keep(self, x: torch.Tensor, rest: dict) -> None:
         positions = x.numel() // x.shape[-1]
         sums = x.reshape(-1, x.shape[-1]).abs().float().sum(dim=0)
         self.total = sums if self.total is None else self.total + sums
@@ -260,22 +262,22 @@ def awq_mappings(model: nn.Module) -> list[AwqMapping]:
         norm_mappings = {m.name.rsplit(" ", 1)[-1]: m for m in layers.mappings_of(layer, where)}
         attention = norm_mappings.get("attention")
         if attention is not None and not gemma3:
-            found.append(_with_parent(attention, layer, where))
+            found.append(_with_parent(attention, layer))
         v, o = _linear(layer, "self_attn.v_proj"), _linear(layer, "self_attn.o_proj")
         qkv = _linear(layer, "self_attn.qkv_proj")
         if o is not None and v is not None and v.out_features == o.in_features:
-            found.append(_with_parent(layers.Mapping(f"{where} v->o", v, [o]), layer, where))
+            found.append(_with_parent(layers.Mapping(f"{where} v->o", v, [o]), layer))
         elif o is not None and qkv is not None and qkv.out_features == 3 * o.in_features:
-            found.append(_with_parent(layers.Mapping(f"{where} qkv->o", qkv, [o]), layer, where))
+            found.append(_with_parent(layers.Mapping(f"{where} qkv->o", qkv, [o]), layer))
         if "mlp" in norm_mappings:
-            found.append(_with_parent(norm_mappings["mlp"], layer, where))
+            found.append(_with_parent(norm_mappings["mlp"], layer))
         up, down = _linear(layer, "mlp.up_proj") or _linear(layer, "mlp.gate_up_proj"), _linear(layer, "mlp.down_proj")
         if up is not None and down is not None:
-            found.append(_with_parent(layers.Mapping(f"{where} up->down", up, [down]), layer, where))
+            found.append(_with_parent(layers.Mapping(f"{where} up->down", up, [down]), layer))
     return found
 
 
-def _with_parent(mapping: layers.Mapping, layer: nn.Module, where: str) -> AwqMapping:
+def _with_parent(mapping: layers.Mapping, layer: nn.Module) -> AwqMapping:
     names = {module: name for name, module in layer.named_modules()}
     relative = [names[linear] for linear in mapping.linears]
     _, parent = _common_parent(layer, relative)
