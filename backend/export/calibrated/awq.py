@@ -30,6 +30,9 @@ GRID = 20
 TOKENS = 2048
 """Positions of whole calibration calls each mapping keeps to judge its candidates: llmcompressor keeps every
 call, which on a CPU costs 20 parent passes over all of them per mapping; the loss settles with far fewer."""
+MASK_BYTES = 512 * 4
+"""Per kept position, a bound on the attention mask an attention parent's call holds (rows of at most 512
+tokens: samples.MAX_TOKENS, a 4-D mask of up to 4-byte entries); the hidden states take 2 bytes a channel."""
 CLIP_GRID, CLIP_SHRINK, CLIP_TOKENS = 20, 0.5, 512
 """AutoAWQ's _compute_best_clip defaults: max_val = (1 - i / 20) x the group's max for i < 10, on <= 512 tokens."""
 NO_CLIP = ("q_", "k_", "query", "key", "Wqkv")
@@ -173,7 +176,7 @@ class AwqUnit:
         self.found, self.args, self.scale_dtype = found, args, scale_dtype
         self.module = found.parent
         width = found.mapping.linears[0].in_features
-        self.cost = TOKENS * width * 2 + width * 8
+        self.cost = TOKENS * (width * 2 + MASK_BYTES) + width * 8
         self.share = TOKENS / max(tokens, 1)
         self.calls: list[tuple[tuple, dict]] = []
         self.kept = self.seen = 0
@@ -192,7 +195,7 @@ class AwqUnit:
         self.total = sums if self.total is None else self.total + sums
         self.count += positions
         self.seen += positions
-        if self.kept < TOKENS and self.kept <= self.share * self.seen:
+        if (not self.calls or self.kept + positions <= TOKENS) and self.kept <= self.share * self.seen:
             self.calls.append(((x,), rest))
             self.kept += positions
 
