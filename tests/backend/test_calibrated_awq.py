@@ -197,7 +197,7 @@ def test_scale_search_is_llmcompressors_with_duo_scaling():
     assert searched >= 2  # the identity did not win everywhere: the duo formula's points were compared
 
 
-def test_clip_search_is_autoawqs():
+def test_clip_search_is_autoawqs(monkeypatch):
     torch.manual_seed(1)
     args = _args()
     weight = torch.randn(128, 4 * GROUP) * 0.05
@@ -208,6 +208,8 @@ def test_clip_search_is_autoawqs():
     assert ours.shape == (128, 4) and theirs.shape == (128, 4, 1)
     torch.testing.assert_close(ours, theirs.squeeze(-1), rtol=1e-6, atol=0)
     assert (ours < weight.reshape(128, 4, GROUP).abs().amax(-1)).any()  # some groups were clipped
+    monkeypatch.setattr(awq, "CLIP_CHUNK", 750 * 4 * 10)  # ten rows at a time: the same limits
+    assert torch.equal(awq.best_clip(weight, x, args, torch.float32), ours)
 
 
 def test_parent_is_the_lowest_common_module_of_the_balance_layers():

@@ -27,9 +27,13 @@ from backend.export.verify import cpu_products_in_fp32
 
 GRID = 20
 """llmcompressor's n_grid: with duo scaling, the identity then 19 ratios r = i / 18 of the duo formula."""
-TOKENS = 2048
-"""Positions of whole calibration calls each mapping keeps to judge its candidates: llmcompressor keeps every
-call, which on a CPU costs 20 parent passes over all of them per mapping; the loss settles with far fewer."""
+TOKENS = {"cpu": 1024, "cuda": 4096}
+"""Positions of whole calibration calls each mapping keeps to judge its candidates, by device: llmcompressor
+keeps every call, but each mapping runs its parent 20 times over them, which dominates a CPU export (2048
+positions made the write stage 4x main's on a 2-layer TinyLlama-wide model: docs/benchmarks.md)."""
+CLIP_CHUNK = 1 << 22
+"""Output rows x tokens x groups per step of the clipping search (16 MB of fp32): AutoAWQ takes 64 or 256
+rows at a time for the same reason; the whole weight at once peaked at 3x the model's 16-bit size."""
 MASK_BYTES = 512 * 4
 """Per kept position, a bound on the attention mask an attention parent's call holds (rows of at most 512
 tokens: samples.MAX_TOKENS, a 4-D mask of up to 4-byte entries); the hidden states take 2 bytes a channel."""
@@ -46,6 +50,10 @@ class AwqMapping:
     mapping: layers.Mapping
     parent: nn.Module
     names: list[str]  # the linears' names inside their decoder layer ("self_attn.q_proj", for NO_CLIP)
+
+    @property
+    def parent_device(self) -> str:
+        return self.mapping.linears[0].weight.device.type
 
 
 def grid_points(n_grid: int = GRID) -> list[tuple[float, bool]]:
@@ -123,8 +131,12 @@ def best_clip(weight: torch.Tensor, x: torch.Tensor, args: Any, scale_dtype: tor
     step whose rounded partial products over the group's inputs move least (einsum in place of its broadcast)."""
     rows, columns = weight.shape
     group = args.group_size or columns
-    x = x.reshape(-1, columns).float()
-    x = x[::max(1, x.shape[0] // CLIP_TOKENS)].reshape(-1, columns // group, group)  # tokens, groups, group
+    x = x.reshape(-1, columns)
+    x = x[::max(1, x.shape[0] // CLIP_TOKENS)].float().reshape(-1, columns // group, group)  # tokens, groups, group
+    step = max(1, CLIP_CHUNK // (x.shape[0] * x.shape[1]))
+    if args.group_size and rows > step:  # each row's groups are searched alone: the same result a chunk at a time
+        return torch.cat([best_clip(weight[i:i + step], x.reshape(x.shape[0], -1), args, scale_dtype)
+                          for i in range(0, rows, step)])
     w = weight.float().reshape(rows, columns // group, group)
     original_max = w.abs().amax(dim=-1, keepdim=True)  # rows, groups, 1
     best_max = original_max.clone()
@@ -176,8 +188,9 @@ class AwqUnit:
         self.found, self.args, self.scale_dtype = found, args, scale_dtype
         self.module = found.parent
         width = found.mapping.linears[0].in_features
-        self.cost = TOKENS * (width * 2 + MASK_BYTES) + width * 8
-        self.share = TOKENS / max(tokens, 1)
+        self.tokens = TOKENS.get(found.parent_device, TOKENS["cuda"])
+        self.cost = self.tokens * (width * 2 + MASK_BYTES) + width * 8
+        self.share = self.tokens / max(tokens, 1)
         self.calls: list[tuple[tuple, dict]] = []
         self.kept = self.seen = 0
         self.total: torch.Tensor | None = None
@@ -195,7 +208,7 @@ class AwqUnit:
         self.total = sums if self.total is None else self.total + sums
         self.count += positions
         self.seen += positions
-        if (not self.calls or self.kept + positions <= TOKENS) and self.kept <= self.share * self.seen:
+        if (not self.calls or self.kept + positions <= self.tokens) and self.kept <= self.share * self.seen:
             self.calls.append(((x,), rest))
             self.kept += positions
 
