@@ -47,10 +47,12 @@ def fake_quantize(weight: torch.Tensor, scale: torch.Tensor, args: object,
     """The weight rounded to the grid and back, in fp32, as compressed-tensors' quantize_dequantize does it
     (round(w / s + z), clamped, minus z, times s; symmetric: z = 0)."""
     low, high = bounds(args)
-    w = weight.float()
     s = scale.float()
     z = torch.zeros_like(s) if zero is None else zero.float()
-    if args.group_size:
-        s = s.repeat_interleave(args.group_size, dim=1)
-        z = z.repeat_interleave(args.group_size, dim=1)
-    return (torch.clamp(torch.round(w / s + z), low, high) - z) * s
+    if args.group_size:  # (rows, groups, group) against (rows, groups, 1): no weight-sized copies of s and z
+        w = weight.float().reshape(weight.shape[0], -1, args.group_size)
+        s, z = s[..., None], z[..., None]
+    else:
+        w = weight.float()
+    q = torch.round(w / s + z).clamp_(low, high).sub_(z).mul_(s)
+    return q.reshape(weight.shape)
