@@ -13,6 +13,7 @@ multiplies). The groups are asymmetric (compressed-tensors' W4A16_ASYM), as llmc
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from dataclasses import dataclass
@@ -163,6 +164,13 @@ def clip(linear: nn.Linear, x: torch.Tensor, args: Any, scale_dtype: torch.dtype
     layers.rewrite(linear, "weight", torch.clamp(w, -limit, limit).reshape(weight.shape))
 
 
+def _products_in_fp32(parent: nn.Module) -> contextlib.AbstractContextManager:
+    """verify.cpu_products_in_fp32 on the parent, unless a pipeline that finishes units inside its own already
+    patched these layers (a nested one would take the outer one's patch away on leaving)."""
+    patched = any("forward" in vars(m) for m in parent.modules() if isinstance(m, nn.Linear))
+    return contextlib.nullcontext() if patched else cpu_products_in_fp32(parent)
+
+
 def _split_call(module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, dict]:
     """(the first argument, every other one by name) of a call, however the caller passed them (llmcompressor
     binds the call to forward's signature the same way), so it can be replayed as module(x, **rest)."""
@@ -174,7 +182,7 @@ def _split_call(module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Ten
 
 
 def _output(parent: nn.Module, call: tuple[tuple, dict]) -> torch.Tensor:
-    with cpu_products_in_fp32(parent):
+    with _products_in_fp32(parent):
         out = parent(*call[0], **call[1])
     return out[0] if isinstance(out, tuple) else out
 
