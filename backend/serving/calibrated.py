@@ -18,10 +18,12 @@ from backend.serving.safetensors_header import safetensors_sum
 from backend.estimate.architectures import Arch, Dims, all_linears, count_params
 
 FORMATS_OF = {kind: tuple(f.name for f in EXPORT_FORMATS.values() if f.calibrated and f.scheme == scheme)
-              for kind, scheme in (("int4", "W4A16"), ("w8a8", "W8A8"))}
-"""A scheme the export writes -> the formats written in it (GPTQ and AWQ files are laid out alike)."""
+              for kind, scheme in (("int4", "W4A16"), ("int4_asym", "W4A16_ASYM"), ("w8a8", "W8A8"))}
+"""A scheme the export writes -> the formats written in it (gptq-int4 symmetric, awq-int4 asymmetric groups)."""
 SCALE_BYTES = 2
-"""A scale is stored in the export's 16-bit dtype (bf16 or fp16); the schemes are symmetric, so no zero points."""
+"""A scale is stored in the export's 16-bit dtype (bf16 or fp16)."""
+ZERO_BITS = 4
+"""An asymmetric group's zero point: 4 bits, packed eight to an int32 along the output rows."""
 SHAPE_BYTES = 16
 """pack-quantized keeps each layer's unpacked shape as an int64[2] tensor (weight_shape)."""
 
@@ -35,8 +37,9 @@ class WeightFiles:
 
 
 def scheme_of(config: dict[str, Any]) -> str | None:
-    """"int4" (W4A16 groups: gptq-int4, awq-int4) or "w8a8" for a compressed-tensors scheme the export
-    writes, "" for another compressed-tensors scheme, None without a compressed-tensors quantization_config."""
+    """"int4" (W4A16 groups: gptq-int4), "int4_asym" (W4A16_ASYM groups: awq-int4) or "w8a8" for a
+    compressed-tensors scheme the export writes, "" for another compressed-tensors scheme, None without a
+    compressed-tensors quantization_config."""
     quant = config.get("quantization_config")
     if not isinstance(quant, dict) or quant.get("quant_method") != "compressed-tensors":
         return None
@@ -44,10 +47,13 @@ def scheme_of(config: dict[str, Any]) -> str | None:
     for group in (quant.get("config_groups") or {}).values():
         weights = (group or {}).get("weights") or {}
         inputs = (group or {}).get("input_activations") or {}
-        if weights.get("type") != "int" or weights.get("symmetric") is False:
+        asymmetric = weights.get("symmetric") is False
+        if weights.get("type") != "int":
             kinds.add("")
         elif weights.get("num_bits") == 4 and weights.get("strategy") == "group" and not inputs:
-            kinds.add("int4")
+            kinds.add("int4_asym" if asymmetric else "int4")
+        elif asymmetric:
+            kinds.add("")
         elif weights.get("num_bits") == 8 and inputs.get("num_bits") == 8 and inputs.get("dynamic"):
             kinds.add("w8a8")
         else:
@@ -66,9 +72,10 @@ def group_of(config: dict[str, Any]) -> int | None:
 
 def describe(scheme: str, group: int | None) -> str:
     """The layout in words, for the estimate's `weights_how`."""
-    if scheme == "int4":
-        return (f"int4 packed 8 to an int32 + a 16-bit scale per group of {group or '?'} in the decoder's linear "
-                "layers; embeddings, norms and lm_head 16-bit")
+    if scheme in ("int4", "int4_asym"):
+        zero = " and a 4-bit zero point" if scheme == "int4_asym" else ""
+        return (f"int4 packed 8 to an int32 + a 16-bit scale{zero} per group of {group or '?'} in the decoder's "
+                "linear layers; embeddings, norms and lm_head 16-bit")
     return "int8 + a 16-bit scale per row in the decoder's linear layers; embeddings, norms and lm_head 16-bit"
 
 
@@ -125,7 +132,9 @@ def predicted(arch: Arch, dims: Dims, fmt: str) -> tuple[int, str]:
         if group is None:
             raise ValueError(f"--format {fmt}: the linear layers' input widths are not all multiples of 32, which "
                              "4-bit groups need; size w8a8 or gguf-q8_0")
-        held = sum((lin.inp * lin.out // 2 + SCALE_BYTES * lin.out * (lin.inp // group) + SHAPE_BYTES) * n
-                   for lin, n in linears)
-        how = describe("int4", group)
+        asymmetric = not export_format(fmt).symmetric
+        zero_bytes = (lambda lin: -(-lin.out * ZERO_BITS // 32) * 4 * (lin.inp // group)) if asymmetric else (lambda lin: 0)
+        held = sum((lin.inp * lin.out // 2 + SCALE_BYTES * lin.out * (lin.inp // group) + zero_bytes(lin)
+                    + SHAPE_BYTES) * n for lin, n in linears)
+        how = describe("int4_asym" if asymmetric else "int4", group)
     return held + 2 * (total - quantized_weights), "predicted from config.json: " + how

@@ -71,8 +71,7 @@ def _model_folder(path: Path, config: dict[str, Any], fmt: str | None) -> ServeS
     scheme = calibrated.scheme_of(config)
     if scheme:
         chosen = calibrated.folder_format(path, config, fmt)
-        notes = [] if fmt or scheme != "int4" else [
-            "a compressed-tensors int4 folder: gptq-int4 and awq-int4 are written alike, so it is named gptq-int4"]
+        notes = []
         return ServeSource(str(path), config, chosen, notes=notes, weight_files=calibrated.weight_files(path, config))
     notes = [] if fmt is None or export_format(fmt).family == "hf" else [
         f"a model folder sized as if exported to {fmt}; the line serves the folder itself"]

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from backend.training.model import packed_zero_points
+
 TOKEN_ENV = "FINETUNE_STUDIO_SERVE_TOKEN"
 OPEN_PATHS = frozenset({"/health"})
 
@@ -91,6 +93,7 @@ def main(argv: list[str]) -> int:
     watch_client()
     install_auth(token)
     no_kernel_fallback()
+    packed_zero_points.allow()  # awq-int4's asymmetric groups (backend/training/model/packed_zero_points.py)
     from transformers.cli.transformers import app  # its main() would first ask the Hub for a CLI update
 
     sys.argv = ["transformers", "serve", *argv]
@@ -100,6 +103,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__mp_main__":  # the model's process, which multiprocessing spawns afresh from this module
     no_kernel_fallback()
+    packed_zero_points.allow()
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from backend.core.errors import JobError
 from backend.export.calibrated import grid, gptq, layers, scaling
+from backend.training.model import packed_zero_points
 from backend.export.calibrated.collect import calibrate, passes
 from backend.core.registries.export_formats import CALIBRATION_SAMPLES_MAX as MAX_SAMPLES
 from backend.export.calibrated.support import refusal, refuse
@@ -69,7 +70,9 @@ def test_each_format_is_written_in_compressed_tensors_reloaded_and_checked(runs,
             assert "model.layers.0.mlp.down_proj.weight_packed" in names
             assert "model.layers.0.mlp.down_proj.weight" not in names
             assert f.get_tensor("model.layers.0.mlp.down_proj.weight_packed").dtype == torch.int32
-    # Independently of the export code: plain transformers reads it and unpacks 4-bit or 8-bit integers.
+    # Independently of the export code: plain transformers reads it and unpacks 4-bit or 8-bit integers (awq-int4's
+    # asymmetric groups with compressed-tensors 0.20.1's meta zero-point shape fixed: packed_zero_points.py).
+    packed_zero_points.allow()
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([[1, 4, 300, 517, 700]])).logits
@@ -79,6 +82,9 @@ def test_each_format_is_written_in_compressed_tensors_reloaded_and_checked(runs,
     if fmt != "w8a8":
         scale = scale.repeat_interleave(linear.weight.shape[1] // scale.shape[1], dim=1)
     codes = linear.weight.float() / scale
+    if fmt == "awq-int4":  # (q - z) s: the integers q are the codes plus the group's zero point
+        group = linear.weight.shape[1] // linear.weight_scale.shape[1]
+        codes = codes + linear.weight_zero_point.float().repeat_interleave(group, dim=1)
     assert torch.allclose(codes, codes.round(), atol=1e-3)
     low, high = (-128, 127) if fmt == "w8a8" else (-8, 7)
     assert low <= codes.round().min() and codes.round().max() <= high
@@ -198,36 +204,6 @@ def test_smoothquant_lowers_the_8bit_error_of_inputs_with_outlier_channels():
         unit.finish()
         smoothed = _w8a8_error(mapping, x, reference)
     assert smoothed < 0.5 * plain, (smoothed, plain)
-
-
-@pytest.mark.parametrize("small_salient_weights", [True, False])
-def test_awq_lowers_the_4bit_error_where_large_inputs_meet_small_weights_and_never_raises_it(small_salient_weights):
-    """Large inputs meeting small weights: plain rounding's step, set by the group's largest weight, erases
-    most of those weights, and scaling them up (the inputs down) keeps them. Elsewhere the search may keep
-    plain rounding (its grid starts at a = 0), never do worse on the calibration rows."""
-    args = grid.scheme("awq-int4", 64).weights
-    mapping, block = _norm_mapping(64, False)
-    x = _inputs(256, 64, outliers=3)
-
-    def error() -> float:
-        normed = block[0](x)
-        total = 0.0
-        for linear, expected in zip(mapping.linears, reference):
-            scale, _ = grid.weight_qparams(linear.weight, args, torch.float32)
-            total += float((normed @ grid.fake_quantize(linear.weight, scale, args).T - expected).pow(2).mean())
-        return total
-
-    with torch.no_grad():
-        if small_salient_weights:
-            for linear in mapping.linears:
-                linear.weight[:, :3] *= 0.1
-        reference = [lin(block[0](x)) for lin in mapping.linears]
-        plain = error()
-        unit = scaling.AwqUnit(mapping, args, torch.float32, tokens=256)
-        unit.add(block[0](x))
-        unit.finish()
-        searched = error()
-    assert searched < (0.5 * plain if small_salient_weights else plain * (1 + 1e-6)), (searched, plain)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3_text"])

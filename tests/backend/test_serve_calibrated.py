@@ -111,11 +111,16 @@ def test_a_model_folder_holding_compressed_tensors_is_recognised_from_config_jso
     shutil.copytree(run / "exports" / "gptq-int4", folder)
     (folder / "export_report.json").unlink()
     source = resolve(str(folder), None)
-    assert source.fmt == "gptq-int4" and source.weight_files is not None and "named gptq-int4" in source.notes[0]
-    assert resolve(str(folder), "awq-int4").fmt == "awq-int4"
+    assert source.fmt == "gptq-int4" and source.weight_files is not None and not source.notes
+    with pytest.raises(ValueError, match="holds compressed-tensors gptq-int4 weights"):  # awq-int4's groups are asymmetric
+        resolve(str(folder), "awq-int4")
+    asymmetric = tmp_path / "copied-awq"
+    shutil.copytree(run / "exports" / "awq-int4", asymmetric)
+    (asymmetric / "export_report.json").unlink()
+    assert resolve(str(asymmetric), None).fmt == "awq-int4"
     assert main(["serve-estimate", str(folder), "--card-gb", "24", "--format", "merged"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--format merged" in err and "compressed-tensors gptq-int4/awq-int4 weights" in err and "\n" not in err
+    assert "--format merged" in err and "compressed-tensors gptq-int4 weights" in err and "\n" not in err
     config = json.loads((folder / "config.json").read_text())
     del config["quantization_config"]
     (folder / "config.json").write_text(json.dumps(config))
@@ -140,7 +145,7 @@ def _file_tensors(folder: Path) -> dict[str, int]:
     return held
 
 
-@pytest.mark.parametrize("fmt", ["gptq-int4", "w8a8"])
+@pytest.mark.parametrize("fmt", ["gptq-int4", "awq-int4", "w8a8"])
 def test_the_estimates_weights_are_the_files_tensors_and_the_prediction_matches(run, fmt, bundled_model):
     export = run / "exports" / fmt
     held = _file_tensors(export)
@@ -154,7 +159,8 @@ def test_the_estimates_weights_are_the_files_tensors_and_the_prediction_matches(
         assert held == {"int8": linear, "bfloat16": sixteen_bit + 2 * rows}
     else:  # 8 int4 to an int32, a bf16 scale per group of 128 inputs, an int64[2] shape per layer
         groups = 4 * (2 * 256 * 2 + 2 * 128 * 2 + 2 * 768 * 2 + 256 * 6)
-        assert held == {"int32": linear // 2, "bfloat16": sixteen_bit + 2 * groups, "int64": 28 * 16}
+        zeros = groups // 2 if fmt == "awq-int4" else 0  # awq-int4: a 4-bit zero point per group, 8 to an int32
+        assert held == {"int32": linear // 2 + zeros, "bfloat16": sixteen_bit + 2 * groups, "int64": 28 * 16}
     assert predicted(arch, dims, fmt)[0] == sum(held.values())  # before the export exists, the same bytes
     halved = estimate_serving(resolve(str(export), None), Card(24, tensor_parallel=2), 512, None)
     assert halved["plans"][0]["weights"] == -(-sum(held.values()) // 2)

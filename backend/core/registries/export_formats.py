@@ -80,6 +80,7 @@ class ExportFormat:
     bits: int | None = None  # bnb and calibrated: the bits of each quantized linear weight
     activation_bits: int | None = None  # calibrated: linear inputs rounded per token at run time (None: 16-bit)
     algorithm: str | None = None  # calibrated: what fits the weights to the run's data
+    symmetric: bool = True  # calibrated: False, a zero point per group beside its scale (W4A16_ASYM)
     served_by: tuple[str, ...] = ()  # the `serve` engines that load it as it is, in the order `auto` prefers
     serve_order: int | None = None  # where it stands in SERVED_FORMATS (None: not served as it is)
     vllm_quantization: str | None = None  # vLLM's --quantization for it (None: vLLM reads config.json)
@@ -97,8 +98,10 @@ class ExportFormat:
 
     @property
     def scheme(self) -> str | None:
-        """The compressed-tensors preset of a calibrated format (W4A16, W8A8)."""
-        return f"W{self.bits}A{self.activation_bits or 16}" if self.calibrated else None
+        """The compressed-tensors preset of a calibrated format (W4A16, W4A16_ASYM, W8A8)."""
+        if not self.calibrated:
+            return None
+        return f"W{self.bits}A{self.activation_bits or 16}" + ("" if self.symmetric else "_ASYM")
 
     def bounds_for(self, dtype: str) -> Bounds:
         return self.bounds.get(dtype) or self.bounds[None]
@@ -192,20 +195,21 @@ _gguf("gguf-q4_0", "GGUF, 4-bit Q4_0 weights (about 0.56 bytes/parameter), for l
 
 
 def _calibrated(name: str, description: str, bounds: Bounds, *, bits: int, algorithm: str, order: int,
-                linear_bytes: float, activation_bits: int | None = None) -> None:
+                linear_bytes: float, activation_bits: int | None = None, symmetric: bool = True) -> None:
     """A calibrated format: fitted on the run's data over a 16-bit scratch copy, written by compressed-tensors."""
     register_format(ExportFormat(name, description, "calibrated", CALIBRATED_DOORS, {None: bounds},
                                  disk=DiskRule(linear_bytes, scratch=True), bits=bits, activation_bits=activation_bits,
-                                 algorithm=algorithm, served_by=SERVERS, serve_order=order))
+                                 algorithm=algorithm, symmetric=symmetric, served_by=SERVERS, serve_order=order))
 
 
 # 4-bit groups like Q4_0 (and bnb-4bit's bytes on disk), with the rounding fitted to the run's data
 _calibrated("gptq-int4", "merged model, 4-bit GPTQ weights calibrated on the run's data (compressed-tensors; vLLM, "
             "transformers)", Bounds(0.25, 0.85, (("awq-int4", None), ("w8a8", None))),
             bits=4, algorithm="gptq", order=2, linear_bytes=0.53)
-_calibrated("awq-int4", "merged model, 4-bit AWQ-scaled weights calibrated on the run's data (compressed-tensors; "
-            "vLLM, transformers)", Bounds(0.25, 0.85, (("gptq-int4", None), ("w8a8", None))),
-            bits=4, algorithm="awq", order=3, linear_bytes=0.53)
+_calibrated("awq-int4", "merged model, 4-bit AWQ-scaled asymmetric weights (a zero point per group) calibrated on the "
+            "run's data (compressed-tensors W4A16_ASYM; vLLM from mid-2025, transformers)",
+            Bounds(0.25, 0.85, (("gptq-int4", None), ("w8a8", None))),
+            bits=4, algorithm="awq", order=3, linear_bytes=0.54, symmetric=False)
 # 8-bit weights as Q8_0, plus every linear layer's input rounded to 8 bits per token
 _calibrated("w8a8", "merged model, SmoothQuant then 8-bit weights and activations (compressed-tensors; vLLM, "
             "transformers)", Bounds(0.10, 0.90, (("gguf-q8_0", None), ("merged", None))),

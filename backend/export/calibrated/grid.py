@@ -10,8 +10,8 @@ from backend.core.registries.export_formats import export_format
 
 def scheme(fmt: str, group: int) -> object:
     """The compressed-tensors preset the format names (export_formats.py's `scheme`: W4A16, 4-bit symmetric
-    weights in groups of `group`; W8A8, 8-bit symmetric per-channel weights with 8-bit dynamic per-token
-    activations)."""
+    weights in groups of `group`; W4A16_ASYM, the same with a zero point per group; W8A8, 8-bit symmetric
+    per-channel weights with 8-bit dynamic per-token activations)."""
     from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
 
     chosen = preset_name_to_scheme(export_format(fmt).scheme, ["Linear"])
@@ -42,11 +42,17 @@ def bounds(args: object) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def fake_quantize(weight: torch.Tensor, scale: torch.Tensor, args: object) -> torch.Tensor:
-    """The weight rounded to the grid (symmetric: zero point 0) and back, in fp32."""
+def fake_quantize(weight: torch.Tensor, scale: torch.Tensor, args: object,
+                  zero: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight rounded to the grid and back, in fp32, as compressed-tensors' quantize_dequantize does it
+    (round(w / s + z), clamped, minus z, times s; symmetric: z = 0)."""
     low, high = bounds(args)
-    w = weight.float()
     s = scale.float()
-    if args.group_size:
-        s = s.repeat_interleave(args.group_size, dim=1)
-    return torch.clamp(torch.round(w / s), low, high) * s
+    z = torch.zeros_like(s) if zero is None else zero.float()
+    if args.group_size:  # (rows, groups, group) against (rows, groups, 1): no weight-sized copies of s and z
+        w = weight.float().reshape(weight.shape[0], -1, args.group_size)
+        s, z = s[..., None], z[..., None]
+    else:
+        w = weight.float()
+    q = torch.round(w / s + z).clamp_(low, high).sub_(z).mul_(s)
+    return q.reshape(weight.shape)

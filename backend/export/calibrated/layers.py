@@ -33,15 +33,19 @@ class Mapping:
         with torch.no_grad():
             weight = self.feeder.weight
             s = scale.to(weight.device, torch.float32)
-            if isinstance(self.feeder, nn.Linear):
-                rewrite(self.feeder, "weight", weight.float() / s[:, None])
+            if isinstance(self.feeder, nn.Linear):  # a fused qkv_proj or gate_up_proj: only its last rows feed
+                rows = weight.float()
+                rows[-s.shape[0]:] /= s[:, None]
+                rewrite(self.feeder, "weight", rows)
             elif self.plus_one:
                 rewrite(self.feeder, "weight", (1.0 + weight.float()) / s - 1.0)
             else:
                 rewrite(self.feeder, "weight", weight.float() / s)
             bias = getattr(self.feeder, "bias", None)
             if bias is not None:
-                rewrite(self.feeder, "bias", bias.float() / s)
+                shifted = bias.float()
+                shifted[-s.shape[0]:] /= s
+                rewrite(self.feeder, "bias", shifted)
             for linear in self.linears:
                 rewrite(linear, "weight", linear.weight.float() * s.to(linear.weight.device))
 
@@ -70,7 +74,7 @@ def quantized_linears(model: nn.Module) -> dict[str, nn.Linear]:
             if isinstance(m, nn.Linear) and name.startswith(prefix + ".")}
 
 
-def _get(layer: nn.Module, path: str) -> nn.Module | None:
+def get_module(layer: nn.Module, path: str) -> nn.Module | None:
     try:
         return layer.get_submodule(path)
     except AttributeError:
@@ -79,7 +83,7 @@ def _get(layer: nn.Module, path: str) -> nn.Module | None:
 
 def _first_present(layer: nn.Module, options: tuple[tuple[str, ...], ...]) -> list[nn.Linear]:
     for names in options:
-        found = [_get(layer, n) for n in names]
+        found = [get_module(layer, n) for n in names]
         if all(isinstance(m, nn.Linear) for m in found):
             return found  # type: ignore[return-value]
     return []
@@ -91,16 +95,24 @@ def mappings(model: nn.Module, with_up_down: bool) -> list[Mapping]:
     found: list[Mapping] = []
     for index, layer in enumerate(layers):
         where = f"{prefix}.{index}"
-        attention_norm = _get(layer, "input_layernorm")
-        mlp_norm = _get(layer, "pre_feedforward_layernorm") or _get(layer, "post_attention_layernorm")
-        for norm, linears, what in ((attention_norm, _first_present(layer, ATTENTION_INPUTS), "attention"),
-                                    (mlp_norm, _first_present(layer, MLP_INPUTS), "mlp")):
-            if norm is not None and getattr(norm, "weight", None) is not None and linears:
-                plus_one = type(norm).__name__.startswith("Gemma")
-                found.append(Mapping(f"{where} {what}", norm, linears, plus_one))
-        up, down, gate = _get(layer, "mlp.up_proj"), _get(layer, "mlp.down_proj"), _get(layer, "mlp.gate_proj")
+        found += mappings_of(layer, where)
+        up, down, gate = get_module(layer, "mlp.up_proj"), get_module(layer, "mlp.down_proj"), get_module(layer, "mlp.gate_proj")
         if with_up_down and isinstance(up, nn.Linear) and isinstance(down, nn.Linear) and isinstance(gate, nn.Linear):
             found.append(Mapping(f"{where} up->down", up, [down]))
+    return found
+
+
+def mappings_of(layer: nn.Module, where: str) -> list[Mapping]:
+    """One decoder layer's norm mappings: its attention norm -> q/k/v ("WHERE attention"), its MLP norm -> gate/up
+    ("WHERE mlp"), each where the layer has them."""
+    found = []
+    attention_norm = get_module(layer, "input_layernorm")
+    mlp_norm = get_module(layer, "pre_feedforward_layernorm") or get_module(layer, "post_attention_layernorm")
+    for norm, linears, what in ((attention_norm, _first_present(layer, ATTENTION_INPUTS), "attention"),
+                                (mlp_norm, _first_present(layer, MLP_INPUTS), "mlp")):
+        if norm is not None and getattr(norm, "weight", None) is not None and linears:
+            plus_one = type(norm).__name__.startswith("Gemma")
+            found.append(Mapping(f"{where} {what}", norm, linears, plus_one))
     return found
 
 

@@ -18,12 +18,13 @@ import torch
 
 from backend.core.errors import JobError
 from backend.core.registries.export_formats import export_format
-from backend.export.calibrated import gptq, grid, layers, pack, samples, scaling
+from backend.export.calibrated import awq, gptq, grid, layers, pack, samples, scaling
 from backend.export.calibrated.collect import calibrate
 from backend.export.memory import release
 from backend.export.merge import DTYPES, TrainedRun, placement
 from backend.export.verify import fp32_linear as verify_fp32_linear
 from backend.runtime.hub_kernels import LOAD_KWARGS
+from backend.training.model import packed_zero_points
 
 log = logging.getLogger(__name__)
 STATISTICS_SHARE = 0.25
@@ -93,9 +94,13 @@ def _gptq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qpar
 
 def _awq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
          rows: list) -> tuple[list, str]:
-    """AWQ's per-input-channel scales, searched for the least rounding error, folded into the layer feeding them."""
-    units = [scaling.AwqUnit(m, scheme.weights, scale_dtype, sum(map(len, rows))) for m in layers.mappings(model, True)]
-    return units, f"AWQ scales (grid of {scaling.AWQ_GRID}, no clipping search), then round-to-nearest"
+    """AWQ's per-input-channel scales (llmcompressor's search) folded into the layer feeding them, then AutoAWQ's
+    clipping search; the asymmetric groups are rounded to nearest when packed."""
+    units = awq.units(model, linears, scheme.weights, scale_dtype, sum(map(len, rows)))
+    kept = units[0].tokens if units and hasattr(units[0], "tokens") else 0
+    return units, (f"AWQ as llmcompressor runs it (duo scaling on a grid of {awq.GRID}, loss on each parent module's "
+                   f"output over up to {kept} calibration positions, v->o where shapes allow), AutoAWQ's "
+                   "clipping search, then round-to-nearest into asymmetric groups")
 
 
 def _smoothquant(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qparams: dict,
@@ -135,6 +140,7 @@ def load_calibrated_export(path: Path, dtype: str, device: str, trust_remote_cod
     On a CPU the unpacked layers multiply in fp32 like the reference's, their weights staying 16-bit."""
     from transformers import AutoModelForCausalLM
 
+    packed_zero_points.allow()  # awq-int4's asymmetric groups: compressed-tensors 0.20.1 cannot load them alone
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **placement(device),
                                                  trust_remote_code=trust_remote_code, **LOAD_KWARGS).eval()
     quantized = [m for m in model.modules() if getattr(m, "quantization_scheme", None) is not None]
