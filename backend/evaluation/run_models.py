@@ -4,6 +4,8 @@ Adapter methods load the base once (quantized as the run quantized it) with the 
 "base" is the same model with the adapter switched off, so comparing the two costs one model's
 memory; for a run that continued an earlier adapter (model.adapter) "base" is that start adapter,
 loaded beside the tuned one: what the run started from. Method full keeps one model at a time: switching drops the other before loading.
+A vision-language run's models load with their image side (AutoModelForImageTextToText, as training
+loaded them), so a chat or an evaluation can show them images; `family` says which family, else None.
 Refusals come before anything loads, one sentence each.
 """
 
@@ -26,7 +28,10 @@ from backend.core.runs.run_folder import RunFolder
 from backend.training.model.loading import check_model_folder, load_model, load_tokenizer
 from backend.training.phase import set_phase
 from backend.core.runs.start_adapter import start_adapter_folder
+from backend.core.registries.vision_families import VisionFamily
+from backend.core.vision_folder import VisionFolder
 from backend.training.model.techniques import TechniquePlan, plan_techniques
+from backend.training.vision.door import load_vision_model
 
 log = logging.getLogger(__name__)
 Which = Literal["base", "tuned"]
@@ -47,6 +52,7 @@ class RunModels:
         self.base_path = check_model_folder(config)
         self.plan = inference_plan(config, capabilities)
         self.start = start_adapter_folder(config) if not self.full else None
+        self.family: VisionFamily | None = VisionFolder.read(self.base_path).family
         self._model: Any = None
         self._loaded: str | None = None  # "base", "tuned" (full) or "adapter" (base + adapter)
 
@@ -88,9 +94,9 @@ class RunModels:
             return
         self._drop()
         if want == "tuned":
-            model = load_model(self.weights_dir, self.config, self.plan)
+            model = self._load_weights(self.weights_dir)
         else:
-            model = load_model(self.base_path, self.config, self.plan)
+            model = self._load_weights(self.base_path)
             if want == "adapter":
                 from peft import PeftModel
 
@@ -100,6 +106,11 @@ class RunModels:
         model.eval()
         self._model, self._loaded = model, want
         log.info("loaded %s for %s", want, which)
+
+    def _load_weights(self, path: Path) -> Any:
+        if self.family is not None:
+            return load_vision_model(path, self.config, self.plan, self.family)
+        return load_model(path, self.config, self.plan)
 
     @contextlib.contextmanager
     def use(self, which: Which) -> Iterator[Any]:
