@@ -251,7 +251,7 @@ class ChatPage(QWidget):
         self._answers = {key: "" for key in which}
         self._target = which[0]
         for key in which:
-            self._append(key, ("\n\n" if self.panes[key].toPlainText() else "") + "You: ")
+            self._append(key, ("\n\n" if self.panes[key].toPlainText() else "") + ("You:\n" if new else "You: "))
             self._append_images(key, new)
             self._append(key, f"{text}\n\n{key.capitalize()}: ")
         self.answering = True

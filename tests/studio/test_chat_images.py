@@ -57,7 +57,7 @@ def test_a_vlm_run_attaches_images_by_picker_and_drop_and_shows_them(qtbot, make
     assert page.attach.paths == [] and page.images == [red, blue]
     assert page.history[0] == {"role": "user", "content": "<image><image>What colours?"}
     text = page.panes["tuned"].toPlainText()
-    assert text.startswith("You: \ufffc \ufffc \nWhat colours?") and "seeing 2 images" in text  # two thumbnails
+    assert text.startswith("You:\n\ufffc \ufffc \nWhat colours?") and "seeing 2 images" in text  # two thumbnails
     html = page.panes["tuned"].toHtml()
     assert html.count("<img") == 2
     ask(qtbot, page, "And now?")  # a later message carries the conversation's images again, no new one
