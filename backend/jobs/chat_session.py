@@ -99,7 +99,7 @@ class ChatSession:
         """Token ids (a text model) or the processor's tensors with the pixels (a VLM); refusals first."""
         images = list(getattr(request, "images", None) or [])
         if images and self.models.family is None:
-            raise bad_input(f"{NO_IMAGES}: {self.models.base_path} is a text model",
+            raise bad_input(f"{NO_IMAGES}: the run trained {self.models.base_path} as a text model",
                             "send the message without images, or chat with a run of a vision-language model")
         if self.models.family is None:
             if self._tokenizer is None:
