@@ -148,9 +148,12 @@ def run_evaluate(
     if models.family is not None:  # a vision-language run: its held-out image rows (evaluate_images.py)
         from backend.jobs.evaluate_images import run_image_evaluation
 
+        given = (params or {}).get("prompts")
+        unread = [f"prompts file {given} not read: a vision-language run is scored on its held-out image rows"] \
+            if given else []
         run_image_evaluation(config, run_dir, reporter, models, request.limit, request.max_new_tokens, batch,
                              lambda phase, which: _progress(reporter, stop, phase, which), began, write_report,
-                             summary_line)
+                             summary_line, unread)
         return
 
     set_phase("load")

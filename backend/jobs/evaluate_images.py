@@ -28,7 +28,8 @@ EXAMPLES = 5
 def run_image_evaluation(config: RunConfig, run_dir: Path, reporter: Any, models: Any, limit: int | None,
                          max_new_tokens: int, batch: int, progress: Callable[[str, str], Callable[[int, int], None]],
                          began: float, write_report: Callable[[Path, dict], Path],
-                         summary: Callable[[dict], str]) -> None:
+                         summary: Callable[[dict], str], notes: list[str]) -> None:
+    """notes: what the request asked that this evaluation does not do (a prompts file), said in the report."""
     set_phase("load")
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     prompter = ImagePrompter(models.base_path, config)
@@ -58,7 +59,7 @@ def run_image_evaluation(config: RunConfig, run_dir: Path, reporter: Any, models
         "perplexity": {"split": "validation", "examples": len(eval_set), "image_rows": with_images,
                        "tokens": ppl["base"].tokens, "base": ppl["base"].to_json(), "tuned": ppl["tuned"].to_json()},
         "exact_match": None,
-        "skipped": [] if held else ["exact match skipped: no validation row ends with an assistant answer"],
+        "skipped": notes + ([] if held else ["exact match skipped: no validation row ends with an assistant answer"]),
         "data_notes": list(stats.notes),
         "examples": [],
     }

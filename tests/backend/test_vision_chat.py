@@ -124,7 +124,9 @@ def test_eval_scores_the_held_out_image_rows_base_beside_tuned(vlm_run, capsys):
     from backend.cli.app import main
 
     folder, _, _ = vlm_run
-    code = main(["eval", str(folder.path), "--max-new-tokens", "4"])
+    prompts = folder.path.parent / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Which colour?", "expected": ANSWER}) + "\n")
+    code = main(["eval", str(folder.path), "--max-new-tokens", "4", "--prompts", str(prompts)])
     out = capsys.readouterr()
     assert code == 0, out.err
     report = json.loads((folder.path / "eval_report.json").read_text())
@@ -134,4 +136,6 @@ def test_eval_scores_the_held_out_image_rows_base_beside_tuned(vlm_run, capsys):
     assert em["n"] == 2 and em["images"] == 2 and em["base"]["hits"] == 0
     assert [e["expected"] for e in report["examples"]] == [ANSWER, ANSWER]
     assert all(e["prompt"] == "<image>Which colour?" and len(e["images"]) == 1 for e in report["examples"])
+    assert report["skipped"] == [f"prompts file {prompts} not read: a vision-language run is scored on its "
+                                 "held-out image rows"]
     assert "perplexity" in out.out and "exact match" in out.out and "validation image rows" in out.out
