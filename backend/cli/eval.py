@@ -2,7 +2,8 @@
 
 Both start the same worker the studio starts (`WorkerProcess(job=...)`) with the run's own
 config.yaml; `eval` prints the base and tuned figures side by side from eval_report.json, `chat`
-prints the answer(s) as the tokens stream in.
+prints the answer(s) as the tokens stream in (`--image PATH` shows a vision-language run's models an image;
+a text model's run is refused before a worker starts).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from typing import IO, Any
 
 from backend.api.evaluation_rows import report_note, report_rows
+from backend.api.vision import read_vision
 from backend.cli.checks import existing_file, non_negative_float, open_run_folder, positive_int, probability
 from backend.core.config.run_config import ConfigError
 from backend.core.runs.run_folder import RunFolder
@@ -155,6 +157,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
                               "max_new_tokens": args.max_new_tokens, "messages": messages}
     if args.seed is not None:
         params["seed"] = args.seed
+    if args.image:
+        model = config.resolved_model_path()
+        if (model / "config.json").is_file() and read_vision(model).family is None:  # else the worker decides
+            raise ConfigError(f"--image: this model reads no images ({config.model.path} is a text model); "
+                              "ask without --image, or chat with a run of a vision-language model")
+        params["images"] = [str(existing_file(path, "--image")) for path in args.image]
     printer = _ChatPrinter(sys.stdout, labelled=args.model == "both")
     terminal = WorkerProcess(job="chat", params=params).run(folder, config, on_event=printer)
     return 0 if terminal["type"] == "JobFinished" else _failed(terminal)
@@ -172,5 +180,8 @@ def add_chat_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N", help="longest answer (256)")
     parser.add_argument("--system", metavar="TEXT", help="a system message before yours")
     parser.add_argument("--seed", type=int, help="seed for sampling (same seed, same answer)")
+    parser.add_argument("--image", action="append", metavar="PATH",
+                        help="an image the message shows (repeatable; a vision-language run only); "
+                             "it goes where the message writes <image>, else before the text")
     parser.set_defaults(func=cmd_chat)
     return parser

@@ -64,6 +64,9 @@ class ChatMessage(Message):
 
     type: Literal["ChatMessage"] = "ChatMessage"
     messages: list[dict[str, Any]] = Field(description="{role, content} turns, ending with the user's message.")
+    images: list[str] = Field(default_factory=list, description=(
+        "Image files of the conversation, in the order of its <image> markers (none: they lead the last "
+        "user message); a vision-language run's models see them, a text model refuses them."))
     model: str = Field(default="tuned", description="base, tuned, or both (base then tuned).")
     temperature: float = 0.7
     top_p: float = 0.9
@@ -72,7 +75,8 @@ class ChatMessage(Message):
 
     def params(self) -> dict[str, Any]:
         """The same options as a chat StartJob's params, so one parser checks both."""
-        return self.model_dump(exclude={"type", "v", "seed"} if self.seed is None else {"type", "v"})
+        skip = {"type", "v"} | ({"seed"} if self.seed is None else set()) | (set() if self.images else {"images"})
+        return self.model_dump(exclude=skip)
 
 
 class StopAnswer(Message):

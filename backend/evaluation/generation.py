@@ -122,15 +122,34 @@ class _StopWhen(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.should_stop(), dtype=torch.bool, device=input_ids.device)
 
 
+def on_model(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A processor's tensors on the model's device, pixels in the model's floating dtype (a bf16 tower
+    refuses fp32 pixels); token ids and masks keep their integer types."""
+    device = model_device(model)
+    dtype = getattr(model, "dtype", None)
+    out = {}
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            cast = dtype if value.is_floating_point() and isinstance(dtype, torch.dtype) and dtype.is_floating_point \
+                else None
+            value = value.to(device=device, dtype=cast) if cast is not None else value.to(device)
+        out[key] = value
+    return out
+
+
 @torch.no_grad()
-def stream_answer(model: Any, tokenizer: Any, prompt: list[int], on_text: Callable[[str], None], *,
+def stream_answer(model: Any, tokenizer: Any, prompt: list[int] | dict[str, Any], on_text: Callable[[str], None], *,
                   max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
                   should_stop: Callable[[], bool] = lambda: False) -> tuple[str, int]:
-    """Generate one answer, calling on_text with each new piece; -> (answer, tokens generated)."""
-    device = model_device(model)
-    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    """Generate one answer, calling on_text with each new piece; -> (answer, tokens generated).
+    prompt: token ids, or a processor's tensors for one row (a VLM's ids with its pixels)."""
+    if isinstance(prompt, dict):
+        inputs = on_model(model, prompt)
+    else:
+        ids = torch.tensor([prompt], dtype=torch.long, device=model_device(model))
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     streamer = TextStream(tokenizer, on_text)
-    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+    model.generate(**inputs,
                    generation_config=generation_config(model, tokenizer, max_new_tokens, temperature, top_p),
                    streamer=streamer, stopping_criteria=StoppingCriteriaList([_StopWhen(should_stop)]))
     return streamer.text, len(streamer.ids)

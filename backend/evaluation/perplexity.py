@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from backend.evaluation.generation import model_device
+from backend.evaluation.generation import on_model
 from backend.training.tokenized import IGNORE, PadCollator
 
 
@@ -30,19 +30,19 @@ class PerplexityResult:
 
 @torch.no_grad()
 def perplexity(model: Any, rows: Any, pad_id: int, batch_size: int,
-               on_batch: Callable[[int, int], None] = lambda done, total: None) -> PerplexityResult:
+               on_batch: Callable[[int, int], None] = lambda done, total: None,
+               collate: Callable[[list[Any]], dict[str, Any]] | None = None) -> PerplexityResult:
     """rows: a dataset of {input_ids, labels}; on_batch(done, n) with the examples measured, before the first
-    batch and after each (it may raise to stop), so a slow first batch already shows its count."""
-    collate = PadCollator(pad_id)
-    device = model_device(model)
+    batch and after each (it may raise to stop), so a slow first batch already shows its count. collate:
+    a VLM's image collator (training/vision/collator.py), whose pixel tensors go to the model beside the ids."""
+    collate = collate or PadCollator(pad_id)
     total_nll, total_tokens = 0.0, 0
     n = len(rows)
     on_batch(0, n)
     for start in range(0, n, batch_size):
         batch = collate([rows[i] for i in range(start, min(start + batch_size, n))])
         labels = batch["labels"]
-        logits = model(input_ids=batch["input_ids"].to(device),
-                       attention_mask=batch["attention_mask"].to(device)).logits
+        logits = model(**on_model(model, {k: v for k, v in batch.items() if k != "labels"})).logits
         # Position t predicts token t+1; masked labels (-100) are ignored, as in training.
         # One row at a time, so only one row of logits is ever upcast to fp32.
         shifted = labels[:, 1:].to(logits.device)

@@ -4,6 +4,9 @@ Adapter methods load the base once (quantized as the run quantized it) with the 
 "base" is the same model with the adapter switched off, so comparing the two costs one model's
 memory; for a run that continued an earlier adapter (model.adapter) "base" is that start adapter,
 loaded beside the tuned one: what the run started from. Method full keeps one model at a time: switching drops the other before loading.
+A vision-language run's models load with their image side (AutoModelForImageTextToText, as training
+loaded them), so a chat or an evaluation can show them images; `family` says which family, else None (a text
+model, or a Gemma 3 run that trained text rows on the text path).
 Refusals come before anything loads, one sentence each.
 """
 
@@ -19,14 +22,17 @@ from typing import Any, Iterator, Literal
 import torch
 
 from backend.core.config.run_config import RunConfig
-from backend.core.errors import bad_input
+from backend.core.errors import JobError, bad_input
 from backend.core.runs.run_continuation import how_to_finish
 from backend.core.protocol import Capabilities, PhaseChanged
 from backend.core.runs.run_folder import RunFolder
 from backend.training.model.loading import check_model_folder, load_model, load_tokenizer
 from backend.training.phase import set_phase
 from backend.core.runs.start_adapter import start_adapter_folder
+from backend.core.registries.vision_families import VisionFamily
+from backend.core.vision_folder import VisionFolder
 from backend.training.model.techniques import TechniquePlan, plan_techniques
+from backend.training.vision.door import load_vision_model, takes_door
 
 log = logging.getLogger(__name__)
 Which = Literal["base", "tuned"]
@@ -47,8 +53,20 @@ class RunModels:
         self.base_path = check_model_folder(config)
         self.plan = inference_plan(config, capabilities)
         self.start = start_adapter_folder(config) if not self.full else None
+        self.family: VisionFamily | None = self._image_family()
         self._model: Any = None
         self._loaded: str | None = None  # "base", "tuned" (full) or "adapter" (base + adapter)
+
+    def _image_family(self) -> VisionFamily | None:
+        """The run's family when it trained through the image door (training/vision/door.takes_door: Gemma 3's
+        text-only runs took the text path); its data gone, a VLM counts as one (the image door is the rule)."""
+        family = VisionFolder.read(self.base_path).family
+        if family is None or not family.text_door:
+            return family
+        try:
+            return family if takes_door(self.base_path, self.config) else None
+        except (JobError, OSError):
+            return family
 
     @property
     def has_tuned(self) -> bool:
@@ -88,9 +106,9 @@ class RunModels:
             return
         self._drop()
         if want == "tuned":
-            model = load_model(self.weights_dir, self.config, self.plan)
+            model = self._load_weights(self.weights_dir)
         else:
-            model = load_model(self.base_path, self.config, self.plan)
+            model = self._load_weights(self.base_path)
             if want == "adapter":
                 from peft import PeftModel
 
@@ -100,6 +118,11 @@ class RunModels:
         model.eval()
         self._model, self._loaded = model, want
         log.info("loaded %s for %s", want, which)
+
+    def _load_weights(self, path: Path) -> Any:
+        if self.family is not None:
+            return load_vision_model(path, self.config, self.plan, self.family)
+        return load_model(path, self.config, self.plan)
 
     @contextlib.contextmanager
     def use(self, which: Which) -> Iterator[Any]:

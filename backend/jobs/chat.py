@@ -3,7 +3,9 @@
 Each answer streams as TokensGenerated events while it is generated, preceded by
 PhaseChanged(phase="generate", detail="base"|"tuned") and closed by TokensGenerated(text="", done=True);
 AnswerFinished closes the whole answer (both models for "both"). Without `session` the job answers
-StartJob.params' messages and finishes. With `session: true` the models stay loaded and every
+StartJob.params' messages and finishes. A request's `images` (paths, in the order of the conversation's
+`<image>` markers) reach a vision-language run's models through its processor (chat_session.py); a
+text model refuses them. With `session: true` the models stay loaded and every
 ChatMessage command is answered the same way (see chat_session.py), until StopJob or stdin closing
 ends the job; StopAnswer cuts one answer at the next token and keeps the session.
 """
@@ -25,7 +27,7 @@ from backend.runtime.reporter import Reporter
 from backend.runtime.stop_listener import StopListener
 
 log = logging.getLogger(__name__)
-KNOWN = {"model", "temperature", "top_p", "max_new_tokens", "messages", "seed"}
+KNOWN = {"model", "temperature", "top_p", "max_new_tokens", "messages", "seed", "images"}
 ROLES = {"system", "user", "assistant"}
 
 
@@ -50,6 +52,10 @@ class ChatRequest:
             raise bad_input(f"chat option seed must be a whole number, got {seed!r}")
         self.seed: int | None = seed
         self.messages = _messages(params.get("messages"))
+        images = params.get("images") or []
+        if not isinstance(images, list) or not all(isinstance(p, str) and p.strip() for p in images):
+            raise bad_input(f"chat option images must be a list of image file paths, got {images!r}")
+        self.images: list[str] = images
 
 
 def _number(params: dict[str, Any], name: str, default: float, low: float, high: float) -> float:

@@ -4,6 +4,8 @@ Loading is what makes a chat message slow on a CPU (seconds), so a session loads
 models until it ends; PhaseChanged(load_model) is emitted only when an answer really has to load
 (the first one, or a full fine-tune switching between its base and tuned weights). A message that
 cannot be answered is refused with one MessageRefused line and the session waits for the next.
+A vision-language run's conversations go through its processor (evaluation/image_prompts.py), images or
+not, so a text-only turn is asked as training asked it too; a text model refuses a message with images.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from backend.core.errors import JobError, bad_input
 from backend.estimate.feasibility import context_length
 from backend.evaluation.generation import prompt_ids, stream_answer
+from backend.evaluation.image_prompts import NO_IMAGES, ImagePrompter, image_refs, with_markers
 from backend.evaluation.run_models import RunModels
 from backend.core.protocol import AnswerFinished, MessageRefused, PhaseChanged, TokensGenerated
 from backend.training.phase import set_phase
@@ -35,6 +38,7 @@ class ChatRequest(Protocol):
     top_p: float
     max_new_tokens: int
     seed: int | None
+    images: list[str]
 
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,7 @@ class ChatSession:
         self.tokens = 0
         self._tokenizer: Any = None
         self._context: int | None = None
+        self._prompter: ImagePrompter | None = None
 
     def _cut(self) -> bool:
         return self.stop.cut_requested
@@ -60,10 +65,9 @@ class ChatSession:
         began = time.monotonic()
         if "tuned" in request.which:
             self.models.require_tuned()
-        if self._tokenizer is None:
-            self._tokenizer = self.models.tokenizer()
-        prompt = prompt_ids(self._tokenizer, request.messages)
-        room = self._room(len(prompt), request.max_new_tokens)
+        prompt = self._prompt(request)
+        room = self._room(len(prompt) if isinstance(prompt, list) else int(prompt["input_ids"].shape[1]),
+                          request.max_new_tokens)
         generated = 0
         for position, which in enumerate(request.which):
             if position and self._cut():
@@ -90,6 +94,23 @@ class ChatSession:
         finished = AnswerFinished(stopped=self._cut(), tokens=generated, seconds=time.monotonic() - began)
         self.reporter.emit(finished)
         return finished
+
+    def _prompt(self, request: ChatRequest) -> list[int] | dict[str, Any]:
+        """Token ids (a text model) or the processor's tensors with the pixels (a VLM); refusals first."""
+        images = list(getattr(request, "images", None) or [])
+        if images and self.models.family is None:
+            raise bad_input(f"{NO_IMAGES}: the run trained {self.models.base_path} as a text model",
+                            "send the message without images, or chat with a run of a vision-language model")
+        if self.models.family is None:
+            if self._tokenizer is None:
+                self._tokenizer = self.models.tokenizer()
+            return prompt_ids(self._tokenizer, request.messages)
+        refs = image_refs(images)
+        messages = with_markers(request.messages, len(refs))
+        if self._prompter is None:
+            self._prompter = ImagePrompter(self.models.base_path, self.models.config)
+            self._tokenizer = self._prompter.tokenizer
+        return self._prompter.inputs(messages, refs)
 
     def _room(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """New tokens the answer may take; refuses a conversation the model cannot read (past its context

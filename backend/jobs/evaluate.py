@@ -3,7 +3,7 @@
 Reads top to bottom as the job runs: check the request and the run folder (refusals before anything
 loads), load the tokenizer and rebuild the validation split exactly as training built it, then for
 the base and for the tuned model: perplexity on that split (trained tokens only) and exact match of
-greedy answers to the held-out prompts. The figures go to eval_report.json in the run folder and a
+greedy answers to the held-out prompts (a vision-language run: its held-out image rows, evaluate_images.py). The figures go to eval_report.json in the run folder and a
 one-line summary to the last PhaseChanged; progress is PhaseChanged with a "which k/N unit" detail
 (UNITS), once before each measure starts and after each batch. A StopJob ends the job between
 batches with JobFailed(cancelled) and no report.
@@ -144,6 +144,16 @@ def run_evaluate(
 
         run_preference_evaluation(config, run_dir, reporter, models, request.limit,
                                   lambda phase, which: _progress(reporter, stop, phase, which), began, write_report)
+        return
+    if models.family is not None:  # a vision-language run: its held-out image rows (evaluate_images.py)
+        from backend.jobs.evaluate_images import run_image_evaluation
+
+        given = (params or {}).get("prompts")
+        unread = [f"prompts file {given} not read: a vision-language run is scored on its held-out image rows"] \
+            if given else []
+        run_image_evaluation(config, run_dir, reporter, models, request.limit, request.max_new_tokens, batch,
+                             lambda phase, which: _progress(reporter, stop, phase, which), began, write_report,
+                             summary_line, unread)
         return
 
     set_phase("load")

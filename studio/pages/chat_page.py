@@ -7,37 +7,60 @@ its pane token by token; Stop cuts the answer and keeps the session; New convers
 history and keeps the model; Unload, or picking another run, ends the session and frees its memory.
 Loading a model while a fine-tune runs competes for the same memory, so starting a session first says
 how much the running config is predicted to take against the device's memory and asks to continue.
+A vision-language run's models read images: the Image… button or a drop on the message box attaches them to
+the next message (an `<image>` marker per image leads its text, the paths travel in ChatMessage.images), and
+the conversation shows their thumbnails; for a text model's run attaching is off.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtGui import QShowEvent, QTextCursor
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QShowEvent, QTextCursor, QTextDocument, QTextImageFormat
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QMessageBox,
-    QPlainTextEdit,
     QPushButton,
     QSpinBox,
+    QTextEdit,
     QVBoxLayout,
     QWidget,
 )
 
+from backend.api.vision import read_vision
+from backend.core.data.conversation import IMAGE_MARKER
+from backend.core.data.images import ImageRef
 from backend.core.protocol import AnswerFinished, ChatMessage, MessageRefused, PhaseChanged, StopAnswer, TokensGenerated
 from backend.core.runs.run_folder import RunFolder
 from studio.job_controller import JobController, JobOutcome, failure_text
+from studio.widgets.image_attach_widget import ImageAttachWidget
+from studio.widgets.message_edit import MessageEdit
 from studio.widgets.page_header_widget import PageHeaderWidget
+from studio.widgets.thumbnail import thumbnail
 from studio.widgets.run_picker_widget import RunPickerWidget
 from studio.widgets.units import human_bytes
 
+SHOWN = 96
+"""An attached image's side in the conversation, in pixels."""
 MODELS = (("tuned", "Tuned model"), ("base", "Base model"), ("both", "Both, side by side"))
 LOADED = "Model loaded; answers come without reloading."
+
+
+def reads_images(folder: RunFolder | None) -> bool:
+    """Whether the run's model is a proven vision-language model (read from files: no torch)."""
+    if folder is None:
+        return False
+    try:
+        model = folder.load_config().resolved_model_path()
+    except (ValueError, OSError):
+        return False
+    return (model / "config.json").is_file() and read_vision(model).family is not None
 
 
 def memory_warning(config: Any, device: str, limit_bytes: int | None, label: str,
@@ -71,6 +94,11 @@ class ChatPage(QWidget):
         """Asked with that sentence before loading a model during a run; tests replace it."""
         self.history: list[dict[str, str]] = []
         """The conversation sent with each message (the tuned answers when both models answer)."""
+        self.images: list[str] = []
+        """The conversation's image files, in the order of its `<image>` markers."""
+        self._new_images = 0
+        self._shown = 0
+        """Thumbnails put in the panes so far (each gets its own resource name)."""
         self._target = "tuned"
         self._answers: dict[str, str] = {}
         self.answering = False
@@ -102,21 +130,24 @@ class ChatPage(QWidget):
             options.addWidget(widget)
         options.addStretch(1)
 
-        self.panes: dict[str, QPlainTextEdit] = {}
+        self.panes: dict[str, QTextEdit] = {}
         self.boxes: dict[str, QGroupBox] = {}
         panes = QHBoxLayout()
         for key, title in (("base", "Base model"), ("tuned", "Tuned model")):
-            pane = QPlainTextEdit()
+            pane = QTextEdit()
             pane.setReadOnly(True)
+            pane.setAcceptRichText(False)
             pane.setPlaceholderText(f"The {title.lower()}'s answers appear here.")
             box = QGroupBox(title)
             QVBoxLayout(box).addWidget(pane)
             self.panes[key], self.boxes[key] = pane, box
             panes.addWidget(box)
 
-        self.message_edit = QLineEdit()
+        self.message_edit = MessageEdit()
         self.message_edit.setPlaceholderText("Type a message and press Enter")
         self.message_edit.returnPressed.connect(self.send)
+        self.attach = ImageAttachWidget()
+        self.message_edit.images_dropped.connect(self.attach.attach)
         self.send_button = QPushButton("Send")
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton("Stop")
@@ -129,6 +160,7 @@ class ChatPage(QWidget):
         self.unload_button.setToolTip("End the chat session and free the model's memory (before a fine-tune, say)")
         self.unload_button.clicked.connect(self.unload)
         send_row = QHBoxLayout()
+        send_row.addWidget(self.attach)
         send_row.addWidget(self.message_edit, 1)
         for button in (self.send_button, self.stop_button, self.clear_button, self.unload_button):
             send_row.addWidget(button)
@@ -156,6 +188,7 @@ class ChatPage(QWidget):
         """Re-read the finished runs (the picker may follow a new one), unless an answer is on its way."""
         if not self.answering:
             self.picker.refresh()
+            self._update_image_side()
 
     def model(self) -> str:
         return str(self.model_combo.currentData())
@@ -172,7 +205,7 @@ class ChatPage(QWidget):
         """Forget the conversation; a live session keeps its model for the next one."""
         if self.answering:
             return
-        self.history = []
+        self.history, self.images = [], []
         for pane in self.panes.values():
             pane.clear()
         self._say(LOADED if self.session_live() else "")
@@ -185,33 +218,42 @@ class ChatPage(QWidget):
         if not text or folder is None or self.answering:
             return
         self.picker.choose(str(folder.path))  # a conversation picks its run: a new run must not end it
-        messages = self.history + [{"role": "user", "content": text}]
+        new = self.attach.take()
+        images = self.images + new
+        messages = self.history + [{"role": "user", "content": IMAGE_MARKER * len(new) + text}]
         if self.session_live() and self._session is not None and self._session.path == folder.path:
-            if not self.jobs.send(ChatMessage(messages=messages, **self._sampling())):
+            if not self.jobs.send(ChatMessage(messages=messages, images=images, **self._sampling())):
+                self.attach.attach(new)
                 self._say("The chat session is not taking messages; try again in a moment.", True)
                 return
         else:
             if self.jobs.is_running():
+                self.attach.attach(new)
                 return  # the previous session is still closing
             warning = self.training_warning()
             if warning and not self.confirm_memory(warning):
+                self.attach.attach(new)
                 return
             try:
                 config = folder.load_config()
             except ValueError as exc:
+                self.attach.attach(new)
                 self._say(f"cannot read {folder.config_path}: {exc}", True)
                 return
             self._session, self._session_full, self._ending = folder, config.technique.method == "full", ""
             self._say("Loading the model…")
+            shown = {"images": images} if images else {}
             self.jobs.start(folder, config, job="chat", params={"session": True, "messages": messages,
-                                                                 **self._sampling()})
-        self.history = messages
+                                                                 **shown, **self._sampling()})
+        self.history, self.images, self._new_images = messages, images, len(new)
         self.message_edit.clear()
         which = ["base", "tuned"] if self.model() == "both" else [self.model()]
         self._answers = {key: "" for key in which}
         self._target = which[0]
         for key in which:
-            self._append(key, ("\n\n" if self.panes[key].toPlainText() else "") + f"You: {text}\n\n{key.capitalize()}: ")
+            self._append(key, ("\n\n" if self.panes[key].toPlainText() else "") + ("You:\n" if new else "You: "))
+            self._append_images(key, new)
+            self._append(key, f"{text}\n\n{key.capitalize()}: ")
         self.answering = True
         self._update_buttons()
 
@@ -240,7 +282,14 @@ class ChatPage(QWidget):
         return {"model": self.model(), "temperature": self.temperature.value(), "top_p": self.top_p.value(),
                 "max_new_tokens": self.max_tokens.value()}
 
+    def _update_image_side(self) -> None:
+        """Attaching is on for a run whose model reads images (a proven vision-language family)."""
+        allowed = reads_images(self.picker.folder())
+        self.attach.set_allowed(allowed)
+        self.message_edit.accepts_images = allowed
+
     def _on_picker_run_changed(self, _path: str) -> None:
+        self._update_image_side()
         self.clear_conversation()
         self._end_session("The chat session ended with the change of run; the next message loads its model.")
 
@@ -301,6 +350,9 @@ class ChatPage(QWidget):
         """The message in flight got no answer: it is not part of the conversation."""
         if self.answering and self.history and self.history[-1]["role"] == "user":
             self.history.pop()
+            if self._new_images:
+                self.images = self.images[:-self._new_images]
+        self._new_images = 0
         self.answering = False
 
     def _append(self, key: str, text: str) -> None:
@@ -310,6 +362,23 @@ class ChatPage(QWidget):
         cursor.insertText(text)
         pane.setTextCursor(cursor)
         pane.ensureCursorVisible()
+
+    def _append_images(self, key: str, paths: list[str]) -> None:
+        """Thumbnails of the images a message carries, in the pane's text where the message shows them."""
+        cursor = self.panes[key].textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        document = self.panes[key].document()
+        for path in paths:
+            self._shown += 1
+            name = f"chat-image-{self._shown}"
+            document.addResource(QTextDocument.ResourceType.ImageResource.value, QUrl(name),
+                                 thumbnail(ImageRef(path, path=Path(path)), SHOWN))
+            image = QTextImageFormat()
+            image.setName(name)
+            cursor.insertImage(image)
+            cursor.insertText(" ")
+        if paths:
+            cursor.insertText("\n")
 
     def _ask_memory(self, warning: str) -> bool:
         box = QMessageBox(QMessageBox.Icon.Warning, "A fine-tune is running", warning, parent=self)

@@ -118,10 +118,13 @@ def chat(worker: Any, run_dir: Path, params: dict[str, Any]) -> int:
 
 
 def answer(worker: Any, params: dict[str, Any], load: bool) -> None:
-    """One answer: pieces per model, "[model on 'last message'] model1 model2 ...", cut by a stop."""
+    """One answer: pieces per model, "[model on 'last message'] model1 model2 ..." ("... seeing N images]"
+    when the conversation carries images), cut by a stop."""
     model = params.get("model", "tuned")
     which = ["base", "tuned"] if model == "both" else [model]
     last = next((m["content"] for m in reversed(params.get("messages", [])) if m.get("role") == "user"), "")
+    images = params.get("images") or []
+    seen = f" seeing {len(images)} image{'s' if len(images) != 1 else ''}" if images else ""
     pieces = int(params.get("max_new_tokens", 8))
     if load:
         worker.emit(PhaseChanged(phase="load_model", detail=" and ".join(which)))
@@ -136,7 +139,7 @@ def answer(worker: Any, params: dict[str, Any], load: bool) -> None:
             if worker.stop.is_set() or worker.cut.is_set():
                 stopped = True
                 break
-            worker.emit(TokensGenerated(text=f"{name}{index} " if index else f"[{name} on {last!r}] "))
+            worker.emit(TokensGenerated(text=f"{name}{index} " if index else f"[{name} on {last!r}{seen}] "))
             tokens += 1
             time.sleep(worker.delay)
         worker.emit(TokensGenerated(text="", done=True))

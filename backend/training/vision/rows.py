@@ -37,6 +37,8 @@ class ImageRows:
 
     texts: list[str] = field(default_factory=list)
     images: list[tuple[ImageRef, ...]] = field(default_factory=list)
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)
+    """Each row's conversation as it was encoded (`<image>` markers kept): evaluation asks its last answer."""
     image_rows: int = 0
     """Rows that hold at least one image (the rest are text-only rows of the same dataset)."""
     image_cut: int = 0
@@ -145,6 +147,7 @@ def _tokenize(config: RunConfig, processor: Any, family: VisionFamily, image_id:
                      "image_tokens": len(image_at)})
         side.texts.append(text)
         side.images.append(example.images)
+        side.messages.append(messages)
         side.image_rows += bool(example.images)
     if lengths.longer and not config.data.truncate:
         raise lengths.refusal(reader)
