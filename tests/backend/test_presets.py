@@ -70,3 +70,18 @@ def test_a_preset_before_its_download_is_one_line_and_after_it_estimates(studio_
     folder.mkdir(parents=True)
     shutil.copy(model_configs.CONFIGS_DIR / "Qwen--Qwen2.5-0.5B-Instruct" / "config.json", folder / "config.json")
     assert f"{estimate(config.model.path, config, device='cuda').total_bytes / GIB:.1f} GiB" in preset.cost
+
+
+def test_the_readmes_preset_table_says_each_presets_cost_line():
+    """The README's table of presets for real cards repeats each header's estimated peak: both move together."""
+    import re
+
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([a-z0-9._-]+)` \|.*\| ([\d.]+) GiB(?: per GPU)? \|$", readme, re.M))
+    headers = {}
+    for path in sorted((ROOT / "resources" / "presets").glob("*.yaml")):
+        found = re.search(r"^# Cost: estimated peak ([\d.]+) GiB", path.read_text(encoding="utf-8"), re.M)
+        if found:
+            headers[path.stem] = found.group(1)
+    assert rows == headers
