@@ -24,11 +24,17 @@ import torch
 from backend.export.checkpoint_files import read_config
 from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.export.merge import DTYPES, TrainedRun, placement
+from backend.core.vision_folder import VisionFolder
 from backend.export.merged_source import MergedSource
+from backend.export.model_layout import auto_model_class
 from backend.export.safetensors_writer import write_safetensors
 
 log = logging.getLogger(__name__)
 SKIP_FROM_ADAPTER = ("README.md", "training_args.bin")
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                   "chat_template.jinja", "chat_template.json")
+"""A vision-language model's processor beside its weights (AutoProcessor reads them; the run's copy holds
+its vision.max_pixels cap)."""
 
 
 def bnb_device() -> str:
@@ -103,6 +109,11 @@ def write_merged(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Pat
     if config.get("auto_map"):  # the model's own code, which its config names
         for code in folder.glob("*.py"):
             shutil.copy2(code, tmp / code.name)
+    if VisionFolder.read(folder).family is not None:
+        for name in PROCESSOR_FILES:
+            found = next((f / name for f in (run.weights_dir, run.base_path) if (f / name).is_file()), None)
+            if found is not None:
+                shutil.copy2(found, tmp / name)
     tokenizer.save_pretrained(tmp)
 
 
@@ -131,16 +142,16 @@ def write_bnb(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Path, 
 
 
 def load_merged_export(path: Path, dtype: str, device: str, trust_remote_code: bool = False) -> tuple[Any, str]:
-    """(model as plain transformers loads the folder, in its saved dtype, description)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", **placement(device),
-                                                 trust_remote_code=trust_remote_code, **LOAD_KWARGS)
+    """(model as plain transformers loads the folder, in its saved dtype, description): a vision-language
+    folder as the whole image-text model, with its tower and projector."""
+    auto = auto_model_class(path)
+    model = auto.from_pretrained(path, dtype="auto", **placement(device), trust_remote_code=trust_remote_code,
+                                 **LOAD_KWARGS)
     saved = {p.dtype for p in model.parameters()}
     if saved != {DTYPES[dtype]}:
         raise RuntimeError(f"{path} loaded as {sorted(str(s) for s in saved)}, expected {dtype}")
     model.eval()
-    return model, f"transformers AutoModelForCausalLM, all weights {dtype}, on {device}"
+    return model, f"transformers {auto.__name__}, all weights {dtype}, on {device}"
 
 
 def load_bnb_export(path: Path, bits: int, dtype: str, device: str,
