@@ -126,3 +126,55 @@ def test_a_format_a_vlm_run_cannot_export_is_refused_before_a_worker_starts(tmp_
         assert line.endswith("export --format adapter, merged, bnb-8bit or bnb-4bit")
         with pytest.raises(JobError, match=f"{fmt} of a Qwen2.5-VL run is not built yet"):  # the job refuses too
             TrainedRun.check(run, RunFolder(run).load_config(), fmt)
+
+
+IMAGE_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}"
+                  "{% else %}{% for part in m.content %}{% if part.type == 'image' %}<image>{% else %}{{ part.text }}"
+                  "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""A chat template that renders OpenAI image parts, as published VLMs' templates do (the tiny models carry the
+bundled text model's, which renders a message's content as one string)."""
+
+
+@pytest.mark.slow
+def test_serve_answers_an_image_url_for_a_merged_llava_export(tmp_path, capsys):
+    import base64
+    import io
+    import signal
+
+    from openai import OpenAI
+
+    from backend.cli.app import main
+    from backend.core.vision_folder import VisionFolder
+    from tests.backend.test_serve import start_cli
+
+    run = train(tmp_path, "llava", projector="full")
+    assert main(["export", str(run), "--format", "merged"]) == 0
+    export = run / "exports" / "merged"
+    (export / "chat_template.jinja").write_text(IMAGE_TEMPLATE)
+    buffer = io.BytesIO()
+    vision_models.image(64, 48, seed=3).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    served = start_cli(export)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{served['port']}/v1", api_key=served["token"], timeout=120)
+        reply = client.chat.completions.create(model=served["model"], max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is in this picture?"}]}])
+        assert 0 < reply.usage.completion_tokens <= 4
+        assert reply.usage.prompt_tokens > VisionFolder.read(export).tokens_per_image(64, 48)  # the image's tokens
+    finally:
+        served["process"].send_signal(signal.SIGINT)
+        assert served["process"].wait(60) == 0
+
+
+def test_serve_says_in_one_line_why_transformers_cannot_load_a_qwen_vl_processor(tmp_path, capsys):
+    from backend.cli.app import main
+    from backend.serving.engines import installed
+
+    if installed("torchvision"):
+        pytest.skip("torchvision is installed: the server builds the video processor")
+    folder = vision_models.build_tiny_vlm("qwen2_5_vl", tmp_path / "m")
+    assert main(["serve", str(folder), "--device", "cpu", "--port", "0"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: transformers serve builds Qwen2.5-VL's processor with its video processor, which "
+                           "needs torchvision") and "pip install torchvision" in line
