@@ -98,6 +98,18 @@ def refuse_unfinished(folder: RunFolder, config: RunConfig, merged: bool, then: 
         raise ConfigError(f"{problem[0]}; {problem[1]}")
 
 
+def refuse_vision_format(config: RunConfig, fmt: str) -> None:
+    """A format a vision-language run cannot be exported as yet, in one line before a worker starts (the export
+    job refuses the same way: export/merge.TrainedRun.check)."""
+    from backend.core.registries.export_formats import vision_refusal
+    from backend.core.vision_folder import VisionFolder
+
+    family = VisionFolder.read(config.resolved_model_path()).family
+    problem = vision_refusal(fmt, family.label) if family is not None else None
+    if problem:
+        raise ConfigError(f"{problem[0]}; {problem[1]}")
+
+
 def refuse_what_cannot_run(config: RunConfig, problem: str = "", start_anyway: bool = False) -> list[str]:
     """Every reason `config` cannot run on this machine, at once (Refusals: exit 2), before a run folder
     is made or a worker starts: the torch-free verdicts the window's Start and the estimate use

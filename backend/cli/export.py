@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from backend.cli.checks import open_run_folder, output_folder, refuse_unfinished
-from backend.core.registries.export_formats import DTYPES, FORMATS, export_format, format_names
+from backend.cli.checks import open_run_folder, output_folder, refuse_unfinished, refuse_vision_format
+from backend.core.registries.export_formats import DTYPES, FORMATS, export_format, format_names, vision_formats
 from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
 
 
@@ -29,7 +29,9 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Write one export of a run into a temporary folder, reload it with the library that owns the\n"
                     "format, check it against the trained model, and only then put it in place with its\n"
                     f"export_report.json. Exit status 0 when no check failed (a check no reader here can run is\n"
-                    f"\"not verified\", and the report says which to run elsewhere).\n\nformats:\n{formats}",
+                    f"\"not verified\", and the report says which to run elsewhere).\n\nformats:\n{formats}\n\n"
+                    f"a vision-language run exports as {', '.join(vision_formats())} (its tower and projector\n"
+                    "16-bit); the other formats are refused in one line",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (printed by `train`, listed by `runs list`)")
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
@@ -105,6 +107,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = folder.load_config()
     out = output_folder(args.out, "--out") if args.out else folder.path / "exports" / args.format  # the argument first
     refuse_unfinished(folder, config, export_format(args.format).merged, "export")  # before a worker starts
+    refuse_vision_format(config, args.format)
     params = {"format": args.format, "out": str(out), "overwrite": bool(args.overwrite)}
     if args.dtype:
         params["dtype"] = args.dtype

@@ -3,8 +3,9 @@
 peft saves one `lora_A`/`lora_B` pair (and, for DoRA, a `lora_magnitude_vector`) per adapted module,
 keyed by the in-memory module name under `base_model.model.`. Each is matched here to the disk tensor
 it changes (through ModelLayout) with its own scaling: lora_alpha / r, or lora_alpha / sqrt(r) for
-rsLoRA, with peft's rank_pattern / alpha_pattern overrides. Anything this merge does not reproduce
-exactly (LoRA biases, modules_to_save, other peft methods) is refused in one sentence rather than
+rsLoRA, with peft's rank_pattern / alpha_pattern overrides. A `modules_to_save` module (a VLM's projector
+tuned full) is saved whole under its own name: its tensors replace the base's (`replaced`). Anything this
+merge does not reproduce exactly (LoRA biases, other peft methods) is refused in one sentence rather than
 merged approximately. peft's ParamWrapper on fused MoE experts (`target_parameters`) is merged into
 each expert's own disk tensors, with peft's (expert, rank) layout of its A and B.
 """
@@ -52,18 +53,20 @@ class AdapterWeights:
         if peft_type != "LORA":
             raise bad_input(f"{config_path}: peft_type {peft_type} cannot be merged here (LoRA and DoRA can)",
                             "export format adapter instead")
-        if self.config.get("modules_to_save"):
-            raise bad_input(f"{config_path}: modules_to_save {self.config['modules_to_save']} holds full copies of "
-                            "layers, which this merge does not write", "export format adapter instead")
+        saved = tuple(self.config.get("modules_to_save") or ())
         if self.config.get("lora_bias"):
             raise bad_input(f"{config_path}: lora_bias adapters are not merged here", "export format adapter instead")
         self.files = CheckpointFiles(self.folder)
         self._factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # expert wrappers' A, B as (e, r, in), (out, r, e)
         self.use_dora = bool(self.config.get("use_dora"))
         parts: dict[str, dict[str, str]] = {}
+        self.replaced: dict[str, str] = {}  # base disk tensor -> the adapter's key of its trained full copy
         for key in self.files.names():
             body = key[len(PREFIX):] if key.startswith(PREFIX) else key
             role = next(((suffix, r) for suffix, r in ROLES.items() if body.endswith(suffix)), None)
+            if role is None and any(body.startswith(module + ".") for module in saved):
+                self.replaced[self._replaced_disk(body, key, layout)] = key
+                continue
             if role is None:
                 raise bad_input(f"{self.folder / 'adapter_model.safetensors'}: key {key} is not a LoRA weight this "
                                 "merge knows", "export format adapter instead")
@@ -72,6 +75,19 @@ class AdapterWeights:
         self.modules: dict[str, AdaptedModule] = {}
         for module, roles in sorted(parts.items()):
             self.modules.update(self._match(module, roles, layout))
+
+    def _replaced_disk(self, body: str, key: str, layout: ModelLayout) -> str:
+        """The base tensor a modules_to_save tensor replaces, checked to be the same shape."""
+        disk = layout.to_disk.get(body)
+        if disk is None or tuple(layout.shapes[disk]) != tuple(self.files.info(key).shape):
+            raise bad_input(f"{self.folder / 'adapter_model.safetensors'}: {key} (a module trained whole) fits no "
+                            "tensor of the base checkpoint: the adapter was trained on another model",
+                            "check model.path in the run's config.yaml")
+        return disk
+
+    def full_copy(self, disk_name: str) -> torch.Tensor:
+        """The trained tensor of a module tuned whole, as the adapter saved it."""
+        return self.files.get(self.replaced[disk_name])
 
     def _match(self, module: str, roles: dict[str, str], layout: ModelLayout) -> dict[str, AdaptedModule]:
         if "A" not in roles or "B" not in roles:

@@ -24,24 +24,32 @@ import torch
 from backend.export.checkpoint_files import read_config
 from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.export.merge import DTYPES, TrainedRun, placement
+from backend.core.vision_folder import VisionFolder
 from backend.export.merged_source import MergedSource
+from backend.export.model_layout import auto_model_class
 from backend.export.safetensors_writer import write_safetensors
+from backend.training.vision.parts import skip_quantization
 
 log = logging.getLogger(__name__)
 SKIP_FROM_ADAPTER = ("README.md", "training_args.bin")
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                   "chat_template.jinja", "chat_template.json")
+"""A vision-language model's processor beside its weights (AutoProcessor reads them; the run's copy holds
+its vision.max_pixels cap)."""
 
 
 def bnb_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def bnb_config(bits: int, dtype: str) -> Any:
+def bnb_config(bits: int, dtype: str, skip: list[str] | None = None) -> Any:
+    """skip: modules left 16-bit (a vision-language model's tower, projector and head; None: transformers' default)."""
     from transformers import BitsAndBytesConfig
 
     if bits == 4:
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=DTYPES[dtype])
-    return BitsAndBytesConfig(load_in_8bit=True)
+                                  bnb_4bit_compute_dtype=DTYPES[dtype], llm_int8_skip_modules=skip)
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
 
 
 @functools.lru_cache(maxsize=4)
@@ -103,6 +111,11 @@ def write_merged(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Pat
     if config.get("auto_map"):  # the model's own code, which its config names
         for code in folder.glob("*.py"):
             shutil.copy2(code, tmp / code.name)
+    if VisionFolder.read(folder).family is not None:
+        for name in PROCESSOR_FILES:
+            found = next((f / name for f in (run.weights_dir, run.base_path) if (f / name).is_file()), None)
+            if found is not None:
+                shutil.copy2(found, tmp / name)
     tokenizer.save_pretrained(tmp)
 
 
@@ -114,14 +127,17 @@ def write_bnb(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Path, 
     scratch = tmp / ".scratch-16bit"
     scratch.mkdir()
     write_merged(source, run, tokenizer, scratch, dtype, progress, should_stop)
-    from transformers import AutoModelForCausalLM
-
-    quantized = AutoModelForCausalLM.from_pretrained(
-        scratch, dtype=DTYPES[dtype], quantization_config=bnb_config(bits, dtype), device_map={"": bnb_device()},
+    family = VisionFolder.read(scratch).family  # its tower and projector stay 16-bit, as in a QLoRA run
+    skip = skip_quantization(family) if family is not None else None
+    quantized = auto_model_class(scratch).from_pretrained(
+        scratch, dtype=DTYPES[dtype], quantization_config=bnb_config(bits, dtype, skip), device_map={"": bnb_device()},
         trust_remote_code=run.config.model.trust_remote_code, **LOAD_KWARGS,
     )
     # Saved before any forward pass: bitsandbytes repacks CPU 4-bit weights in place on the first one.
     quantized.save_pretrained(tmp, safe_serialization=True)
+    for name in PROCESSOR_FILES:
+        if (scratch / name).is_file():
+            shutil.copy2(scratch / name, tmp / name)
     tokenizer.save_pretrained(tmp)
     del quantized
     shutil.rmtree(scratch)
@@ -131,26 +147,25 @@ def write_bnb(source: MergedSource, run: TrainedRun, tokenizer: Any, tmp: Path, 
 
 
 def load_merged_export(path: Path, dtype: str, device: str, trust_remote_code: bool = False) -> tuple[Any, str]:
-    """(model as plain transformers loads the folder, in its saved dtype, description)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", **placement(device),
-                                                 trust_remote_code=trust_remote_code, **LOAD_KWARGS)
+    """(model as plain transformers loads the folder, in its saved dtype, description): a vision-language
+    folder as the whole image-text model, with its tower and projector."""
+    auto = auto_model_class(path)
+    model = auto.from_pretrained(path, dtype="auto", **placement(device), trust_remote_code=trust_remote_code,
+                                 **LOAD_KWARGS)
     saved = {p.dtype for p in model.parameters()}
     if saved != {DTYPES[dtype]}:
         raise RuntimeError(f"{path} loaded as {sorted(str(s) for s in saved)}, expected {dtype}")
     model.eval()
-    return model, f"transformers AutoModelForCausalLM, all weights {dtype}, on {device}"
+    return model, f"transformers {auto.__name__}, all weights {dtype}, on {device}"
 
 
 def load_bnb_export(path: Path, bits: int, dtype: str, device: str,
                     trust_remote_code: bool = False) -> tuple[Any, str]:
     """(model as transformers loads the folder, quantized, the rest in `dtype`; description)."""
     import bitsandbytes as bnb
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], device_map={"": device},
-                                                 trust_remote_code=trust_remote_code, **LOAD_KWARGS)
+    model = auto_model_class(path).from_pretrained(path, dtype=DTYPES[dtype], device_map={"": device},
+                                                   trust_remote_code=trust_remote_code, **LOAD_KWARGS)
     kind = bnb.nn.Linear4bit if bits == 4 else bnb.nn.Linear8bitLt
     layers = [m for m in model.modules() if isinstance(m, kind)]
     if not layers:

@@ -20,7 +20,7 @@ import torch
 
 from backend.core.config.run_config import RunConfig
 from backend.core.errors import bad_input
-from backend.core.registries.export_formats import export_format
+from backend.core.registries.export_formats import export_format, vision_refusal
 from backend.runtime.hub_kernels import LOAD_KWARGS
 from backend.core.runs.trained_weights import weights_problem
 from backend.core.vision_folder import VisionFolder
@@ -75,6 +75,9 @@ class TrainedRun:
         if problem:
             raise bad_input(*problem)
         base = config.resolved_model_path()
+        family = VisionFolder.read(base).family
+        if family is not None and (refusal := vision_refusal(fmt, family.label)):
+            raise bad_input(*refusal)
         if merged and not full and (base / "config.json").is_file() \
                 and read_config(base).get("quantization_config"):
             raise bad_input(f"{base}/config.json has a quantization_config: the base is stored pre-quantized, and a "

@@ -74,6 +74,8 @@ class MergedSource:
         return self.dtype if stored.is_floating_point else stored
 
     def get(self, name: str) -> torch.Tensor:
+        if self.adapter is not None and name in self.adapter.replaced:  # a module the run tuned whole
+            return self.adapter.full_copy(name).to(self.dtype)
         tensor = self.files.get(name)
         if not tensor.is_floating_point():
             return tensor

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from backend.core.errors import bad_input
+from backend.core.vision_folder import VisionFolder
+from backend.training.vision.parts import skip_quantization
 
 EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 
@@ -28,6 +30,14 @@ def slice_of(disk_name: str, part: int, shape: tuple[int, ...]) -> tuple[int, in
     transformers stacks the experts along axis 0 and concatenates the parts (gate, then up) along axis 1."""
     match = EXPERT_INDEX.search(disk_name)
     return (int(match[1]) if match else -1), part * shape[0], (part + 1) * shape[0]
+
+
+def auto_model_class(folder: Path) -> Any:
+    """The transformers Auto class that builds the model as trained: a proven vision-language folder's whole
+    image-text model (its tower and projector have checkpoint tensors too), else the causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if VisionFolder.read(folder).family is not None else AutoModelForCausalLM
 
 
 @dataclass
@@ -47,14 +57,15 @@ class ModelLayout:
     @classmethod
     def build(cls, folder: Path, shapes: dict[str, tuple[int, ...]], trust_remote_code: bool = False,
               quantization: str | None = None, compute_dtype: torch.dtype = torch.bfloat16) -> "ModelLayout":
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
         from transformers.pytorch_utils import Conv1D
 
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        auto = auto_model_class(folder)
         with torch.device("meta"):
-            meta = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            meta = auto.from_config(config, trust_remote_code=trust_remote_code)
         conversions = get_model_conversion_mapping(meta)
         renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
         converters = [c for c in conversions if isinstance(c, WeightConverter)]
@@ -81,20 +92,23 @@ class ModelLayout:
                      transposed={name for name, module in meta.named_modules() if getattr(module, "is_transposed", False)})
         layout.slices = {disk: slice_of(disk, parts[disk], shapes[disk]) for names in fused.values() for disk in names}
         if quantization:
-            layout._find_quantized(config, quantization, compute_dtype, trust_remote_code)
+            layout._find_quantized(config, quantization, compute_dtype, trust_remote_code, folder)
         return layout
 
-    def _find_quantized(self, config: Any, quantization: str, compute_dtype: torch.dtype, trust: bool) -> None:
-        """The Linear layers transformers' bitsandbytes quantizer replaces, asked of the quantizer itself."""
+    def _find_quantized(self, config: Any, quantization: str, compute_dtype: torch.dtype, trust: bool,
+                        folder: Path) -> None:
+        """The Linear layers transformers' bitsandbytes quantizer replaces, asked of the quantizer itself (a
+        vision-language model's tower and projector stayed 16-bit in training: the same skip list here)."""
         import bitsandbytes as bnb
-        from transformers import AutoModelForCausalLM
         from transformers.quantizers import AutoHfQuantizer
 
         from backend.export.quantized_base import bnb_config
 
-        quantizer = AutoHfQuantizer.from_config(bnb_config(quantization, compute_dtype), pre_quantized=False)
+        family = VisionFolder.read(folder).family
+        skip = skip_quantization(family) if family is not None else None
+        quantizer = AutoHfQuantizer.from_config(bnb_config(quantization, compute_dtype, skip), pre_quantized=False)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
+            model = auto_model_class(folder).from_config(config, trust_remote_code=trust)
         quantizer.preprocess_model(model, device_map={"": "cpu"}, keep_in_fp32_modules=model._keep_in_fp32_modules)
         kind = bnb.nn.Linear4bit if quantization == "nf4" else bnb.nn.Linear8bitLt
         for name, module in model.named_modules():

@@ -105,7 +105,9 @@ def build_probe(config: RunConfig, tokenizer: Any, device: str, max_increase: fl
     for candidates, source in _row_sources(config, tokenizer):
         taken = len(rows)
         for row in candidates:
-            row = _window(row, min(MAX_SEQUENCE, left))
+            # A row with images runs alone and is never cut; the first one is taken whatever its length.
+            row = _window(row, (left if rows else max(left, len(row["input_ids"]))) if "inputs" in row
+                          else min(MAX_SEQUENCE, left))
             if row is None:
                 break
             rows.append(row)
@@ -119,11 +121,14 @@ def build_probe(config: RunConfig, tokenizer: Any, device: str, max_increase: fl
 
 
 def _window(row: dict[str, list[int]], limit: int) -> dict[str, list[int]] | None:
-    """The row, or its last `limit` tokens up to its last answer token when longer; None when no answer fits."""
+    """The row, or its last `limit` tokens up to its last answer token when longer; None when no answer fits
+    (a row with images, whose tokens cannot be cut: None when longer)."""
     ids, labels = list(row["input_ids"]), list(row["labels"])
     answered = [i for i, x in enumerate(labels) if x != IGNORE and i > 0]
     if not answered or limit < 2:
         return None
+    if "inputs" in row:
+        return row if len(ids) <= limit else None
     if len(ids) > limit:
         end = answered[-1] + 1
         start = max(0, end - limit)
@@ -160,7 +165,12 @@ def _row_sources(config: RunConfig, tokenizer: Any) -> list[tuple[list[dict[str,
     """(rows, where from) in the order a probe takes them: the validation split first, then training rows, which
     measure an export's fidelity as well when a quantized check needs more rows than the split has."""
     from backend.core.data.records import detect_format, read_records, to_conversation
+    from backend.core.vision_folder import VisionFolder
 
+    if VisionFolder.read(config.resolved_model_path()).family is not None:  # its image rows, with their images
+        from backend.export.vision_probe import image_row_sources
+
+        return image_row_sources(config)
     try:
         train, evaluation, _ = build_datasets(config, tokenizer)
         training = [train[i] for i in range(min(1024, len(train)))]
@@ -242,8 +252,9 @@ def measure(model: Any, probe: Probe, should_stop: Callable[[], bool] | None = N
     device = _device_of(model)
     values, ids, nll, prompt_logits, row_tokens = [], [], [], [], []
     sequences = [(p, None) for p in probe.prompts] + [(r["input_ids"], r["labels"]) for r in probe.rows]
+    images = {id(r["input_ids"]): r["inputs"] for r in probe.rows if "inputs" in r}
     with cpu_products_in_fp32(model), _quiet("bitsandbytes.autograd._functions"):
-        for batch in _batches(sequences):
+        for batch in _batches(sequences, set(images)):
             if should_stop and should_stop():
                 raise InterruptedError("stop requested")
             width = max(len(s) for s, _ in batch)
@@ -252,7 +263,13 @@ def measure(model: Any, probe: Probe, should_stop: Callable[[], bool] | None = N
             for i, (seq, _) in enumerate(batch):
                 tokens[i, :len(seq)] = torch.tensor(seq)
                 mask[i, :len(seq)] = 1
-            logits = model(input_ids=tokens.to(device), attention_mask=mask.to(device)).logits
+            inputs = images.get(id(batch[0][0])) if len(batch) == 1 else None
+            if inputs is not None:  # a row with images: the processor's tensors, pixels and all
+                from backend.export.vision_probe import forward_inputs
+
+                logits = model(**forward_inputs(model, inputs, device)).logits
+            else:
+                logits = model(input_ids=tokens.to(device), attention_mask=mask.to(device)).logits
             for i, (seq, labels) in enumerate(batch):
                 row = logits[i, :len(seq)]
                 if labels is None:
@@ -268,9 +285,16 @@ def measure(model: Any, probe: Probe, should_stop: Callable[[], bool] | None = N
                        prompt_logits, time.monotonic() - began, row_tokens)
 
 
-def _batches(sequences: list) -> Iterator[list]:
+def _batches(sequences: list, alone: set[int] = frozenset()) -> Iterator[list]:
+    """Batches of at most MAX_SEQUENCE tokens; a sequence whose id is in `alone` (a row with images) goes by itself."""
     batch: list = []
     for item in sequences:
+        if id(item[0]) in alone:
+            if batch:
+                yield batch
+                batch = []
+            yield [item]
+            continue
         width = max([len(item[0])] + [len(s) for s, _ in batch])
         if batch and width * (len(batch) + 1) > MAX_SEQUENCE:
             yield batch

@@ -66,6 +66,20 @@ LLAMA_CPP_SERVER = ("llama_cpp.server", "sse_starlette", "starlette_context", "p
 without the extra has the first and fails on the second at start."""
 
 
+def video_processor_problem(folder: str) -> str | None:
+    """Why `transformers serve` cannot load this vision-language folder here, or None: it builds the processor
+    with AutoProcessor, which for Qwen2.5-VL, Qwen3-VL, Qwen3.5 and Gemma 4 also builds a video processor that
+    needs torchvision (our own jobs leave it out: training/model/vision_processor.py; the server cannot)."""
+    from backend.core.vision_folder import VisionFolder
+    from backend.training.model.vision_processor import WITH_VIDEO
+
+    family = VisionFolder.read(Path(folder)).family if Path(folder).is_dir() else None
+    if family is None or family.key not in WITH_VIDEO or installed("torchvision"):
+        return None
+    return (f"transformers serve builds {family.label}'s processor with its video processor, which needs torchvision, "
+            f"not installed here: `pip install torchvision` (the build matching torch), or serve with vLLM on a GPU")
+
+
 def choose_engine(source: ServeSource, engine: str, device: str) -> str:
     """The engine `auto` means, or a one-line ValueError for one that cannot serve this export here."""
     spec = export_format(source.fmt)
@@ -84,6 +98,8 @@ def choose_engine(source: ServeSource, engine: str, device: str) -> str:
         raise ValueError(f"the compressed-tensors package is not installed, so transformers cannot load the "
                          f"{source.fmt} export: `pip install 'compressed-tensors>=0.20,<0.21'`, or serve the merged "
                          "export (--format merged)")
+    if engine == "transformers" and (problem := video_processor_problem(source.serve_path)):
+        raise ValueError(problem)
     if engine == "vllm" and not installed("vllm"):
         raise ValueError("vLLM is not installed: `pip install vllm` on a CUDA machine, or leave --engine out "
                          "to serve with transformers")

@@ -42,7 +42,11 @@ from backend.core.registries.export_formats import (
     EXPORT_REPORT,
     FORMATS,
     overwrite_refusal,
+    vision_refusal,
 )
+from backend.core.config.run_config import ConfigError
+from backend.core.runs.run_folder import RunFolder
+from backend.core.vision_folder import VisionFolder
 from backend.core.protocol import MetricsLogged, PhaseChanged
 from studio.job_controller import JobController, JobOutcome, failure_text
 from studio.services.open_folder import open_folder
@@ -214,7 +218,23 @@ class ExportPage(QWidget):
         self.evaluation.set_run(path)
         self.prune.set_run(path)
         self.serve.set_target(path)
+        self._grey_formats(path)
         self._update_buttons()
+
+    def _grey_formats(self, path: str) -> None:
+        """A vision-language run's formats that are not built yet are greyed, the job's refusal as their tooltip."""
+        try:
+            family = VisionFolder.read(RunFolder(Path(path)).load_config().resolved_model_path()).family if path else None
+        except (OSError, ConfigError, ValueError):
+            family = None  # an unreadable run: the job says why when it starts
+        model = self.format_combo.model()
+        for index in range(self.format_combo.count()):
+            name = self.format_combo.itemData(index)
+            refusal = vision_refusal(name, family.label) if family is not None else None
+            model.item(index).setEnabled(refusal is None)
+            self.format_combo.setItemData(index, f"{refusal[0]}; {refusal[1]}" if refusal else FORMATS[name], 3)
+        if family is not None and vision_refusal(self.fmt(), family.label):
+            self.set_format("merged")
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
         if not self.jobs.is_running():  # the last export's verdict was about another format

@@ -247,3 +247,27 @@ def test_the_format_help_shows_every_line_in_a_small_window(qtbot, make_studio):
         help_label = page.format_help
         assert help_label.text().startswith(f"{fmt}: ")
         assert help_label.height() >= help_label.heightForWidth(help_label.width()), fmt
+
+
+def test_a_vision_language_runs_page_greys_the_formats_it_cannot_export(qtbot, make_studio, tmp_path):
+    from tests import vision_models
+
+    studio = make_studio(fake_command("normal"))
+    text = finished_run(studio, "text")
+    config = studio.config.config()
+    config.model.path = str(vision_models.build_tiny_vlm("qwen2_5_vl", tmp_path / "vlm"))
+    vlm = RunFolder.create(config.model_copy(update={"name": "vlm"}))
+    vlm.append_event({"type": "JobFinished", "v": 1, "run_dir": str(vlm.path), "steps": 10})
+    page = studio.pages["export"]
+    studio.window.show_page("export")
+    page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(text.path)))
+    page.set_format("gguf-q8_0")
+    page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(vlm.path)))
+    model = page.format_combo.model()
+    enabled = {page.format_combo.itemData(i): model.item(i).isEnabled() for i in range(page.format_combo.count())}
+    assert [name for name, on in enabled.items() if on] == ["adapter", "merged", "bnb-8bit", "bnb-4bit"]
+    assert page.fmt() == "merged"
+    tip = page.format_combo.itemData(page.format_combo.findData("gguf-q8_0"), 3)
+    assert tip.startswith("gguf-q8_0 of a Qwen2.5-VL run is not built yet (the mmproj half")
+    page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(text.path)))
+    assert all(model.item(i).isEnabled() for i in range(page.format_combo.count()))

@@ -85,6 +85,7 @@ class ExportFormat:
     serve_order: int | None = None  # where it stands in SERVED_FORMATS (None: not served as it is)
     vllm_quantization: str | None = None  # vLLM's --quantization for it (None: vLLM reads config.json)
     method_hints: Mapping[str, str] = field(default_factory=dict, hash=False)  # a failure hint per run method
+    vision_gap: str | None = None  # what is missing for a vision-language run (None: it exports one)
 
     @property
     def calibrated(self) -> bool:
@@ -174,6 +175,8 @@ def _gguf(name: str, description: str, bounds: Mapping[str | None, Bounds], *, g
           order: int) -> None:
     """A GGUF format: the merged tensors handed over in fp32 and rounded once, to its own types."""
     register_format(ExportFormat(name, description, "gguf", GGUF_DOORS, bounds, disk=None, merge_precision="fp32",
+                                 vision_gap="the mmproj half: llama.cpp reads the tower and projector from a second "
+                                            "GGUF file, which is not written",
                                  read_back_in="16-bit weights with fp32 activations and products", ggml_type=ggml_type, ggml_bytes=ggml_bytes,
                                  served_by=("llama-cpp",), serve_order=order))
 
@@ -198,6 +201,8 @@ def _calibrated(name: str, description: str, bounds: Bounds, *, bits: int, algor
                 linear_bytes: float, activation_bits: int | None = None, symmetric: bool = True) -> None:
     """A calibrated format: fitted on the run's data over a 16-bit scratch copy, written by compressed-tensors."""
     register_format(ExportFormat(name, description, "calibrated", CALIBRATED_DOORS, {None: bounds},
+                                 vision_gap="calibrating on image rows, with the tower and projector on "
+                                            "compressed-tensors' ignore list",
                                  disk=DiskRule(linear_bytes, scratch=True), bits=bits, activation_bits=activation_bits,
                                  algorithm=algorithm, symmetric=symmetric, served_by=SERVERS, serve_order=order))
 
@@ -223,6 +228,20 @@ CALIBRATED = tuple(f.name for f in EXPORT_FORMATS.values() if f.calibrated)
 """Formats calibrated on the run's training data (backend/export/calibrated/)."""
 GGUF_TYPES: dict[str, str] = {f.name: f.ggml_type for f in EXPORT_FORMATS.values() if f.ggml_type}
 """GGUF format -> the GGML type of its 2-D weights."""
+
+
+def vision_formats() -> tuple[str, ...]:
+    """The formats a vision-language run can export."""
+    return tuple(f.name for f in EXPORT_FORMATS.values() if f.vision_gap is None)
+
+
+def vision_refusal(fmt: str, family: str) -> tuple[str, str] | None:
+    """(the one line, the fix) when a `family` vision-language run cannot be exported as `fmt`, else None."""
+    gap = export_format(fmt).vision_gap
+    if gap is None:
+        return None
+    return (f"{fmt} of a {family} run is not built yet ({gap})",
+            f"export --format {', '.join(vision_formats()[:-1])} or {vision_formats()[-1]}")
 
 
 def format_names() -> str:
