@@ -2,9 +2,10 @@
 activations, the processor's pixel tensors; and the image tokens a row puts into the language model's sequence.
 
 Each part's tuning comes from the run's `vision` section (frozen, lora or full): frozen holds its weights as
-the language model's unquantized weights are held (16-bit; under QLoRA/LoRA8 the tower and projector are in
-the skip list, unquantized, and peft's prepare_model_for_kbit_training casts them to fp32 as it does every
-16-bit parameter: 4 bytes, which bench/estimate_vision.py cannot check without CUDA); lora adds adapters on its linears,
+the language model's unquantized weights are held, except under QLoRA/LoRA8: the tower and projector are in
+bitsandbytes' skip list, and training/vision/parts.keep_image_side_dtype keeps them 16-bit where peft's
+prepare_model_for_kbit_training would cast them to fp32 (a part tuned full is cast, as its updates need);
+bench/estimate_vision.py cannot check that without CUDA); lora adds adapters on its linears,
 their gradients and optimizer state; full gradients and optimizer state for every parameter. The per-image
 figures are `vision_memory.image_side_bytes`' at the resolution cap (`vision.max_pixels` for Qwen, the
 family's fixed square elsewhere; the folder's processor files set the cap where they are beside config.json),
@@ -83,11 +84,15 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
     cap = run.vision.max_pixels if family.startswith("qwen") else None
     side = image_side_bytes(raw, family, cap, compute_bytes=setup.compute_bytes, images=images,
                             checkpointing=setup.checkpointing, processor=folder_processor(raw))
-    weight_bytes = setup.weight_bytes
     vision = run.vision
-    tower = _part(shape.tower_params, shape.tower_linears, vision.tower, setup, weight_bytes, run.technique.optimizer)
-    projector = _part(shape.projector_params, shape.projector_linears, vision.projector, setup, weight_bytes,
-                      run.technique.optimizer)
+
+    def held(tuning: str) -> int:  # k-bit runs keep a frozen or LoRA part 16-bit (keep_image_side_dtype)
+        return setup.compute_bytes if setup.quant and tuning != "full" else setup.weight_bytes
+
+    tower = _part(shape.tower_params, shape.tower_linears, vision.tower, setup, held(vision.tower),
+                  run.technique.optimizer)
+    projector = _part(shape.projector_params, shape.projector_linears, vision.projector, setup,
+                      held(vision.projector), run.technique.optimizer)
     if not images:
         activations, held = 0, False
     elif vision.tower != "frozen":

@@ -65,11 +65,13 @@ def test_rows_follow_each_parts_tuning():
         assert "vision_tower" in b.format_table() and "image tokens" in b.format_table()
 
 
-def test_qlora_holds_the_unquantized_tower_as_peft_casts_it_and_images_scale_the_per_image_rows():
+def test_qlora_holds_the_unquantized_tower_16_bit_and_images_scale_the_per_image_rows():
     one = estimate(QWEN, run("qlora", max_pixels=301056), device="cuda", images_per_row=1)
     two = estimate(QWEN, run("qlora", max_pixels=301056), device="cuda", images_per_row=2)
-    # in the skip list, then cast to fp32 by prepare_model_for_kbit_training with every 16-bit parameter
-    assert one.vision_tower == one.details["vision"]["tower"]["parameters"] * 4
+    # in the skip list, and kept 16-bit past prepare_model_for_kbit_training (keep_image_side_dtype)
+    assert one.vision_tower == one.details["vision"]["tower"]["parameters"] * 2
+    full = estimate(QWEN, run("qlora", max_pixels=301056, projector="full"), device="cuda", images_per_row=1)
+    assert full.details["vision"]["projector"]["weights"] == full.details["vision"]["projector"]["parameters"] * 4
     assert one.details["vision"]["image_tokens_per_row"] == 384  # 301,056 / 28^2
     assert two.pixel_values == 2 * one.pixel_values and two.vision_activations == 2 * one.vision_activations
     assert not any("assumed" in w for w in one.details["warnings"])
