@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
 
     folders = [str(merged)] + [str(s["folder"]) for s in sides.values() if not s["error"]]
     done = measured([sys.executable, str(ROOT / "bench" / "folder_perplexity.py"), str(work / "held_out.json"),
-                     str(work / "perplexity.json"), *folders], env, work / "logs" / "perplexity.log")
+                     str(work / "perplexity.json"), *folders, "--packed-zero-points"], env,
+                    work / "logs" / "perplexity.log")
     if done.rc:
         raise SystemExit(f"scoring failed: {done.failure()}")
     scores = json.loads((work / "perplexity.json").read_text())

@@ -6,7 +6,11 @@ unpacks a quantized folder's integers), and each row is scored alone, without pa
 project, so another environment's interpreter (bench/calibrated_vs_llmcompressor.py's llmcompressor venv) can run it
 too on a folder ours cannot load.
 
-    python bench/folder_perplexity.py ROWS.json OUT.json FOLDER [FOLDER ...]
+    python bench/folder_perplexity.py ROWS.json OUT.json FOLDER [FOLDER ...] [--packed-zero-points]
+
+--packed-zero-points (our environment only): load asymmetric pack-quantized folders as our export check and
+`serve` do (backend/training/model/packed_zero_points.py works around compressed-tensors 0.20.1's meta
+zero-point shape); plain transformers 5.25 + compressed-tensors 0.20.1 cannot load them (ours or llmcompressor's).
 
 ROWS.json: {"rows": [{"input_ids": [...], "labels": [...]}, ...]} (labels -100 where a token is not an answer).
 OUT.json: {FOLDER: {"all": [nll per predicted token], "answers": [nll per answer token], "load_s", "score_s"}
@@ -91,6 +95,11 @@ def main(argv: list[str]) -> int:
         return 2
     for key, value in OFFLINE.items():
         os.environ.setdefault(key, value)
+    if "--packed-zero-points" in argv:  # our stack: the fix our own loaders apply (packed_zero_points.py)
+        argv = [a for a in argv if a != "--packed-zero-points"]
+        from backend.training.model.packed_zero_points import allow
+
+        allow()
     rows = json.loads(Path(argv[0]).read_text())["rows"]
     results = {}
     for folder in argv[2:]:
