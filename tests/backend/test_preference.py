@@ -188,7 +188,10 @@ def test_stop_and_save_keeps_a_complete_checkpoint_and_the_adapter(bundled_model
 
 
 def test_a_dpo_run_resumes_from_its_checkpoint(bundled_model, tmp_path):
-    short = ["train.save_steps=2", "data.max_examples=48", "data.validation_split=0"]
+    """Also DPO's case of test_objective_samples (one run for both): answers sampled at each evaluation."""
+    from tests.backend.test_objective_samples import EVALUATED, assert_samples_at_each_evaluation
+
+    short = ["train.save_steps=2", *EVALUATED]
     run_dpo(tmp_path, ["train.max_steps=2", *short])
     from backend.jobs.finetune import run_finetune
 
@@ -202,3 +205,4 @@ def test_a_dpo_run_resumes_from_its_checkpoint(bundled_model, tmp_path):
     started = [e for e in events if e.type == "JobStarted"]
     assert started[-1].resumed_from.endswith("checkpoint-2")
     assert [e.step for e in events if e.type == "MetricsLogged"] == [1, 2, 3, 4] and events[-1].steps == 4
+    assert_samples_at_each_evaluation(events)  # an evaluation before the stop and one after the resume
