@@ -95,19 +95,24 @@ def test_cancel_saves_nothing(bundled_model):
 
 
 def test_cli_train_with_overrides_and_runs_list(bundled_model, studio_home):
-    env_cmd = [sys.executable, "-m", "studio", "train", str(PRESET),
-               "--set", "train.max_steps=4", "--set", "name=cli-run", "--set", "train.save_steps=2"]
+    """--set train.num_epochs=2 over tiny_lora.yaml's max_steps: 2 epochs of 8 rows at micro-batch 4 rule
+    (test_schedule's CLI case: one worker run for both), then runs list and train --resume --more-steps."""
+    overrides = ["train.num_epochs=2", "data.max_examples=8", "data.validation_split=0", "train.micro_batch_size=4",
+                 "train.seq_len=128", "name=cli-run", "train.save_steps=2"]
+    env_cmd = [sys.executable, "-m", "studio", "train", str(PRESET), *sum((["--set", o] for o in overrides), [])]
     done = subprocess.run(env_cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "finished" in done.stdout and "tokens/s:" in done.stdout and "adapter:" in done.stdout
     assert "Traceback" not in done.stderr
+    assert "[schedule] train.num_epochs rules: 2 epochs of 8 rows = 4 steps" in done.stderr
+    assert "steps:       4" in done.stdout
     runs = subprocess.run([sys.executable, "-m", "studio", "runs", "list", "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     listed = json.loads(runs.stdout)
     assert len(listed) == 1 and listed[0]["name"] == "cli-run" and listed[0]["status"] == "finished"
     assert listed[0]["steps"] == 4
     config = RunConfig.load(listed[0]["path"] + "/config.yaml")
-    assert config.train.max_steps == 4 and config.train.save_steps == 2
+    assert (config.train.num_epochs, config.train.max_steps, config.train.save_steps) == (2, None, 2)  # what ruled
     table = subprocess.run([sys.executable, "-m", "studio", "runs", "list"], cwd=ROOT, capture_output=True, text=True,
                            timeout=60).stdout.splitlines()
     assert "useful tok/s" in table[0] and table[1].startswith(listed[0]["run_id"])
