@@ -13,11 +13,8 @@ from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 
 
-def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(bundled_model):
-    config = RunConfig.load(PRESET, ["train.max_steps=30", "train.save_steps=15", "name=e2e"])
-    folder = RunFolder.create(config)
-    events: list[dict] = []
-    terminal = WorkerProcess().run(folder, config, on_event=events.append)
+def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(thirty_step_run):
+    folder, config, events, terminal = thirty_step_run  # also test_evaluate's run (on a copy)
 
     assert terminal["type"] == "JobFinished", terminal
     assert terminal["stopped"] is False and terminal["steps"] == 30
@@ -52,7 +49,8 @@ def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(bundled_model):
     assert "not calibrated yet" in record.calibration  # a fresh studio home: no run measured before
     assert record.measured_kind == "worker peak RSS (VmHWM)" and record.measured_peak_bytes == record.peak_rss_bytes
     assert 100 << 20 < record.process_baseline_bytes < record.measured_peak_bytes
-    assert Calibration.read().runs == 1 and Calibration.read().baseline_bytes == record.process_baseline_bytes
+    calibration = Calibration.read(folder.path.parent)  # the runs of the run's own (fresh) studio home
+    assert calibration.runs == 1 and calibration.baseline_bytes == record.process_baseline_bytes
 
 
 def test_stop_and_save_mid_run_leaves_a_complete_checkpoint(bundled_model):
