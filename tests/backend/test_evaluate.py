@@ -21,15 +21,16 @@ STEPS = 30
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 30-step LoRA run of the demo preset, evaluated at step 15 and at the end."""
-    config = RunConfig.load(PRESET, [f"train.max_steps={STEPS}", "train.save_steps=1000", "train.eval_steps=15",
-                                     "train.cpu_threads=1", "name=eval-fixture"])
-    folder = RunFolder.create(config, root=tmp_path_factory.mktemp("runs"))
-    events: list[dict] = []
-    terminal = WorkerProcess().run(folder, config, on_event=events.append)
+def trained(thirty_step_run, tmp_path_factory):
+    """A 30-step LoRA run of the demo preset, evaluated at step 15 and at the end (conftest's, copied: the
+    evaluations here write into the folder, which test_worker_e2e reads as the fine-tune left it)."""
+    import shutil
+
+    folder, config, events, terminal = thirty_step_run
     assert terminal["type"] == "JobFinished", terminal
-    return folder, config, events
+    copy = tmp_path_factory.mktemp("runs") / folder.path.name
+    shutil.copytree(folder.path, copy)
+    return RunFolder(copy), config, events
 
 
 def test_fine_tune_emits_sample_answers_at_each_evaluation(trained):

@@ -57,12 +57,16 @@ def test_grpo_raises_the_mean_reward_from_where_it_started(bundled_model, tmp_pa
 
 
 def test_a_grpo_run_resumes_from_its_checkpoint(bundled_model, tmp_path):
-    short = ["train.save_steps=2", "data.max_examples=64", "data.validation_split=0"]
+    """Also GRPO's case of test_objective_samples (one run for both): answers sampled at each evaluation."""
+    from tests.backend.test_objective_samples import EVALUATED, assert_samples_at_each_evaluation
+
+    short = ["train.save_steps=2", "grpo.num_generations=2", *EVALUATED]
     run_grpo(tmp_path, ["train.max_steps=2", *short])
     events = run_grpo(tmp_path, ["train.max_steps=4", *short], resume=True)
     started = [e for e in events if e.type == "JobStarted"]
     assert started[-1].resumed_from.endswith("checkpoint-2")
     assert [e.step for e in events if e.type == "MetricsLogged"] == [1, 2, 3, 4] and events[-1].steps == 4
+    assert_samples_at_each_evaluation(events)  # an evaluation before the stop and one after the resume
 
 
 @pytest.mark.parametrize("records, expected", [

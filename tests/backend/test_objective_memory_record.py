@@ -7,6 +7,8 @@ of each preset through the real worker, then its memory.json (what the Train pag
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from backend.cli.worker_process import WorkerProcess
@@ -51,18 +53,24 @@ def test_data_too_large_to_read_whole_counts_seq_len_rows(bundled_model, tmp_pat
         assert (measured is not None) is expected
 
 
-@pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
-def test_the_windows_pair_agrees_within_ten_percent(bundled_model, objective):
-    config = RunConfig.load(PRESETS / f"tiny_{objective}.yaml",
-                            ["train.max_steps=3", "train.save_steps=1000", "data.max_examples=64",
-                             "data.validation_split=0", f"name=mem-{objective}"])
-    folder = RunFolder.create(config)
-    terminal = WorkerProcess().run(folder, config, on_event=lambda event: None)
-    assert terminal["type"] == "JobFinished", terminal
+MEMORY_RUN = ["train.max_steps=3", "train.save_steps=1000", "data.max_examples=64", "data.validation_split=0"]
 
-    record = MemoryRecord.read(folder.path)
+
+def assert_the_windows_pair_agrees(run_dir: Path, config: RunConfig) -> None:
+    """memory.json of a finished worker run: its prediction is the Train page's figure, within 10% of the peak."""
+    record = MemoryRecord.read(run_dir)
     assert record is not None and record.predicted_total_bytes and record.device == "cpu"
     shown = estimate_run(config, "cpu", calibration=Calibration())  # the Train page's figure, fresh home
     assert record.predicted_total_bytes == shown.total_bytes
     ratio = record.ratio()
     assert ratio is not None and 0.9 <= ratio <= 1.1, record.comparison()
+
+
+# DPO's case runs in test_preference.py::test_cli_trains_the_dpo_preset_through_the_worker (one worker run)
+@pytest.mark.parametrize("objective", ["kto", "grpo"])
+def test_the_windows_pair_agrees_within_ten_percent(bundled_model, objective):
+    config = RunConfig.load(PRESETS / f"tiny_{objective}.yaml", [*MEMORY_RUN, f"name=mem-{objective}"])
+    folder = RunFolder.create(config)
+    terminal = WorkerProcess().run(folder, config, on_event=lambda event: None)
+    assert terminal["type"] == "JobFinished", terminal
+    assert_the_windows_pair_agrees(folder.path, config)

@@ -141,12 +141,19 @@ def test_the_new_fields_have_their_help_and_defaults():
 
 
 def test_cli_trains_the_dpo_preset_through_the_worker(bundled_model, studio_home):
-    done = subprocess.run([sys.executable, "-m", "studio", "train", str(DPO_PRESET), "--set", "train.max_steps=3",
-                           "--set", "data.max_examples=40", "--set", "name=cli-dpo"],
+    """Also DPO's case of test_objective_memory_record (one worker run for both): the window's
+    predicted / measured pair within 10%, the prediction the Train page's figure."""
+    from tests.backend.test_objective_memory_record import MEMORY_RUN, assert_the_windows_pair_agrees
+
+    overrides = [*MEMORY_RUN, "name=cli-dpo"]
+    done = subprocess.run([sys.executable, "-m", "studio", "train", str(DPO_PRESET),
+                           *sum((["--set", o] for o in overrides), [])],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "finished" in done.stdout and "adapter:" in done.stdout and "Traceback" not in done.stderr
     assert "MFU:         n/a (not measured for this run)" in done.stdout  # DPO's FLOPs are not counted yet
+    run_dir = Path(done.stdout.split("run folder:")[1].split()[0])
+    assert_the_windows_pair_agrees(run_dir, RunConfig.load(DPO_PRESET, overrides))
 
 
 def test_stop_and_save_keeps_a_complete_checkpoint_and_the_adapter(bundled_model, tmp_path):
@@ -181,7 +188,10 @@ def test_stop_and_save_keeps_a_complete_checkpoint_and_the_adapter(bundled_model
 
 
 def test_a_dpo_run_resumes_from_its_checkpoint(bundled_model, tmp_path):
-    short = ["train.save_steps=2", "data.max_examples=48", "data.validation_split=0"]
+    """Also DPO's case of test_objective_samples (one run for both): answers sampled at each evaluation."""
+    from tests.backend.test_objective_samples import EVALUATED, assert_samples_at_each_evaluation
+
+    short = ["train.save_steps=2", *EVALUATED]
     run_dpo(tmp_path, ["train.max_steps=2", *short])
     from backend.jobs.finetune import run_finetune
 
@@ -195,3 +205,4 @@ def test_a_dpo_run_resumes_from_its_checkpoint(bundled_model, tmp_path):
     started = [e for e in events if e.type == "JobStarted"]
     assert started[-1].resumed_from.endswith("checkpoint-2")
     assert [e.step for e in events if e.type == "MetricsLogged"] == [1, 2, 3, 4] and events[-1].steps == 4
+    assert_samples_at_each_evaluation(events)  # an evaluation before the stop and one after the resume

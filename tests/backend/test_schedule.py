@@ -7,8 +7,6 @@ and real tiny runs that stop on the derived step with the learning rates the sch
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -281,13 +279,4 @@ def test_an_epoch_run_resumes_to_its_derived_step_and_trains_more_in_steps(bundl
     assert steps[-4:] == [9, 10, 11, 12] and events[-1].steps == 12 and more.load_config().train.max_steps == 12
 
 
-def test_the_cli_trains_num_epochs_over_the_presets_max_steps(bundled_model, studio_home):
-    done = subprocess.run([sys.executable, "-m", "studio", "train", str(PRESET), "--set", "train.num_epochs=2",
-                           "--set", "data.max_examples=16", "--set", "data.validation_split=0",
-                           "--set", "train.micro_batch_size=4", "--set", "train.seq_len=128"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "[schedule] train.num_epochs rules: 2 epochs of 16 rows = 8 steps" in done.stderr
-    assert "steps:       8" in done.stdout
-    config = RunConfig.load(Path(done.stdout.split("run folder:")[1].split()[0]) / "config.yaml")
-    assert (config.train.num_epochs, config.train.max_steps) == (2, None)  # the run's folder records what ruled
+# The CLI's --set train.num_epochs over the preset's max_steps: test_worker_e2e.py::test_cli_train_with_overrides_and_runs_list

@@ -13,11 +13,8 @@ from backend.cli.worker_process import WorkerProcess
 from tests.conftest import PRESET, ROOT
 
 
-def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(bundled_model):
-    config = RunConfig.load(PRESET, ["train.max_steps=30", "train.save_steps=15", "name=e2e"])
-    folder = RunFolder.create(config)
-    events: list[dict] = []
-    terminal = WorkerProcess().run(folder, config, on_event=events.append)
+def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(thirty_step_run):
+    folder, config, events, terminal = thirty_step_run  # also test_evaluate's run (on a copy)
 
     assert terminal["type"] == "JobFinished", terminal
     assert terminal["stopped"] is False and terminal["steps"] == 30
@@ -52,7 +49,8 @@ def test_thirty_steps_lower_the_loss_and_fill_the_run_folder(bundled_model):
     assert "not calibrated yet" in record.calibration  # a fresh studio home: no run measured before
     assert record.measured_kind == "worker peak RSS (VmHWM)" and record.measured_peak_bytes == record.peak_rss_bytes
     assert 100 << 20 < record.process_baseline_bytes < record.measured_peak_bytes
-    assert Calibration.read().runs == 1 and Calibration.read().baseline_bytes == record.process_baseline_bytes
+    calibration = Calibration.read(folder.path.parent)  # the runs of the run's own (fresh) studio home
+    assert calibration.runs == 1 and calibration.baseline_bytes == record.process_baseline_bytes
 
 
 def test_stop_and_save_mid_run_leaves_a_complete_checkpoint(bundled_model):
@@ -95,19 +93,24 @@ def test_cancel_saves_nothing(bundled_model):
 
 
 def test_cli_train_with_overrides_and_runs_list(bundled_model, studio_home):
-    env_cmd = [sys.executable, "-m", "studio", "train", str(PRESET),
-               "--set", "train.max_steps=4", "--set", "name=cli-run", "--set", "train.save_steps=2"]
+    """--set train.num_epochs=2 over tiny_lora.yaml's max_steps: 2 epochs of 8 rows at micro-batch 4 rule
+    (test_schedule's CLI case: one worker run for both), then runs list and train --resume --more-steps."""
+    overrides = ["train.num_epochs=2", "data.max_examples=8", "data.validation_split=0", "train.micro_batch_size=4",
+                 "train.seq_len=128", "name=cli-run", "train.save_steps=2"]
+    env_cmd = [sys.executable, "-m", "studio", "train", str(PRESET), *sum((["--set", o] for o in overrides), [])]
     done = subprocess.run(env_cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "finished" in done.stdout and "tokens/s:" in done.stdout and "adapter:" in done.stdout
     assert "Traceback" not in done.stderr
+    assert "[schedule] train.num_epochs rules: 2 epochs of 8 rows = 4 steps" in done.stderr
+    assert "steps:       4" in done.stdout
     runs = subprocess.run([sys.executable, "-m", "studio", "runs", "list", "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     listed = json.loads(runs.stdout)
     assert len(listed) == 1 and listed[0]["name"] == "cli-run" and listed[0]["status"] == "finished"
     assert listed[0]["steps"] == 4
     config = RunConfig.load(listed[0]["path"] + "/config.yaml")
-    assert config.train.max_steps == 4 and config.train.save_steps == 2
+    assert (config.train.num_epochs, config.train.max_steps, config.train.save_steps) == (2, None, 2)  # what ruled
     table = subprocess.run([sys.executable, "-m", "studio", "runs", "list"], cwd=ROOT, capture_output=True, text=True,
                            timeout=60).stdout.splitlines()
     assert "useful tok/s" in table[0] and table[1].startswith(listed[0]["run_id"])
