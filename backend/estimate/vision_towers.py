@@ -36,14 +36,6 @@ class TowerShape:
     patch_values: int
     """Pixel values one patch holds (channels x patch^2, x temporal patch for Qwen)."""
 
-    @property
-    def tower_linear_params(self) -> int:
-        return sum(a * b * n for a, b, n in self.tower_linears)
-
-    @property
-    def projector_linear_params(self) -> int:
-        return sum(a * b * n for a, b, n in self.projector_linears)
-
 
 DEFAULTS: dict[str, Config] = {
     "qwen2_5_vl": {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16, "in_channels": 3,
