@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from backend.core.errors import bad_input
+from backend.core.registries.vision_families import VISION_FAMILIES
 
 Family = Literal["adapter", "hf", "bnb", "gguf", "calibrated"]
 """adapter: the PEFT folder as trained; hf: the merged 16-bit folder; bnb: bitsandbytes-quantized folders;
@@ -86,6 +87,7 @@ class ExportFormat:
     vllm_quantization: str | None = None  # vLLM's --quantization for it (None: vLLM reads config.json)
     method_hints: Mapping[str, str] = field(default_factory=dict, hash=False)  # a failure hint per run method
     vision_gap: str | None = None  # what is missing for a vision-language run (None: it exports one)
+    vision_families: tuple[str, ...] | None = None  # the VLM family labels it is proven on (None: every one)
 
     @property
     def calibrated(self) -> bool:
@@ -197,12 +199,15 @@ _gguf("gguf-q4_0", "GGUF, 4-bit Q4_0 weights (about 0.56 bytes/parameter), for l
       order=9)
 
 
+CALIBRATED_VISION = tuple(f.label for f in VISION_FAMILIES.values() if f.calibrated_layers)
+"""The VLM families whose calibrated exports are proven (`VisionFamily.calibrated_layers`)."""
+
+
 def _calibrated(name: str, description: str, bounds: Bounds, *, bits: int, algorithm: str, order: int,
                 linear_bytes: float, activation_bits: int | None = None, symmetric: bool = True) -> None:
     """A calibrated format: fitted on the run's data over a 16-bit scratch copy, written by compressed-tensors."""
     register_format(ExportFormat(name, description, "calibrated", CALIBRATED_DOORS, {None: bounds},
-                                 vision_gap="calibrating on image rows, with the tower and projector on "
-                                            "compressed-tensors' ignore list",
+                                 vision_families=CALIBRATED_VISION,
                                  disk=DiskRule(linear_bytes, scratch=True), bits=bits, activation_bits=activation_bits,
                                  algorithm=algorithm, symmetric=symmetric, served_by=SERVERS, serve_order=order))
 
@@ -230,18 +235,22 @@ GGUF_TYPES: dict[str, str] = {f.name: f.ggml_type for f in EXPORT_FORMATS.values
 """GGUF format -> the GGML type of its 2-D weights."""
 
 
-def vision_formats() -> tuple[str, ...]:
-    """The formats a vision-language run can export."""
-    return tuple(f.name for f in EXPORT_FORMATS.values() if f.vision_gap is None)
+def vision_formats(family: str | None = None) -> tuple[str, ...]:
+    """The formats a vision-language run can export (of the family labelled `family`; None: of some family)."""
+    return tuple(f.name for f in EXPORT_FORMATS.values() if f.vision_gap is None
+                 and (family is None or f.vision_families is None or family in f.vision_families))
 
 
 def vision_refusal(fmt: str, family: str) -> tuple[str, str] | None:
     """(the one line, the fix) when a `family` vision-language run cannot be exported as `fmt`, else None."""
-    gap = export_format(fmt).vision_gap
-    if gap is None:
-        return None
-    return (f"{fmt} of a {family} run is not built yet ({gap})",
-            f"export --format {', '.join(vision_formats()[:-1])} or {vision_formats()[-1]}")
+    spec, works = export_format(fmt), vision_formats(family)
+    fix = f"export --format {', '.join(works[:-1])} or {works[-1]}"
+    if spec.vision_gap is not None:
+        return f"{fmt} of a {family} run is not built yet ({spec.vision_gap})", fix
+    if spec.vision_families is not None and family not in spec.vision_families:
+        return (f"{fmt} of a {family} run is not proven (its language model's layers, calibrated on image rows, "
+                f"are proven for {', '.join(spec.vision_families)})", fix)
+    return None
 
 
 def format_names() -> str:

@@ -49,6 +49,10 @@ class VisionFamily:
     prompt_image: str | None = None
     """What a rendered prompt holds where one image goes (the processor expands it into the image's tokens);
     None: the processor's own `image_token`. Qwen's templates wrap the pad token in vision start/end."""
+    calibrated_layers: str | None = None
+    """Where the language model's decoder layers sit in the model AutoModelForImageTextToText builds: the
+    layers a calibrated export (gptq-int4, awq-int4, w8a8) quantizes, its tower and projector kept 16-bit;
+    None: those exports are not proven for the family and are refused (backend/export/calibrated/)."""
 
     def image_token_id(self, config: Config) -> int | None:
         value = config.get(self.image_token_id_key)
@@ -282,9 +286,13 @@ _CAPS: dict[str, Callable[[Config, Config], int]] = {
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 _QWEN_NOTE = "an image's tokens grow with its area up to max_pixels (smart_resize, then 2x2 patches merged)"
 
+_LANGUAGE_LAYERS = "model.language_model.layers"
+"""transformers 5.25's VLM layout: the language model beside the tower under `model`."""
+
 VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
     VisionFamily("qwen2_5_vl", "Qwen2.5-VL", ("qwen2_5_vl",), ("model.visual.",), ("model.visual.merger.",),
-                 "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
+                 "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE,
+                 calibrated_layers=_LANGUAGE_LAYERS),
     VisionFamily("qwen3_vl", "Qwen3-VL", ("qwen3_vl",), ("model.visual.",),
                  ("model.visual.merger.", "model.visual.deepstack_merger_list."),
                  "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
@@ -293,7 +301,7 @@ VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
                  notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
     VisionFamily("gemma3", "Gemma 3 (4B and up)", ("gemma3",), ("model.vision_tower.",),
                  ("model.multi_modal_projector.",), "<image_soft_token>", "image_token_index", "image_size",
-                 _gemma3_tokens, text_door=True,
+                 _gemma3_tokens, text_door=True, calibrated_layers=_LANGUAGE_LAYERS,
                  notes=("every image is resized to the tower's square and pooled to "
                         "mm_tokens_per_image tokens (pan-and-scan crops not counted)",)),
     VisionFamily("gemma4", "Gemma 4", ("gemma4",), ("model.vision_tower.",), ("model.embed_vision.",),
@@ -302,10 +310,12 @@ VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
                  notes=("the aspect is kept; max_soft_tokens (70 to 1120) is the budget",)),
     VisionFamily("idefics3", "SmolVLM / Idefics3", ("idefics3", "smolvlm"), ("model.vision_model.",),
                  ("model.connector.",), "<image>", "image_token_id", "longest_edge", _idefics3_tokens,
+                 calibrated_layers="model.text_model.layers",
                  notes=("an image larger than one tile is cut into tiles plus a shrunk whole; each is "
                         "image_seq_len tokens",)),
     VisionFamily("llava", "LLaVA-1.5", ("llava",), ("model.vision_tower.",), ("model.multi_modal_projector.",),
                  "<image>", "image_token_index", "image_size", _llava_tokens, towers=("clip_vision_model",),
+                 calibrated_layers=_LANGUAGE_LAYERS,
                  notes=("every image is resized to the CLIP tower's square: (image_size / patch)^2 tokens",)),
     VisionFamily("llava_next", "LLaVA-NeXT", ("llava_next",), ("model.vision_tower.",),
                  ("model.multi_modal_projector.", "model.image_newline"), "<image>", "image_token_index",

@@ -165,11 +165,11 @@ def capture(model: Any, stack: torch.nn.ModuleList, rows: list[list[int]],
     for index, layer in enumerate(stack):
         layer.forward = recorder(index)
     try:
-        for ids, mask in _batches(rows):
+        for inputs, mask in feeds(rows, device):
             _check(should_stop)
             current = []
             try:
-                model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False, logits_to_keep=1)
+                model(**inputs, use_cache=False, logits_to_keep=1)
             except _Reached:
                 pass
             if len(current) != len(stack):
@@ -216,6 +216,15 @@ BATCH_TOKENS = 1024
 """Positions per batch. A batch's activations and their fp32 products are the calibration's largest transient
 (about 0.3 GB over 2048 tokens at TinyLlama's widths, in a whole-model pass); 1024 halves it for about 4% more
 time on a GPTQ write (docs/benchmarks.md)."""
+
+
+def feeds(rows: list[list[int]], device: torch.device) -> list[tuple[dict[str, Any], torch.Tensor]]:
+    """Each batch's forward arguments and its real tokens: the rows' own `feeds(device)` where they have one
+    (image rows with their pixels: vision_capture.py), else right-padded batches of token ids."""
+    own = getattr(rows, "feeds", None)
+    if own is not None:
+        return own(device)
+    return [({"input_ids": ids.to(device), "attention_mask": mask.to(device)}, mask) for ids, mask in _batches(rows)]
 
 
 def _batches(rows: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:

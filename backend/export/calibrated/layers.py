@@ -59,11 +59,15 @@ def rewrite(module: nn.Module, name: str, value: torch.Tensor) -> None:
 
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """(name, modules) of the model's stack of decoder layers: the first ModuleList of blocks holding Linears."""
-    for name, module in model.named_modules():
+    """(name, modules) of the model's stack of decoder layers: the first ModuleList of blocks holding Linears
+    inside its decoder (transformers' `get_decoder`: a vision-language model's language model, whose vision
+    tower comes first among its modules)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    inside = next((name for name, module in model.named_modules() if module is decoder), "")
+    for name, module in decoder.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) and any(
                 isinstance(m, nn.Linear) for m in module[0].modules()):
-            return name, module
+            return ".".join(part for part in (inside, name) if part), module
     raise ValueError("no stack of decoder layers with nn.Linear layers found")
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from backend.core.registries.export_formats import CALIBRATED
+from backend.core.registries.export_formats import CALIBRATED, CALIBRATED_VISION
+from backend.core.registries.vision_families import BY_MODEL_TYPE
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 """model_types whose decoder layers are plain nn.Linear layers behind named norms (layers.py); tested on
@@ -24,11 +25,17 @@ def refusal(fmt: str, config: dict[str, Any]) -> str:
     if importlib.util.find_spec("compressed_tensors") is None:
         return "the compressed-tensors package is not installed"
     model_type = config.get("model_type", "?")
+    family = BY_MODEL_TYPE.get(model_type) if isinstance(config.get("vision_config"), dict) else None
+    if family is not None:  # a VLM: its language model's layers are calibrated on image rows (vision_capture.py)
+        if not family.calibrated_layers:
+            return (f"model_type {model_type}: calibrated exports of a {family.label} vision-language model are not "
+                    f"proven (proven: {', '.join(CALIBRATED_VISION)})")
+        config = config.get("text_config") or {}  # experts are the language model's
     if model_type in REASONS:
         return f"model_type {model_type}: {REASONS[model_type]}"
     if any(config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
         return f"model_type {model_type} routes to experts whose weights are not nn.Linear layers"
-    if model_type not in ARCHITECTURES:
+    if model_type not in ARCHITECTURES and family is None:
         return f"model_type {model_type} is not one of {', '.join(ARCHITECTURES)}"
     return ""
 

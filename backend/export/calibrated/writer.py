@@ -18,7 +18,8 @@ import torch
 
 from backend.core.errors import JobError
 from backend.core.registries.export_formats import export_format
-from backend.export.calibrated import awq, gptq, grid, layers, pack, samples, scaling
+from backend.export import hf_writer
+from backend.export.calibrated import awq, gptq, grid, layers, pack, samples, scaling, vision_capture
 from backend.export.calibrated.collect import calibrate
 from backend.export.memory import release
 from backend.export.merge import DTYPES, TrainedRun, placement
@@ -39,17 +40,21 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
                      should_stop: Callable[[], bool] | None = None,
                      tell: Callable[[str], None] | None = None) -> list[str]:
     """Write `fmt` into `tmp`; returns the report's notes (calibration data, passes, group size). `tell` gets
-    a line per decoder layer calibrated, with the time left ("gptq: layer 7/30, 41 s left")."""
-    from transformers import AutoModelForCausalLM
-
-    from backend.export import hf_writer
+    a line per decoder layer calibrated, with the time left ("gptq: layer 7/30, 41 s left"). A vision-language
+    run's whole image-text model is loaded and calibrated on its image rows, its language model's decoder
+    layers quantized and its tower and projector kept 16-bit (vision_capture.py)."""
+    from backend.core.vision_folder import VisionFolder
+    from backend.export.model_layout import auto_model_class
 
     scratch = tmp / ".scratch-16bit"
     scratch.mkdir()
     hf_writer.write_merged(source, run, tokenizer, scratch, dtype, progress, should_stop)
     trust = run.config.model.trust_remote_code
-    model = AutoModelForCausalLM.from_pretrained(scratch, dtype=DTYPES[dtype], **placement(device),
-                                                 trust_remote_code=trust, **LOAD_KWARGS).eval()
+    family = VisionFolder.read(scratch).family
+    model = auto_model_class(scratch).from_pretrained(scratch, dtype=DTYPES[dtype], **placement(device),
+                                                      trust_remote_code=trust, **LOAD_KWARGS).eval()
+    if family is not None:
+        vision_capture.check_layers(family, layers.decoder_layers(model)[0])
     linears = layers.quantized_linears(model)
     spec = export_format(fmt)
     try:
@@ -57,7 +62,8 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     except ValueError as exc:
         raise JobError("bad_input", f"{fmt}: {exc}", "export w8a8 or gguf-q8_0 instead") from None
     scheme = grid.scheme(fmt, group)
-    rows, described = samples.calibration_rows(run.config, tokenizer, calibration_samples)
+    rows, described = (vision_capture.image_calibration_rows(run.config, calibration_samples, DTYPES[dtype])
+                       if family is not None else samples.calibration_rows(run.config, tokenizer, calibration_samples))
     qparams: dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
     scale_dtype = DTYPES[dtype]
     units, algorithm = ALGORITHMS[spec.algorithm](model, linears, scheme, scale_dtype, qparams, rows)
@@ -65,9 +71,12 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     runs = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
     release()  # the calibration's activations, handed back before the packed copies are made
     ignore = sorted({name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - set(linears))
+    kept = vision_capture.kept_parts(family, ignore) if family is not None else ", ".join(ignore)
     names = {module: name for name, module in linears.items()}
     rounded = [names[m] for unit in units for m in getattr(unit, "fallbacks", [])]
     compressor = pack.pack(model, linears, qparams, scheme, ignore, scale_dtype, should_stop)
+    if family is not None:
+        vision_capture.ignore_by_pattern(compressor, family)
     pack.save(model, compressor, tmp)
     del model
     _finish_folder(scratch, tmp, tokenizer)
@@ -77,7 +86,7 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
              f"{algorithm}; {len(linears)} linear layers quantized to the compressed-tensors "
              f"{pack.format_name(compressor)} format ({spec.scheme}"
              + (f", groups of {group}" if group else "") + "); kept 16-bit: embeddings, norms"
-             + (f", {', '.join(ignore)}" if ignore else "")]
+             + (f", {kept}" if kept else "")]
     if rounded:
         notes.append(f"GPTQ rounded {', '.join(rounded)} to nearest: the Cholesky factorisation of their inputs' "
                      "Hessian failed even damped (more or more varied calibration samples may avoid it)")
@@ -119,7 +128,7 @@ ALGORITHMS: dict[str, Callable[..., tuple[list, str]]] = {"gptq": _gptq, "awq": 
 
 def _finish_folder(scratch: Path, tmp: Path, tokenizer: Any) -> None:
     """The merged copy's generation config and the run's tokenizer beside the quantized weights."""
-    for name in ("generation_config.json",):
+    for name in ("generation_config.json", *hf_writer.PROCESSOR_FILES):  # a VLM's processor too
         if (scratch / name).is_file():
             shutil.copy2(scratch / name, tmp / name)
     tokenizer.save_pretrained(tmp)
@@ -138,10 +147,10 @@ class Fp32ProductLinear(torch.nn.Linear):
 def load_calibrated_export(path: Path, dtype: str, device: str, trust_remote_code: bool = False) -> tuple[Any, str, str]:
     """(model as transformers loads the folder through compressed-tensors, description, the dtype it holds).
     On a CPU the unpacked layers multiply in fp32 like the reference's, their weights staying 16-bit."""
-    from transformers import AutoModelForCausalLM
+    from backend.export.model_layout import auto_model_class
 
     packed_zero_points.allow()  # awq-int4's asymmetric groups: compressed-tensors 0.20.1 cannot load them alone
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **placement(device),
+    model = auto_model_class(path).from_pretrained(path, dtype=DTYPES[dtype], **placement(device),
                                                  trust_remote_code=trust_remote_code, **LOAD_KWARGS).eval()
     quantized = [m for m in model.modules() if getattr(m, "quantization_scheme", None) is not None]
     if not quantized:
