@@ -11,6 +11,7 @@ time, as the export's check runs them: an image's pixels belong to its own row.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -69,13 +70,17 @@ def ignored_parts(family: VisionFamily) -> list[str]:
     return [f"re:.*{part}.*" for part in dict.fromkeys(parts)]
 
 
-def ignore_by_pattern(compressor: Any, family: VisionFamily) -> None:
-    """Add the tower's and projector's patterns to the ignore list config.json will hold. compressed-tensors
-    writes each ignored layer under its checkpoint name (Qwen2.5-VL's `visual.blocks.0.attn.qkv`), which
-    transformers does not map back when it loads the folder (its module is `model.visual.blocks.0.attn.qkv`,
-    so it would quantize the tower); the patterns match both, and the names vLLM maps them to."""
+def ignore_by_pattern(compressor: Any, family: VisionFamily, ignore: list[str]) -> None:
+    """Complete the ignore list config.json will hold. compressed-tensors writes each ignored layer under its
+    checkpoint name (Qwen2.5-VL's `visual.blocks.0.attn.qkv`, an old LLaVA's `language_model.lm_head`), which
+    transformers does not map back when it loads the folder (the modules are `model.visual.blocks.0.attn.qkv`
+    and `lm_head`, so it would quantize them with scales the file lacks). Added: the tower's and projector's
+    patterns, which match both names and those vLLM maps them to, and the other layers' in-memory names
+    (`ignore`)."""
     config = compressor.quantization_config
-    config.ignore = list(config.ignore or []) + [p for p in ignored_parts(family) if p not in (config.ignore or [])]
+    patterns = ignored_parts(family)
+    plain = [name for name in ignore if not any(re.fullmatch(p[3:], name) for p in patterns)]
+    config.ignore = list(dict.fromkeys([*(config.ignore or []), *plain, *patterns]))
 
 
 def kept_parts(family: VisionFamily, ignore: list[str]) -> str:

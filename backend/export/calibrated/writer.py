@@ -76,7 +76,7 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     rounded = [names[m] for unit in units for m in getattr(unit, "fallbacks", [])]
     compressor = pack.pack(model, linears, qparams, scheme, ignore, scale_dtype, should_stop)
     if family is not None:
-        vision_capture.ignore_by_pattern(compressor, family)
+        vision_capture.ignore_by_pattern(compressor, family, ignore)
     pack.save(model, compressor, tmp)
     del model
     _finish_folder(scratch, tmp, tokenizer)
