@@ -15,7 +15,8 @@ from backend.core.registries.export_formats import CALIBRATED, vision_refusal
 from backend.core.registries.vision_families import VISION_FAMILIES
 from tests.backend.test_vision_export import train
 
-CASES = [("qwen2_5_vl", "gptq-int4"), ("gemma3", "awq-int4"), ("llava", "w8a8"), ("idefics3", "gptq-int4")]
+CASES = [("qwen2_5_vl", "gptq-int4"), ("gemma3", "awq-int4"), ("llava", "w8a8"), ("idefics3", "gptq-int4"),
+         ("qwen3_vl", "w8a8")]
 """Every proven family with one format, every calibrated format at least once."""
 
 

@@ -97,3 +97,68 @@ def check_layers(family: VisionFamily, prefix: str) -> None:
     if prefix != family.calibrated_layers:
         raise RuntimeError(f"{family.label}: the language model's decoder layers are at {prefix}, not at "
                            f"{family.calibrated_layers} as backend/core/registries/vision_families.py says")
+
+
+class _Deepstack:
+    """Where the model adds to the hidden states between decoder layers (Qwen3-VL's deepstack: features of
+    the tower's early layers added at the image positions after each of the first decoder layers), which
+    collect.py's layer-by-layer runs would skip. While the model's own forward runs (collect.capture) each
+    addition is recorded under its batch (the identity of the position embeddings its layers share); when a
+    layer runs alone, a pre-hook adds the previous layer's recorded addition to its input, as the model would."""
+
+    def __init__(self, language: torch.nn.Module, stack: torch.nn.ModuleList):
+        self.language, self.stack, self.inside, self.batch = language, stack, False, 0
+        self.added: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.add = language._deepstack_process
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _Deepstack:
+        outer, add = self.language.forward, self.add
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self.inside = True
+            try:
+                return outer(*args, **kwargs)
+            finally:
+                self.inside = False
+
+        def record(hidden: torch.Tensor, mask: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+            self.added.setdefault(self.batch, []).append((mask, embeds))
+            return add(hidden, mask, embeds)
+
+        self.language.forward, self.language._deepstack_process = forward, record
+        self.handles = [layer.register_forward_pre_hook(self._before(index), with_kwargs=True)
+                        for index, layer in enumerate(self.stack)]
+        return self
+
+    def _before(self, index: int) -> Any:
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            key = id(kwargs["position_embeddings"][0])
+            if self.inside:  # the model's own forward: it adds them itself
+                if index == 0:
+                    self.batch = key
+                return None
+            added = self.added.get(key, [])
+            if index == 0 or index > len(added):
+                return None
+            hidden = self.add(args[0] if args else kwargs["hidden_states"], *added[index - 1])
+            if args:
+                return (hidden, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
+        return hook
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+        del self.language.forward, self.language._deepstack_process
+
+
+def between_layers(model: torch.nn.Module, stack: torch.nn.ModuleList) -> Any:
+    """A context in which collect.calibrate's layer-by-layer runs see what the model adds between its decoder
+    layers: Qwen3-VL's deepstack features (_Deepstack), nothing for the other families."""
+    import contextlib
+
+    language = model.get_decoder()
+    if hasattr(language, "_deepstack_process"):
+        return _Deepstack(language, stack)
+    return contextlib.nullcontext()

@@ -68,7 +68,8 @@ def write_calibrated(fmt: str, source: Any, run: TrainedRun, tokenizer: Any, tmp
     scale_dtype = DTYPES[dtype]
     units, algorithm = ALGORITHMS[spec.algorithm](model, linears, scheme, scale_dtype, qparams, rows)
     budget = max(int(sum(p.numel() for p in model.parameters()) * 2 * STATISTICS_SHARE), STATISTICS_FLOOR)
-    runs = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
+    with vision_capture.between_layers(model, layers.decoder_layers(model)[1]):
+        runs = calibrate(model, rows, units, budget, should_stop, spec.algorithm, tell)
     release()  # the calibration's activations, handed back before the packed copies are made
     ignore = sorted({name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - set(linears))
     kept = vision_capture.kept_parts(family, ignore) if family is not None else ", ".join(ignore)
