@@ -6,6 +6,7 @@ random VLMs (tests/vision_models.py) trained 2 steps through the CLI on generate
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -13,11 +14,14 @@ import pytest
 
 from backend.core.registries.export_formats import CALIBRATED, vision_refusal
 from backend.core.registries.vision_families import VISION_FAMILIES
-from tests.backend.test_vision_export import train
+from tests import vision_models
+from tests.backend.test_vision_export import image_inputs, train
 
-CASES = [("qwen2_5_vl", "gptq-int4"), ("gemma3", "awq-int4"), ("llava", "w8a8"), ("idefics3", "gptq-int4"),
-         ("qwen3_vl", "w8a8")]
-"""Every proven family with one format, every calibrated format at least once."""
+CASES = [("qwen2_5_vl", "gptq-int4")] + [pytest.param(*case, marks=pytest.mark.slow) for case in (
+    ("gemma3", "awq-int4"), ("llava", "w8a8"), ("idefics3", "gptq-int4"), ("qwen3_vl", "awq-int4"))]
+"""Every proven family with one format, every calibrated format at least once; 50 to 75 s each on two shared
+cores (training and two exports through the CLI's workers), so one runs in the fast suite: the layer-by-layer
+test below checks every family's calibration inputs in about a second each."""
 
 
 def tensors(folder: Path) -> dict:
@@ -91,3 +95,43 @@ def test_a_family_not_proven_is_refused_in_one_line_naming_the_proven_ones():
         config = {"model_type": unproven[0].model_types[0], "vision_config": {}}
         assert "not proven (proven: Qwen2.5-VL" in refusal(fmt, config)
         assert refusal(fmt, {"model_type": "qwen2_5_vl", "vision_config": {}, "text_config": {}}) == ""
+
+
+@pytest.mark.parametrize("family", [f.key for f in VISION_FAMILIES.values() if f.calibrated_layers])
+def test_the_layer_by_layer_runs_on_an_image_row_reproduce_the_whole_models_forward(family, tmp_path):
+    """collect.capture fed an image row (pixels, grids, masks) then each decoder layer run alone, as the
+    calibration runs them, give the language model's own last hidden states: the image embeddings, M-RoPE
+    positions, Gemma 3's image masks and Qwen3-VL's deepstack additions (vision_capture.between_layers) all
+    reach the layers. Without the deepstack replay Qwen3-VL's differ."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from backend.export.calibrated.collect import capture
+    from backend.export.calibrated.layers import decoder_layers
+    from backend.export.calibrated.vision_capture import ImageRows, between_layers
+
+    folder = vision_models.build_tiny_vlm(family, tmp_path / family)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    inputs = image_inputs(folder, family)
+    image_id = vision_models.image_token_id(family, model.config)
+    assert (inputs["input_ids"] == image_id).sum() > 0
+    final = {}
+    language = model.get_decoder()
+    handle = language.norm.register_forward_pre_hook(lambda m, args: final.setdefault("hidden", args[0]))
+    with torch.no_grad():
+        model(**inputs, use_cache=False)
+    handle.remove()
+    prefix, stack = decoder_layers(model)
+    assert prefix == VISION_FAMILIES[family].calibrated_layers
+
+    def layer_by_layer(replay: bool) -> torch.Tensor:
+        rows = ImageRows([{"input_ids": inputs["input_ids"][0].tolist(), "inputs": inputs}], torch.float32)
+        with torch.no_grad(), (between_layers(model, stack) if replay else contextlib.nullcontext()):
+            batch = capture(model, stack, rows, None)[0]
+            for index, layer in enumerate(stack):
+                batch.hidden = batch.run(layer, index)
+        return batch.hidden
+
+    assert torch.allclose(layer_by_layer(True), final["hidden"], atol=1e-5)
+    if hasattr(language, "_deepstack_process"):
+        assert not torch.allclose(layer_by_layer(False), final["hidden"], atol=1e-3)
