@@ -265,7 +265,8 @@ def test_a_vision_language_runs_page_greys_the_formats_it_cannot_export(qtbot, m
     page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(vlm.path)))
     model = page.format_combo.model()
     enabled = {page.format_combo.itemData(i): model.item(i).isEnabled() for i in range(page.format_combo.count())}
-    assert [name for name, on in enabled.items() if on] == ["adapter", "merged", "bnb-8bit", "bnb-4bit"]
+    assert [name for name, on in enabled.items() if on] == ["adapter", "merged", "bnb-8bit", "bnb-4bit", "gptq-int4",
+                                                             "awq-int4", "w8a8"]
     assert page.fmt() == "merged"
     tip = page.format_combo.itemData(page.format_combo.findData("gguf-q8_0"), 3)
     assert tip.startswith("gguf-q8_0 of a Qwen2.5-VL run is not built yet (the mmproj half")
