@@ -107,7 +107,7 @@ def _awq(model: Any, linears: dict, scheme: Any, scale_dtype: torch.dtype, qpara
     """AWQ's per-input-channel scales (llmcompressor's search) folded into the layer feeding them, then AutoAWQ's
     clipping search; the asymmetric groups are rounded to nearest when packed."""
     units = awq.units(model, linears, scheme.weights, scale_dtype, sum(map(len, rows)))
-    kept = units[0].tokens if units and hasattr(units[0], "tokens") else 0
+    kept = next((unit.tokens for unit in units if hasattr(unit, "tokens")), 0)  # Gemma's first unit clips only
     return units, (f"AWQ as llmcompressor runs it (duo scaling on a grid of {awq.GRID}, loss on each parent module's "
                    f"output over up to {kept} calibration positions, v->o where shapes allow), AutoAWQ's "
                    "clipping search, then round-to-nearest into asymmetric groups")
