@@ -15,13 +15,25 @@ import pytest
 from backend.core.registries.export_formats import CALIBRATED, vision_refusal
 from backend.core.registries.vision_families import VISION_FAMILIES
 from tests import vision_models
-from tests.backend.test_vision_export import image_inputs, train
+from tests.backend.test_vision_export import image_inputs
 
-CASES = [("qwen2_5_vl", "gptq-int4")] + [pytest.param(*case, marks=pytest.mark.slow) for case in (
-    ("gemma3", "awq-int4"), ("llava", "w8a8"), ("idefics3", "gptq-int4"), ("qwen3_vl", "awq-int4"))]
-"""Every proven family with one format, every calibrated format at least once; 50 to 75 s each on two shared
-cores (training and two exports through the CLI's workers), so one runs in the fast suite: the layer-by-layer
-test below checks every family's calibration inputs in about a second each."""
+CASES = [("qwen2_5_vl", "gptq-int4"), ("gemma3", "awq-int4"), ("llava", "w8a8")] + [
+    pytest.param(*case, marks=pytest.mark.slow) for case in (("idefics3", "gptq-int4"), ("qwen3_vl", "awq-int4"))]
+"""Every proven family with one format, every calibrated format at least once in the fast suite (about 15 s each
+on two shared cores past the imports: training and two exports, in-process); the layer-by-layer test below
+checks every family's calibration inputs in about a second each."""
+
+
+def train_here(tmp: Path, family: str) -> Path:
+    """A finished 2-step LoRA run of the family's tiny VLM, its projector tuned full, trained in this process
+    (no worker to start: half the time of test_vision_export.train)."""
+    from tests.backend.test_export import _train
+    from tests.backend.test_vision_training import write_data
+
+    folder = vision_models.build_tiny_vlm(family, tmp / family)
+    sets = [f"model.path={folder}", f"data.path={write_data(tmp / 'data')}", "data.validation_split=0",
+            "train.max_steps=2", "train.seq_len=2048", "train.learning_rate=0.01", "vision.projector=full"]
+    return _train(tmp / "runs", family, *sets).path
 
 
 def tensors(folder: Path) -> dict:
@@ -34,20 +46,20 @@ def tensors(folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("family,fmt", CASES)
-def test_a_vlm_runs_calibrated_export_quantizes_the_language_model_only_and_passes(family, fmt, tmp_path, capsys):
+def test_a_vlm_runs_calibrated_export_quantizes_the_language_model_only_and_passes(family, fmt, tmp_path):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from backend.cli.app import main
+    from backend.core.runs.run_folder import RunFolder
     from backend.training.model import packed_zero_points
+    from tests.backend.test_export import export
 
     spec = VISION_FAMILIES[family]
-    run = train(tmp_path, family, projector="full")
-    assert main(["export", str(run), "--format", "merged"]) == 0
-    assert main(["export", str(run), "--format", fmt, "--calibration-samples", "4"]) == 0
-    assert f"PASSED: {fmt} export" in capsys.readouterr().out
+    run = train_here(tmp_path, family)
+    assert export(RunFolder(run), "merged")[1]["outcome"] == "passed"
+    events, report = export(RunFolder(run), fmt, calibration_samples=4)
     out = run / "exports" / fmt
-    report = json.loads((out / "export_report.json").read_text())
+    assert events[-1]["type"] == "JobFinished", events[-1]
     assert report["outcome"] == "passed" and "compressed-tensors" in report["loaded_as"]
     assert "rows with their images" in next(c for c in report["checks"] if c["name"] == "perplexity")["what"]
     assert any(n.startswith("calibrated on 4 rows of the run's training data (3 with their images") for n in
