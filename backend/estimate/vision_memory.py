@@ -139,10 +139,14 @@ def image_side_bytes(config: Config, family: str, cap: int | None, *, compute_by
     trained = patches * (layers * h + per_layer + rest) if checkpointing else patches * (layers * per_layer + rest)
     frozen = patches * (k.frozen[0] * h + k.frozen[1] * i + k.frozen[2])
     pixels = side.pixel_values * images
-    # Idefics3's get_image_features finds the real tiles with `pixel_values == 0` (one byte a value) and
-    # copies them out (`pixel_values[real].contiguous()`): both alive while its tower runs
-    copies = pixels * (compute_bytes + 1) if family == "idefics3" else 0
+    mask = copies = 0
+    if family == "idefics3":
+        # Idefics3's processor pads every tile with a pixel_attention_mask of int64, one per pixel, in the batch
+        # through the step; get_image_features copies the real tiles out (`pixel_values[real].contiguous()` in
+        # the compute dtype, `pixel_attention_mask[real].contiguous()`), both alive while its tower runs
+        mask = pixels // int(_vision(config).get("num_channels") or 3) * 8
+        copies = pixels * compute_bytes + mask
     return {"forward_copies": copies, "tower_params": shape.tower_params, "projector_params": shape.projector_params,
-            "pixel_bytes": pixels * 4 + (pixels * compute_bytes if compute_bytes != 4 else 0),
+            "pixel_bytes": pixels * 4 + (pixels * compute_bytes if compute_bytes != 4 else 0), "pixel_mask": mask,
             "frozen_forward_peak": int(frozen * compute_bytes), "trained_activations": int(trained * compute_bytes),
             "image_tokens": side.tokens * images, "patches": patches}
