@@ -106,13 +106,14 @@ def test_longest_seq_len_leaves_room_for_a_rows_image_tokens():
 
 
 def test_the_vlm_presets_hold_their_cost_lines():
-    """The issue's VLM presets; SmolVLM-256M's is left out: no published config.json of it is in the fixtures."""
+    """The issue's VLM presets (SmolVLM-256M's on a config.json assembled from copies, see the fixtures' README)."""
     from backend.api.presets import list_presets
     from tests.conftest import ROOT
 
     presets = {p.hub_id: p for p in list_presets(ROOT / "resources" / "presets") if p.hub_id}
     for hub_id, method, card in (("Qwen/Qwen2.5-VL-7B-Instruct", "qlora", "16 GB"),
-                                 ("google/gemma-3-4b-it", "lora", "24 GB")):
+                                 ("google/gemma-3-4b-it", "lora", "24 GB"),
+                                 ("HuggingFaceTB/SmolVLM-256M-Instruct", "lora", "8 GB")):
         preset = presets[hub_id]
         config = RunConfig.load(preset.path)
         assert (config.technique.method, preset.card_label) == (method, card)
