@@ -46,6 +46,9 @@ def patches_per_image(config: Config, family: str, cap: int | None, square: bool
             return (h // patch) * (w // patch), h // patch
         # the most any aspect reaches: smart_resize keeps h x w within cap, both multiples of factor
         return (cap // (factor * factor)) * (factor // patch) ** 2, h // patch
+    if family == "gemma4":  # the processor pads every image to the budget's patches, the pooler's kernel squared
+        kernel = int(v.get("pooling_kernel_size") or 3)
+        return cap * kernel * kernel, kernel
     image, patch = int(v.get("image_size") or 224), int(v.get("patch_size") or 16)
     grid = image // patch
     if family in ("llava", "llava_next"):
@@ -84,6 +87,8 @@ def image_side(config: Config, family: str, cap: int | None, square: bool = Fals
     if family.startswith("qwen"):
         merge = int(_vision(config).get("spatial_merge_size") or 2)
         tokens = patches // (merge * merge)
+    elif family == "gemma4":
+        tokens = cap  # the budget: at most that many soft tokens, whatever the aspect
     else:
         tokens = vlm.tokens_per_image(config, cap, cap, cap, processor)
     crops = patches // (grid * grid + 1) if family in ("llava", "llava_next") else 0  # CLIP's class tokens
@@ -112,9 +117,24 @@ COEFFICIENTS: dict[str, Coefficients] = {
     "qwen2_5_vl": Coefficients((13, 4, 4), (6, 34), (6, 2.5, 4.5)),
     # Qwen3-VL / Qwen3.5: rotary q and k, GELU MLP; the deepstack mergers
     "qwen3_vl": Coefficients((11, 2, 6), (5, 30), (11, 0.5, 32)),
+    # Gemma 4: four norms, q/k/v norms, 2-D rotary q and k, gated MLP (4i); the rest: the patch values the input
+    # projection saves (counted apart, per patch) plus 11, and the pooler. Its L x L terms: gemma4_squares
+    "gemma4": Coefficients((19, 4, 30), (1.2, 11), (8, 0, 2.5)),
 }
-_KIND = {"gemma3": "siglip", "idefics3": "siglip", "llava": "clip", "llava_next": "clip", "qwen2_5_vl": "qwen2_5_vl",
+_KIND = {"gemma3": "siglip", "gemma4": "gemma4", "idefics3": "siglip", "llava": "clip", "llava_next": "clip", "qwen2_5_vl": "qwen2_5_vl",
          "qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_vl"}
+
+
+def gemma4_squares(side: ImageSide, layers: int, checkpointing: bool, compute_bytes: int,
+                   images: int) -> tuple[float, int]:
+    """Gemma 4's terms in the square of an image's L patches (padding included; measured by
+    bench/estimate_vision.py, held to 1%): its padding mask reaches SDPA converted to the compute dtype in every
+    layer, saved per layer when the tower trains (elements: layers x L^2, one layer's with checkpointing), and the
+    pooler's L x L/k^2 weights; the frozen forward holds the boolean mask and one converted copy (bytes)."""
+    squares = side.patches * side.patches
+    kernel = max(1, round(math.sqrt(side.patches / max(1, side.tokens))))
+    trained = ((1 if checkpointing else layers) * squares + squares / kernel ** 2) * images
+    return trained, squares * (1 + compute_bytes) * images
 
 
 def image_side_bytes(config: Config, family: str, cap: int | None, *, compute_bytes: int, images: int,
@@ -133,12 +153,18 @@ def image_side_bytes(config: Config, family: str, cap: int | None, *, compute_by
         rest_b = k.rest[1] * int(config["text_config"].get("hidden_size") or 4096)
     else:
         rest_b = k.rest[1]
+    if family == "gemma4":
+        rest_b += shape.patch_values
     per_layer = k.layer[0] * h + k.layer[1] * i + k.layer[2]
     layers = shape.layers - (1 if k.skip_last_layer else 0)
     rest = k.rest[0] * h + rest_b
     trained = patches * (layers * h + per_layer + rest) if checkpointing else patches * (layers * per_layer + rest)
-    frozen = patches * (k.frozen[0] * h + k.frozen[1] * i + k.frozen[2])
+    frozen = patches * (k.frozen[0] * h + k.frozen[1] * i + k.frozen[2]) * compute_bytes
     pixels = side.pixel_values * images
+    if family == "gemma4":
+        squared, mask_phase = gemma4_squares(side, layers, checkpointing, compute_bytes, images)
+        trained += squared
+        frozen = max(frozen + mask_phase, 2 * pixels * compute_bytes)  # or the patch embedder's pixel copies
     mask = copies = 0
     if family == "idefics3":
         # Idefics3's processor pads every tile with a pixel_attention_mask of int64, one per pixel, in the batch
@@ -146,7 +172,9 @@ def image_side_bytes(config: Config, family: str, cap: int | None, *, compute_by
         # the compute dtype, `pixel_attention_mask[real].contiguous()`), both alive while its tower runs
         mask = pixels // int(_vision(config).get("num_channels") or 3) * 8
         copies = pixels * compute_bytes + mask
+    if family == "gemma4":  # image_position_ids: two int64 a patch, padding included
+        mask = side.patches * images * 2 * 8
     return {"forward_copies": copies, "tower_params": shape.tower_params, "projector_params": shape.projector_params,
-            "pixel_bytes": pixels * 4 + (pixels * compute_bytes if compute_bytes != 4 else 0), "pixel_mask": mask,
-            "frozen_forward_peak": int(frozen * compute_bytes), "trained_activations": int(trained * compute_bytes),
+            "pixel_bytes": pixels * 4 + (pixels * compute_bytes if compute_bytes != 4 else 0), "pixel_extra": mask,
+            "frozen_forward_peak": int(frozen), "trained_activations": int(trained * compute_bytes),
             "image_tokens": side.tokens * images, "patches": patches}

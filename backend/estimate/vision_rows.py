@@ -117,10 +117,10 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
               "projector": {"tuning": vision.projector, **projector, "parameters": shape.projector_params},
               "activations_held": held, "frozen_forward_peak": side["frozen_forward_peak"],
               "trained_activations": side["trained_activations"], "pixel_bytes": side["pixel_bytes"],
-              "pixel_mask": side["pixel_mask"]}
+              "pixel_extra": side["pixel_extra"]}
     return VisionRows(tower=sum(v for k, v in tower.items() if k != "trained"),
                       projector=sum(v for k, v in projector.items() if k != "trained"),
-                      activations=activations, held_activations=held, pixels=side["pixel_bytes"] + side["pixel_mask"],
+                      activations=activations, held_activations=held, pixels=side["pixel_bytes"] + side["pixel_extra"],
                       forward_copies=side["forward_copies"],
                       image_tokens_per_row=tokens, gradients=tower["gradients"] + projector["gradients"],
                       detail=detail)

@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Config] = {
                  "num_channels": 3, "patch_size": 32, "image_size": 224},
     "clip": {"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12, "num_hidden_layers": 12,
              "num_channels": 3, "patch_size": 32, "image_size": 224},
+    "gemma4": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 12,
+               "num_key_value_heads": 12, "head_dim": 64, "patch_size": 16, "position_embedding_size": 10240,
+               "pooling_kernel_size": 3},
 }
 """The vision config classes' defaults (transformers 5.25), for keys a config.json leaves out."""
 
@@ -141,11 +144,26 @@ def _llava(config: Config, key: str) -> TowerShape:
                       h, int(v["intermediate_size"]), int(v["num_attention_heads"]), False, values)
 
 
+def _gemma4(config: Config, key: str) -> TowerShape:
+    """Gemma 4's encoder: a patch projection without bias, a 2-D position table, pre/post-norm blocks with
+    q/k norms and a gated MLP (no biases anywhere), a parameter-free pooler; the projector (`embed_vision`) one
+    linear after a norm without scale. Clipped linears and standardization add buffers, not parameters."""
+    v = _vision(config, "gemma4")
+    h, i, n = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_hidden_layers"])
+    heads, kv, hd = int(v["num_attention_heads"]), int(v["num_key_value_heads"]), int(v["head_dim"])
+    values = 3 * int(v["patch_size"]) ** 2
+    linears = [(h, heads * hd, n), (h, kv * hd, 2 * n), (heads * hd, h, n), (h, i, 2 * n), (i, h, n)]
+    blocks = sum(a * b * c for a, b, c in linears) + n * (2 * hd + 4 * h)
+    tower = values * h + 2 * int(v["position_embedding_size"]) * h + blocks
+    text = _text_hidden(config)
+    return TowerShape(tower, tuple(linears), h * text, ((h, text, 1),), n, h, i, heads, True, values)
+
+
 READERS: dict[str, Callable[[Config, str], TowerShape]] = {
     "qwen2_5_vl": _qwen, "qwen3_vl": _qwen, "qwen3_5": _qwen, "gemma3": _gemma3, "idefics3": _idefics3,
-    "llava": _llava, "llava_next": _llava,
+    "llava": _llava, "llava_next": _llava, "gemma4": _gemma4,
 }
-"""Family key -> its reader; a proven family missing here (gemma4, mllama) is not counted."""
+"""Family key -> its reader; a proven family missing here (mllama) is not counted."""
 
 
 def tower_shape(config: Config, family_key: str) -> TowerShape | None:

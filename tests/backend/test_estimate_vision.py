@@ -35,7 +35,7 @@ def test_tower_and_projector_parameters_are_what_transformers_builds(family):
     assert (shape.tower_params, shape.projector_params) == (parts[TOWER], parts[PROJECTOR])
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "qwen2_5_vl", "llava"])
 def test_image_side_is_within_ten_percent_of_the_measured_at_a_held_out_shape(family):
     """Width 48, intermediate 160, depth 3: none of the shapes the coefficients were measured at."""
     from bench.estimate_vision import compare, measure
@@ -124,7 +124,8 @@ def test_the_vlm_presets_hold_their_cost_lines():
 
 
 @pytest.mark.parametrize("family,tower", [("qwen2_5_vl", "frozen"), ("llava", "lora"),
-                                         pytest.param("idefics3", "frozen", marks=pytest.mark.slow)])
+                                         pytest.param("idefics3", "frozen", marks=pytest.mark.slow),
+                                         pytest.param("gemma4", "lora", marks=pytest.mark.slow)])
 def test_a_real_step_of_ours_peaks_within_ten_percent_of_the_estimate(family, tower, tmp_path):
     """bench/estimate_vision.py --step: the training door's model and batch (one image at the cap), a steady
     step's peak on the CPU against the estimate's total for the same row."""
@@ -150,7 +151,7 @@ def test_smolvlm_holds_the_processors_tiles_and_their_int64_pixel_mask():
     est = image_side_bytes(raw, "idefics3", None, compute_bytes=2, images=1, processor=processor.to_dict())
     values, mask = out["pixel_values"], out["pixel_attention_mask"]
     assert values.shape[1] == 5 and mask.dtype.itemsize == 8  # 2x2 tiles and the whole
-    assert est["pixel_bytes"] == values.numel() * (4 + 2) and est["pixel_mask"] == mask.numel() * 8
+    assert est["pixel_bytes"] == values.numel() * (4 + 2) and est["pixel_extra"] == mask.numel() * 8
     assert est["forward_copies"] == values.numel() * 2 + mask.numel() * 8
 
 
