@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "gemma4", "idefics3", "llava")
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "gemma4", "idefics3", "llava", "mllama")
 """LLaVA-NeXT's tower is LLaVA's (its anyres crops are more passes of it, not measured apart)."""
 
 
@@ -56,6 +56,14 @@ def tower_inputs(family: str, model, config: dict[str, Any], pixels: int) -> dic
         processor.max_soft_tokens = budget
         out = processor(images=[vision_models.image(1024, 1024)], return_tensors="pt")
         return {"pixel_values": out["pixel_values"], "image_position_ids": out["image_position_ids"]}
+    if family == "mllama":  # a square of max_num_tiles tiles, every tile real
+        from tests import vision_models
+
+        hf = AutoConfig.for_model(**_raw(config))
+        side = vision["image_size"] * int(hf.vision_config.max_num_tiles ** 0.5)
+        out = vision_models.tiny_image_processor(family, hf)(images=[[vision_models.image(side, side)]],
+                                                              return_tensors="pt")
+        return {k: out[k] for k in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask")}
     size = vision["image_size"]
     tiles = 1
     if family == "idefics3":  # the tiles of a cap x cap image and the shrunk whole, each a tower pass
@@ -66,6 +74,10 @@ def tower_inputs(family: str, model, config: dict[str, Any], pixels: int) -> dic
 
 def image_side(family: str, model, inputs: dict[str, Any]):
     """The tower and the projector of `model` on `inputs`: what get_image_features runs."""
+    if family == "mllama":
+        inner = model.model
+        hidden = inner.vision_model(**inputs).last_hidden_state
+        return inner.multi_modal_projector(hidden)
     if family == "idefics3":
         inner = model.model
         hidden = inner.vision_model(pixel_values=inputs["pixel_values"]).last_hidden_state
@@ -89,6 +101,10 @@ def measure(family: str, pixels: int, shape: tuple[int, int, int] | None = None)
     config = CONFIGS[family]()
     if shape is not None:
         depth = "depth" if family.startswith("qwen") else "num_hidden_layers"
+        if family == "mllama":  # the depth split as on the real tower: a quarter of it global, the rest local
+            config["vision_config"].update(num_global_layers=max(1, shape[2] // 4), vision_output_dim=3 * shape[0],
+                                           intermediate_layers_indices=[0, shape[2] - shape[2] // 4 - 1])
+            shape = (shape[0], shape[1], shape[2] - max(1, shape[2] // 4))
         config["vision_config"].update(hidden_size=shape[0], intermediate_size=shape[1], **{depth: shape[2]})
         if family == "qwen2_5_vl":
             config["vision_config"]["fullatt_block_indexes"] = [shape[2] - 1]

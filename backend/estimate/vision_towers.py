@@ -52,6 +52,10 @@ DEFAULTS: dict[str, Config] = {
     "gemma4": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 12,
                "num_key_value_heads": 12, "head_dim": 64, "patch_size": 16, "position_embedding_size": 10240,
                "pooling_kernel_size": 3},
+    "mllama": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_global_layers": 8,
+               "attention_heads": 16, "num_channels": 3, "image_size": 448, "patch_size": 14, "max_num_tiles": 4,
+               "vision_output_dim": 7680, "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2],
+                                                                       [3, 1], [4, 1]]},
 }
 """The vision config classes' defaults (transformers 5.25), for keys a config.json leaves out."""
 
@@ -159,11 +163,32 @@ def _gemma4(config: Config, key: str) -> TowerShape:
     return TowerShape(tower, tuple(linears), h * text, ((h, text, 1),), n, h, i, heads, True, values)
 
 
+def _mllama(config: Config, key: str) -> TowerShape:
+    """Llama 3.2 Vision's encoder: a patch conv without bias, a class token, gated position and tile embeddings
+    (one table row per aspect ratio, every tile's patches), pre/post LayerNorms, a local transformer and a gated
+    global one (q/k/v/o without bias, a biased GELU MLP); the projector one biased linear from the stacked
+    intermediate and final states (`vision_output_dim`) to the text width."""
+    v = _vision(config, "mllama")
+    h, i = int(v["hidden_size"]), int(v["intermediate_size"])
+    n, g = int(v["num_hidden_layers"]), int(v["num_global_layers"])
+    patch, tiles = int(v["patch_size"]), int(v["max_num_tiles"])
+    patches = (int(v["image_size"]) // patch) ** 2 + 1
+    ratios = len(v["supported_aspect_ratios"]) + 1
+    values = int(v["num_channels"]) * patch * patch
+    linears = [(h, h, 4 * (n + g)), (h, i, n + g), (i, h, n + g)]
+    blocks = sum(a * b * c for a, b, c in linears) + (n + g) * (i + h + 4 * h) + 2 * g
+    embeddings = values * h + h + (1 + patches * h + ratios * tiles * patches * h) + 2 * (ratios * tiles * h + 1)
+    tower = embeddings + 4 * h + blocks
+    out, text = int(v["vision_output_dim"]), _text_hidden(config)
+    return TowerShape(tower, tuple(linears), out * text + text, ((out, text, 1),), n + g, h, i,
+                      int(v["attention_heads"]), False, values)
+
+
 READERS: dict[str, Callable[[Config, str], TowerShape]] = {
     "qwen2_5_vl": _qwen, "qwen3_vl": _qwen, "qwen3_5": _qwen, "gemma3": _gemma3, "idefics3": _idefics3,
-    "llava": _llava, "llava_next": _llava, "gemma4": _gemma4,
+    "llava": _llava, "llava_next": _llava, "gemma4": _gemma4, "mllama": _mllama,
 }
-"""Family key -> its reader; a proven family missing here (mllama) is not counted."""
+"""Family key -> its reader: every proven family."""
 
 
 def tower_shape(config: Config, family_key: str) -> TowerShape | None:
