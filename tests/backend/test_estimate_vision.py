@@ -35,7 +35,8 @@ def test_tower_and_projector_parameters_are_what_transformers_builds(family):
     assert (shape.tower_params, shape.projector_params) == (parts[TOWER], parts[PROJECTOR])
 
 
-@pytest.mark.parametrize("family", ["gemma3", "gemma4", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma4", "qwen2_5_vl", "llava",
+                                    pytest.param("mllama", marks=pytest.mark.slow)])  # its 6432^2 masks: 20 s
 def test_image_side_is_within_ten_percent_of_the_measured_at_a_held_out_shape(family):
     """Width 48, intermediate 160, depth 3: none of the shapes the coefficients were measured at."""
     from bench.estimate_vision import compare, measure
@@ -153,6 +154,46 @@ def test_smolvlm_holds_the_processors_tiles_and_their_int64_pixel_mask():
     assert values.shape[1] == 5 and mask.dtype.itemsize == 8  # 2x2 tiles and the whole
     assert est["pixel_bytes"] == values.numel() * (4 + 2) and est["pixel_extra"] == mask.numel() * 8
     assert est["forward_copies"] == values.numel() * 2 + mask.numel() * 8
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_mllama_cross_attention_saves_what_the_estimate_counts(kv_heads):
+    """The language model's cross-attention layers over a tiny Mllama's vision tokens, two image sizes apart: the
+    saved bytes per vision token per layer (the saved-tensor meter of bench/estimate_tensors.py) are the estimate's."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+
+    from backend.estimate.vision_rows import cross_attention_bytes
+    from bench.estimate_tensors import _SavedTensorMeter, _unique_bytes
+
+    raw = vision_models.CONFIGS["mllama"]()
+    raw["text_config"].update(vocab_size=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                              num_key_value_heads=kv_heads)
+    config = AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "transformers_version"})
+    config.text_config._attn_implementation = "sdpa"
+    lm = AutoModelForImageTextToText.from_config(config).model.language_model
+    lm.requires_grad_(False)
+    for name, p in lm.named_parameters():
+        p.requires_grad_("proj" in name)
+    tiles, seq = config.vision_config.max_num_tiles, 9
+
+    def saved(per_tile: int) -> int:
+        cross = torch.randn(1, tiles * per_tile, config.text_config.hidden_size)
+        mask, full = _prepare_cross_attention_mask(torch.ones(1, seq, 1, tiles, dtype=torch.int64), per_tile,
+                                                   torch.float32)
+        known = {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+                 for t in [*lm.parameters(), cross, mask, full]}
+        with _SavedTensorMeter() as meter:
+            out = lm(input_ids=torch.randint(0, 256, (1, seq)), cross_attention_states=cross,
+                     cross_attention_mask=mask, full_text_row_masked_out_mask=full)
+            return _unique_bytes(meter.live() + [out.last_hidden_state], known)[0]
+
+    grid = raw["vision_config"]["image_size"] // raw["vision_config"]["patch_size"]
+    small = dict(raw, vision_config=dict(raw["vision_config"], image_size=raw["vision_config"]["patch_size"] * 20))
+    measured = saved(grid * grid + 1) - saved(20 * 20 + 1)
+    counted = (cross_attention_bytes(raw, 1, 0, 4) - cross_attention_bytes(small, 1, 0, 4))
+    assert measured == counted
 
 
 def test_the_data_gives_the_most_images_a_row(tmp_path):
