@@ -102,9 +102,10 @@ def measure(family: str, pixels: int, shape: tuple[int, int, int] | None = None)
     if shape is not None:
         depth = "depth" if family.startswith("qwen") else "num_hidden_layers"
         if family == "mllama":  # the depth split as on the real tower: a quarter of it global, the rest local
-            config["vision_config"].update(num_global_layers=max(1, shape[2] // 4), vision_output_dim=3 * shape[0],
-                                           intermediate_layers_indices=[0, shape[2] - shape[2] // 4 - 1])
-            shape = (shape[0], shape[1], shape[2] - max(1, shape[2] // 4))
+            glob = max(1, shape[2] // 4)
+            config["vision_config"].update(num_global_layers=glob, vision_output_dim=3 * shape[0],
+                                           intermediate_layers_indices=[0, shape[2] - glob - 1])
+            shape = (shape[0], shape[1], shape[2] - glob)
         config["vision_config"].update(hidden_size=shape[0], intermediate_size=shape[1], **{depth: shape[2]})
         if family == "qwen2_5_vl":
             config["vision_config"]["fullatt_block_indexes"] = [shape[2] - 1]
