@@ -40,14 +40,11 @@ def meta_model(name: str, text_only: bool = True):
     config = AutoConfig.for_model(**cfg)
     with torch.device("meta"):
         try:
-            model = AutoModelForCausalLM.from_config(config)
+            return AutoModelForCausalLM.from_config(config)
         except ValueError:
             if text_only:
                 raise
             return AutoModelForImageTextToText.from_config(config)
-        if not text_only and type(model).__name__ not in (cfg.get("architectures") or [type(model).__name__]):
-            return AutoModelForImageTextToText.from_config(config)  # Mllama: the causal LM is its text half
-        return model
 
 
 def parameter_count(model) -> int:
