@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "gemma4", "idefics3", "llava", "mllama")
-"""LLaVA-NeXT's tower is LLaVA's (its anyres crops are more passes of it, not measured apart)."""
+"""Every tower kind; LLaVA-NeXT's tower is LLaVA's (its anyres crops are more passes of it, not measured apart)."""
 
 
 def _raw(config: dict[str, Any]) -> dict[str, Any]:

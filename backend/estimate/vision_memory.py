@@ -3,9 +3,10 @@ activations per image at the resolution cap, the image tokens a row adds, the pr
 
 Torch-free. The parameters come from `vision_towers.tower_shape`; an image's patches and tokens from the
 family's rule at its cap (`core/registries/vision_families.py`), for the worst image the cap allows
-(a square of `max_pixels` for Qwen, the tower's square elsewhere, the most tiles for SmolVLM). The
-activation coefficients are per patch and per tower layer, measured by bench/estimate_vision.py on the
-CPU (sdpa attention) and held by tests/backend/test_estimate_vision.py.
+(a square of `max_pixels` for Qwen, the tower's square elsewhere, the most tiles for SmolVLM, Gemma 4's
+soft-token budget, all of Mllama's tiles). The activation coefficients are per patch and per tower layer,
+measured by bench/estimate_vision.py on the CPU (sdpa attention) and held by tests/backend/test_estimate_vision.py;
+Gemma 4 and Mllama add terms in the square of an image's patches (their attention masks).
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ Torch-free, one `TowerShape` reader per proven family (a registry keyed like
 `backend/core/registries/vision_families.py`), transcribed from transformers 5.25's modeling files;
 tests/backend/test_estimate_vision.py checks every count against the model transformers builds on the
 meta device (`backend/training/model/vision_parts.py`). A config key left out takes the family's config
-class default (`DEFAULTS`). Gemma 4 and Mllama (towers with per-layer gates and cross-attention tiles)
-are not transcribed: `tower_shape` returns None and the estimate says so.
+class default (`DEFAULTS`). Every proven family has its reader; `tower_shape` returns None for any other.
 """
 
 from __future__ import annotations
