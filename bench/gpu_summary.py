@@ -109,7 +109,7 @@ def main(out: Path) -> str:
     for model in read(out / "build_vlm.json").get("models", []):
         rows.append(f"| build {model['model']} ({model['family']}) | {model['params'] / 1e9:.2f} B params on "
                     f"{model['device']} | built {model['build_s']} s | with save {model['with_save_s']} s | "
-                    f"rows: one {model['data']['image_side']} px image, {model['data']['seq_len']} tokens | |")
+                    f"rows: one {model['data']['image']} image, {model['data']['seq_len']} tokens | |")
     for name, file in VLM_PRESETS:
         rows.append(preset_row(name, read(out / file)))
     rows.append(throughput_row("steady LoRA 1B", read(out / "throughput_lora_1b.json")))

@@ -54,15 +54,21 @@ def real_config(family: str, fixture: str, tokenizer):
     return AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "transformers_version"})
 
 
-def cap_side(family: str, preset: Path, config) -> int:
-    """The side of a square image at the preset's resolution cap (Qwen: vision.max_pixels; Gemma 3: its tower's
-    square, which any larger image is resized to)."""
+def cap_size(family: str, preset: Path, config) -> tuple[int, int]:
+    """(width, height) of the image that costs the most at the preset's resolution cap: for Qwen the sides on
+    multiples of patch x merge with the most merged tokens within vision.max_pixels (the estimate's worst
+    aspect: 672 x 448 at 301,056 pixels, 384 tokens); for Gemma 3 its tower's square, which any image is resized to."""
     from backend.core.config.run_config import RunConfig
 
     run = RunConfig.load(preset)
-    if family.startswith("qwen"):
-        return math.isqrt(run.vision.max_pixels)
-    return int(config.vision_config.image_size)
+    if not family.startswith("qwen"):
+        side = int(config.vision_config.image_size)
+        return side, side
+    factor = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+    cap = run.vision.max_pixels
+    best = max((cap // (factor * factor * rows) * rows, rows) for rows in range(1, math.isqrt(cap) // factor + 1))
+    rows = best[1]
+    return cap // (factor * factor * rows) * factor, rows * factor
 
 
 def build(name: str, out: Path, dry: bool) -> dict:
@@ -108,10 +114,10 @@ def write_rows(name: str, out: Path, rows: int, config, dry: bool) -> dict:
 
     family, _, preset = VLMS[name]
     seq_len = RunConfig.load(PRESETS / preset).train.seq_len
-    side = 64 if dry else cap_side(family, PRESETS / preset, config)
+    width, height = (64, 64) if dry else cap_size(family, PRESETS / preset, config)
     folder = out / f"{name}_rows"
     folder.mkdir(parents=True, exist_ok=True)
-    vision_models.image(side, side).save(folder / "image.png")
+    vision_models.image(width, height).save(folder / "image.png")
     tokenizer = AutoTokenizer.from_pretrained(out / name)
     text = CORPUS.read_text(encoding="utf-8")[:200_000]
     per_token = len(text) / len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -124,7 +130,7 @@ def write_rows(name: str, out: Path, rows: int, config, dry: bool) -> dict:
                         "images": ["image.png"]})
     path = folder / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return {"path": str(path), "rows": rows, "image_side": side, "seq_len": seq_len}
+    return {"path": str(path), "rows": rows, "image": f"{width}x{height}", "seq_len": seq_len}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -202,8 +202,11 @@ def test_the_vlm_presets_are_built_from_their_real_configs_with_the_tokenizers_i
     from transformers import AutoModelForImageTextToText
 
     from backend.api.presets import load_preset
+    from backend.core.config.run_config import RunConfig
+    from backend.core.registries.vision_families import VISION_FAMILIES
+    from backend.estimate import estimate
     from gpu_summary import VLM_PRESETS, main
-    from gpu_vlm_models import PRESETS, VLMS, real_config
+    from gpu_vlm_models import PRESETS, VLMS, cap_size, real_config
     from tests import model_configs, vision_models
 
     script = (BENCH / "gpu_check.sh").read_text()
@@ -218,6 +221,13 @@ def test_the_vlm_presets_are_built_from_their_real_configs_with_the_tokenizers_i
             built = AutoModelForImageTextToText.from_config(config)
         assert model_configs.parameter_count(built) == model_configs.parameter_count(
             model_configs.meta_model(fixture, text_only=False))
+        # the rows' image costs what the preset's Cost line counts: one image at the cap, its worst aspect
+        run = RunConfig.load(PRESETS / preset)
+        width, height = cap_size(family, PRESETS / preset, config)
+        counted = estimate(model_configs.CONFIGS_DIR / fixture, run, device="cuda", images_per_row=1)
+        assert VISION_FAMILIES[family].tokens_per_image(model_configs.load(fixture), width, height,
+                                                        run.vision.max_pixels) == \
+            counted.details["vision"]["image_tokens_per_row"]
         key = next(k for k in vision_models.FAMILY_TOKENS[family] if k.startswith("image_token"))
         token = tokenizer.convert_tokens_to_ids(vision_models.FAMILY_TOKENS[family][key])
         assert getattr(config, key) == token != model_configs.load(fixture)[key]
