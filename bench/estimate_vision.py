@@ -25,13 +25,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "idefics3", "llava")
-"""LLaVA-NeXT's tower is LLaVA's (its anyres crops are more passes of it, not measured apart)."""
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3", "gemma4", "idefics3", "llava", "mllama")
+"""Every tower kind; LLaVA-NeXT's tower is LLaVA's (its anyres crops are more passes of it, not measured apart)."""
+
+
+def _raw(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path", "auto_map")}
 
 
 def tower_inputs(family: str, model, config: dict[str, Any], pixels: int) -> dict[str, Any]:
     """The pixel tensors of one square image at the cap, shaped as the family's processor makes them."""
     import torch
+    from transformers import AutoConfig
 
     from backend.estimate.vision_memory import patches_per_image
 
@@ -42,6 +47,23 @@ def tower_inputs(family: str, model, config: dict[str, Any], pixels: int) -> dic
         values = vision.get("in_channels", 3) * vision["temporal_patch_size"] * vision["patch_size"] ** 2
         return {"pixel_values": torch.randn(patches, values),
                 "image_grid_thw": torch.tensor([[1, side, side]])}
+    if family == "gemma4":  # the processor's patches of a square image at the budget, padded to the most patches
+        from backend.core.registries.vision_families import VISION_FAMILIES
+        from tests import vision_models
+
+        budget = VISION_FAMILIES[family].cap(config)
+        processor = vision_models.tiny_image_processor(family, AutoConfig.for_model(**_raw(config)))
+        processor.max_soft_tokens = budget
+        out = processor(images=[vision_models.image(1024, 1024)], return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_position_ids": out["image_position_ids"]}
+    if family == "mllama":  # a square of max_num_tiles tiles, every tile real
+        from tests import vision_models
+
+        hf = AutoConfig.for_model(**_raw(config))
+        side = vision["image_size"] * int(hf.vision_config.max_num_tiles ** 0.5)
+        out = vision_models.tiny_image_processor(family, hf)(images=[[vision_models.image(side, side)]],
+                                                              return_tensors="pt")
+        return {k: out[k] for k in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask")}
     size = vision["image_size"]
     tiles = 1
     if family == "idefics3":  # the tiles of a cap x cap image and the shrunk whole, each a tower pass
@@ -52,6 +74,10 @@ def tower_inputs(family: str, model, config: dict[str, Any], pixels: int) -> dic
 
 def image_side(family: str, model, inputs: dict[str, Any]):
     """The tower and the projector of `model` on `inputs`: what get_image_features runs."""
+    if family == "mllama":
+        inner = model.model
+        hidden = inner.vision_model(**inputs).last_hidden_state
+        return inner.multi_modal_projector(hidden)
     if family == "idefics3":
         inner = model.model
         hidden = inner.vision_model(pixel_values=inputs["pixel_values"]).last_hidden_state
@@ -75,11 +101,17 @@ def measure(family: str, pixels: int, shape: tuple[int, int, int] | None = None)
     config = CONFIGS[family]()
     if shape is not None:
         depth = "depth" if family.startswith("qwen") else "num_hidden_layers"
+        if family == "mllama":  # the depth split as on the real tower: a quarter of it global, the rest local
+            glob = max(1, shape[2] // 4)
+            config["vision_config"].update(num_global_layers=glob, vision_output_dim=3 * shape[0],
+                                           intermediate_layers_indices=[0, shape[2] - glob - 1])
+            shape = (shape[0], shape[1], shape[2] - glob)
         config["vision_config"].update(hidden_size=shape[0], intermediate_size=shape[1], **{depth: shape[2]})
         if family == "qwen2_5_vl":
             config["vision_config"]["fullatt_block_indexes"] = [shape[2] - 1]
-    raw = {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path", "auto_map")}
-    hf = AutoConfig.for_model(**raw)
+        if family == "gemma4":  # attention as wide as the tower, as on the real ones (12 heads of 64 = 768)
+            config["vision_config"].update(num_attention_heads=2, num_key_value_heads=2, head_dim=shape[0] // 2)
+    hf = AutoConfig.for_model(**_raw(config))
     hf._attn_implementation = "sdpa"
     model = AutoModelForImageTextToText.from_config(hf, dtype=torch.float32)
     vlm = BY_MODEL_TYPE[config["model_type"]]
@@ -184,7 +216,7 @@ def measure_step(family: str, folder: Path, *, tower: str = "frozen", projector:
     b = estimate(model_dir, with_seq_len(config, tokens), device="cpu", images_per_row=1, target_tokens=targets,
                  cpu_bf16=cpu_features.native_bf16())
     return {"family": family, "tower": tower, "projector": projector, "row_tokens": tokens,
-            "image_tokens": b.details["vision"]["image_tokens_per_row"], "measured_peak": peak,
+            "image_tokens": (b.details.get("vision") or {}).get("image_tokens_per_row"), "measured_peak": peak,
             "estimated_peak": b.total_bytes, "ratio": round(b.total_bytes / max(1, peak), 3),
             "estimate": b.breakdown()}
 

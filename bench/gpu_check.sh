@@ -11,8 +11,15 @@
 #   here first:      python bench/device_wheels.py
 #   on the GPU:      run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=560)
 #   CPU dry run:     GPU_CHECK_DRY=1 PYTHON=.venv/bin/python bash bench/gpu_check.sh   (shrunken models, CPU)
+# GPU_CHECK_PARTS (default "text") picks what runs after the environment: "text" the gpu tests, the text presets,
+# the exports and the longest row; "vlm" the VLM presets (Qwen2.5-VL-7B QLoRA 16 GB, Gemma-3-4B LoRA 24 GB) on
+# random-weight models built from their real config.json (bench/gpu_vlm_models.py), rows of one image at the
+# preset's cap, the estimate against CUDA max allocated and reserved (about 5 minutes: a call of its own,
+#   run(command="GPU_CHECK_PARTS=vlm bash bench/gpu_check.sh", carry=[".whl"], timeout_s=420)).
 set -uo pipefail
 DRY=${GPU_CHECK_DRY:-0}
+PARTS=${GPU_CHECK_PARTS:-text}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 PY=${PYTHON:-python3}
 WORK=${GPU_CHECK_WORK:-/tmp/gpu-check$([ "$DRY" = 1 ] && echo -dry)}
 BACK=${OUT:-}
@@ -72,6 +79,8 @@ json.dump(env, open(sys.argv[1], "w"), indent=1); print(env)
 PYEOF
 export GPU_CHECK_CONTEXT_BYTES=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('context_bytes') or '')" "$OUT/env.json" 2>/dev/null)
 
+PRESETS=resources/presets
+if part text; then
 # 3. gpu tests (110 s, in the background) beside the model builds (90 s)
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 6")
 ( step gpu_tests 110 "$PY" -m pytest -p no:cacheprovider -q -m gpu tests/backend/test_gpu.py -o addopts="" $XDIST ) &
@@ -82,7 +91,6 @@ DETAIL=$(grep -Eo "[0-9]+ (passed|failed|skipped|error)[^=]*" "$OUT/gpu_tests.lo
 sed -i "s|\"step\": \"gpu_tests\"|\"step\": \"gpu_tests\", \"detail\": \"${DETAIL:-no pytest summary}\", \"background\": true|" "$OUT/steps.jsonl"
 
 # 4. each preset: estimate + training through the CLI (studio side), then the bare Trainer on the same
-PRESETS=resources/presets
 preset() {  # NAME PRESET MODEL METHOD TRAIN_S BASELINE_S
   step "$1" "$5" "$PY" bench/gpu_preset_run.py --preset "$PRESETS/$2" --name "$1" --model "$WORK/$3" \
     --data "$WORK/long_rows.jsonl" --out "$OUT" --warmup "$WARM" --steps "$MEASURED" --profile-steps "$PROF" \
@@ -108,6 +116,21 @@ fi
 ( step maxlen 55 "$PY" bench/gpu_maxlen.py --preset "$PRESETS/llama-3.2-1b_lora_12gb.yaml" --model "$WORK/1b" \
     --out "$OUT" --timeout $((45 * SCALE)) --set train.gradient_accumulation_steps=1 --set train.warmup_steps=0 ) &
 wait
+fi
+
+# 5b. the VLM presets: the estimate (one image a row at the cap) against CUDA's peaks; a step's peak does not
+# depend on how many steps follow, so fewer measured steps than the text presets and no profile
+if part vlm; then
+  step build_vlm 120 "$PY" bench/gpu_vlm_models.py --out "$WORK" --rows "$ROWS" $DRYFLAG
+  cp "$WORK/build_vlm.json" "$OUT/" 2>/dev/null
+  vlm_preset() {  # NAME PRESET MODEL TRAIN_S
+    step "$1" "$4" "$PY" bench/gpu_preset_run.py --preset "$PRESETS/$2" --name "$1" --model "$WORK/$3" \
+      --data "$WORK/$3_rows/train.jsonl" --out "$OUT" --warmup "$WARM" --steps $((MEASURED < 5 ? MEASURED : 5)) \
+      --profile-steps 0 --timeout $(($4 * SCALE - 10))
+  }
+  vlm_preset qlora_vl7b qwen2.5-vl-7b_qlora_16gb.yaml vl7b 110
+  vlm_preset lora_gemma4b gemma-3-4b_lora_24gb.yaml gemma4b 90
+fi
 
 # 6. the table
 echo "== summary ($(( $(date +%s) - T0 )) s in all)"

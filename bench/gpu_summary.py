@@ -15,6 +15,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # backend.core.runs.export_report (torch-free)
 
 
+VLM_PRESETS = (("Qwen2.5-VL-7B QLoRA (16 GB preset, one image a row)", "qlora_vl7b.json"),
+               ("Gemma-3-4B LoRA (24 GB preset, one image a row)", "lora_gemma4b.json"))
+"""The VLM presets' rows (GPU_CHECK_PARTS=vlm): "did not run" on a text-only check."""
+
+
 def read(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -101,6 +106,12 @@ def main(out: Path) -> str:
                     f"built {model['build_s']} s | with save {model['with_save_s']} s | | |")
     rows.append(preset_row("Llama-3.2-1B LoRA (12 GB preset)", read(out / "lora_1b.json")))
     rows.append(preset_row("Llama-3.1-8B QLoRA (16 GB preset)", read(out / "qlora_8b.json")))
+    for model in read(out / "build_vlm.json").get("models", []):
+        rows.append(f"| build {model['model']} ({model['family']}) | {model['params'] / 1e9:.2f} B params on "
+                    f"{model['device']} | built {model['build_s']} s | with save {model['with_save_s']} s | "
+                    f"rows: one {model['data']['image']} image, {model['data']['seq_len']} tokens | |")
+    for name, file in VLM_PRESETS:
+        rows.append(preset_row(name, read(out / file)))
     rows.append(throughput_row("steady LoRA 1B", read(out / "throughput_lora_1b.json")))
     rows.append(throughput_row("steady QLoRA 8B", read(out / "throughput_qlora_8b.json")))
     for fmt in ("merged", "gguf"):

@@ -1,7 +1,7 @@
 """Tiny random-weight vision-language models of every proven family, beside tests/families.py's text ones.
 
 Each is built from its family's real config shape: the published config.json where tests/fixtures holds
-one (Qwen2.5-VL-7B, Qwen3-VL-4B, LLaVA-1.5-7b, Gemma 3 4B), else the family's config class, with the
+one (Qwen2.5-VL-7B, Qwen3-VL-4B, LLaVA-1.5-7b, Gemma 3 4B, SmolVLM-256M), else the family's config class, with the
 widths, layers and vision depth shrunk but the family's own keys kept: M-RoPE sections and head_dim,
 window and full-attention blocks, deepstack layers, soft-capping and sliding windows, patch, merge and
 image sizes (so an image costs as many tokens as on the real model), cross-attention layers, tiles.
@@ -130,11 +130,8 @@ def gemma4() -> dict[str, Any]:
 
 
 def idefics3() -> dict[str, Any]:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.for_model("idefics3").to_dict()
-    cfg["architectures"] = ["Idefics3ForConditionalGeneration"]
-    cfg["scale_factor"] = 4  # SmolVLM's: 512 px tiles of 16 px patches, 4x4 shuffled -> 64 tokens a tile
+    # SmolVLM-256M's: 512 px tiles of 16 px patches, 4x4 shuffled (scale_factor 4) -> 64 tokens a tile
+    cfg = copy.deepcopy(model_configs.load("HuggingFaceTB--SmolVLM-256M-Instruct"))
     cfg["text_config"] = _shrink(cfg["text_config"], **TEXT, head_dim=16)
     cfg["vision_config"] = _shrink(cfg["vision_config"], hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=2, image_size=512, patch_size=16)

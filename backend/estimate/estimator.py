@@ -137,7 +137,7 @@ def estimate(
         allocator_reserve=runtime.detail["allocator_slack"],
         vision_tower=vision.tower,
         projector=vision.projector,
-        vision_activations=vision.activations,
+        vision_activations=vision.activations + vision.language_side,
         pixel_values=vision.pixels,
         details=details,
     )
@@ -158,7 +158,7 @@ def with_vision(phases: dict[str, int], vision: VisionRows, states: ModelStates,
     for name, value in phases.items():
         value += vision.static
         if name != "optimizer_step":
-            value += vision.pixels + (vision.activations if vision.held_activations else 0)
+            value += vision.pixels + vision.language_side + (vision.activations if vision.held_activations else 0)
         if name in ("optimizer_step", "backward_end", "recompute") or accumulate:
             value += vision.gradients
         out[name] = value

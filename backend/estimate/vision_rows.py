@@ -40,7 +40,11 @@ class VisionRows:
     held_activations: bool = False
     pixels: int = 0
     forward_copies: int = 0
-    """Copies of the pixels alive only while the tower runs (Idefics3's real-tile selection)."""
+    """Alive only while the tower runs: Idefics3's real-tile copies, what Mllama's mask building reaches beyond
+    the tower's activations."""
+    language_side: int = 0
+    """Image activations the language model holds until its backward: Mllama's cross-attention keys and values
+    over every vision token, in each cross-attention layer, and its text x vision mask."""
     image_tokens_per_row: int = 0
     gradients: int = 0
     """Of `tower` and `projector`: the gradients (they exist from the backward to the optimizer step)."""
@@ -111,18 +115,39 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
     if images and tokens >= run.train.seq_len:
         warnings.append(f"train.seq_len {run.train.seq_len:,} leaves no text beside {tokens:,} image tokens a row: "
                         "raise train.seq_len" + (" or lower vision.max_pixels" if family.startswith("qwen") else ""))
+    language = cross_attention_bytes(raw, images, run.train.seq_len, setup.compute_bytes) if family == "mllama" else 0
     detail = {"family": family, "images_per_row": per_row, "images_per_row_known": images_per_row is not None,
               "image_tokens_per_row": tokens, "patches_per_image": side["patches"] // max(1, images),
               "cap": cap, "tower": {"tuning": vision.tower, **tower, "parameters": shape.tower_params},
               "projector": {"tuning": vision.projector, **projector, "parameters": shape.projector_params},
               "activations_held": held, "frozen_forward_peak": side["frozen_forward_peak"],
-              "trained_activations": side["trained_activations"], "pixel_bytes": side["pixel_bytes"]}
+              "trained_activations": side["trained_activations"], "pixel_bytes": side["pixel_bytes"],
+              "pixel_extra": side["pixel_extra"], "language_side": language}
     return VisionRows(tower=sum(v for k, v in tower.items() if k != "trained"),
                       projector=sum(v for k, v in projector.items() if k != "trained"),
-                      activations=activations, held_activations=held, pixels=side["pixel_bytes"],
-                      forward_copies=side["forward_copies"],
+                      activations=activations, held_activations=held, pixels=side["pixel_bytes"] + side["pixel_extra"],
+                      forward_copies=side["forward_copies"] + max(0, side["forward_floor"] - activations),
+                      language_side=language,
                       image_tokens_per_row=tokens, gradients=tower["gradients"] + projector["gradients"],
                       detail=detail)
+
+
+def cross_attention_bytes(raw: dict[str, Any], images: int, seq_len: int, compute_bytes: int) -> int:
+    """Mllama's language model over `images` images' vision tokens (every tile's patches and class token):
+    each cross-attention layer saves k_proj's and v_proj's outputs and k_norm's (3 x kv width), its rstd (kv
+    heads) and, with grouped-query attention, one copy repeated to every head; the text x vision mask is held once
+    (measured on the CPU, sdpa, with bench/estimate_tensors.py's saved-tensor meter at 1, 2 and 4 kv heads of 4; held
+    by tests/backend/test_estimate_vision.py)."""
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    vision = raw.get("vision_config") if isinstance(raw.get("vision_config"), dict) else {}
+    hidden, heads = int(text.get("hidden_size") or 4096), int(text.get("num_attention_heads") or 32)
+    kv = int(text.get("num_key_value_heads") or 8)
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    layers = len(text.get("cross_attention_layers") or [3, 8, 13, 18, 23, 28, 33, 38])
+    grid = int(vision.get("image_size") or 560) // int(vision.get("patch_size") or 14)
+    tokens = int(vision.get("max_num_tiles") or 4) * (grid * grid + 1) * images
+    per_token = 3 * kv * head_dim + kv + (heads * head_dim if 1 < kv < heads else 0)
+    return (tokens * layers * per_token + seq_len * tokens) * compute_bytes
 
 
 def image_tokens_per_row(raw: dict[str, Any] | None, run: RunConfig, images_per_row: int | None = None) -> int:

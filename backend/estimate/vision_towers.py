@@ -5,8 +5,7 @@ Torch-free, one `TowerShape` reader per proven family (a registry keyed like
 `backend/core/registries/vision_families.py`), transcribed from transformers 5.25's modeling files;
 tests/backend/test_estimate_vision.py checks every count against the model transformers builds on the
 meta device (`backend/training/model/vision_parts.py`). A config key left out takes the family's config
-class default (`DEFAULTS`). Gemma 4 and Mllama (towers with per-layer gates and cross-attention tiles)
-are not transcribed: `tower_shape` returns None and the estimate says so.
+class default (`DEFAULTS`). Every proven family has its reader; `tower_shape` returns None for any other.
 """
 
 from __future__ import annotations
@@ -49,6 +48,13 @@ DEFAULTS: dict[str, Config] = {
                  "num_channels": 3, "patch_size": 32, "image_size": 224},
     "clip": {"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12, "num_hidden_layers": 12,
              "num_channels": 3, "patch_size": 32, "image_size": 224},
+    "gemma4": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 12,
+               "num_key_value_heads": 12, "head_dim": 64, "patch_size": 16, "position_embedding_size": 10240,
+               "pooling_kernel_size": 3},
+    "mllama": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_global_layers": 8,
+               "attention_heads": 16, "num_channels": 3, "image_size": 448, "patch_size": 14, "max_num_tiles": 4,
+               "vision_output_dim": 7680, "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2],
+                                                                       [3, 1], [4, 1]]},
 }
 """The vision config classes' defaults (transformers 5.25), for keys a config.json leaves out."""
 
@@ -141,11 +147,47 @@ def _llava(config: Config, key: str) -> TowerShape:
                       h, int(v["intermediate_size"]), int(v["num_attention_heads"]), False, values)
 
 
+def _gemma4(config: Config, key: str) -> TowerShape:
+    """Gemma 4's encoder: a patch projection without bias, a 2-D position table, pre/post-norm blocks with
+    q/k norms and a gated MLP (no biases anywhere), a parameter-free pooler; the projector (`embed_vision`) one
+    linear after a norm without scale. Clipped linears and standardization add buffers, not parameters."""
+    v = _vision(config, "gemma4")
+    h, i, n = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_hidden_layers"])
+    heads, kv, hd = int(v["num_attention_heads"]), int(v["num_key_value_heads"]), int(v["head_dim"])
+    values = 3 * int(v["patch_size"]) ** 2
+    linears = [(h, heads * hd, n), (h, kv * hd, 2 * n), (heads * hd, h, n), (h, i, 2 * n), (i, h, n)]
+    blocks = sum(a * b * c for a, b, c in linears) + n * (2 * hd + 4 * h)
+    tower = values * h + 2 * int(v["position_embedding_size"]) * h + blocks
+    text = _text_hidden(config)
+    return TowerShape(tower, tuple(linears), h * text, ((h, text, 1),), n, h, i, heads, True, values)
+
+
+def _mllama(config: Config, key: str) -> TowerShape:
+    """Llama 3.2 Vision's encoder: a patch conv without bias, a class token, gated position and tile embeddings
+    (one table row per aspect ratio, every tile's patches), pre/post LayerNorms, a local transformer and a gated
+    global one (q/k/v/o without bias, a biased GELU MLP); the projector one biased linear from the stacked
+    intermediate and final states (`vision_output_dim`) to the text width."""
+    v = _vision(config, "mllama")
+    h, i = int(v["hidden_size"]), int(v["intermediate_size"])
+    n, g = int(v["num_hidden_layers"]), int(v["num_global_layers"])
+    patch, tiles = int(v["patch_size"]), int(v["max_num_tiles"])
+    patches = (int(v["image_size"]) // patch) ** 2 + 1
+    ratios = len(v["supported_aspect_ratios"]) + 1
+    values = int(v["num_channels"]) * patch * patch
+    linears = [(h, h, 4 * (n + g)), (h, i, n + g), (i, h, n + g)]
+    blocks = sum(a * b * c for a, b, c in linears) + (n + g) * (i + h + 4 * h) + 2 * g
+    embeddings = values * h + h + (1 + patches * h + ratios * tiles * patches * h) + 2 * (ratios * tiles * h + 1)
+    tower = embeddings + 4 * h + blocks
+    out, text = int(v["vision_output_dim"]), _text_hidden(config)
+    return TowerShape(tower, tuple(linears), out * text + text, ((out, text, 1),), n + g, h, i,
+                      int(v["attention_heads"]), False, values)
+
+
 READERS: dict[str, Callable[[Config, str], TowerShape]] = {
     "qwen2_5_vl": _qwen, "qwen3_vl": _qwen, "qwen3_5": _qwen, "gemma3": _gemma3, "idefics3": _idefics3,
-    "llava": _llava, "llava_next": _llava,
+    "llava": _llava, "llava_next": _llava, "gemma4": _gemma4, "mllama": _mllama,
 }
-"""Family key -> its reader; a proven family missing here (gemma4, mllama) is not counted."""
+"""Family key -> its reader: every proven family."""
 
 
 def tower_shape(config: Config, family_key: str) -> TowerShape | None:

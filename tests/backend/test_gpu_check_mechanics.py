@@ -191,3 +191,45 @@ def test_an_export_that_could_not_be_verified_is_not_called_failed():
     assert "perplexity not verified" in row and "tokenizer ok" in row and "FAILED" not in row
     failed = dict(not_verified, outcome="failed", verified=True)
     assert "| FAILED, CLI exit 1 |" in export_row("gguf", {"checks": [failed, tokenizer]}, {"rc": 1})
+
+
+def test_the_vlm_presets_are_built_from_their_real_configs_with_the_tokenizers_image_ids(tmp_path):
+    """GPU_CHECK_PARTS=vlm: each VLM preset's model is its Cost line's config.json (same parameters as the meta
+    build of the fixture), its image tokens the tokenizer's ids; the script runs every one and the table names them."""
+    import re
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from backend.api.presets import load_preset
+    from backend.core.config.run_config import RunConfig
+    from backend.core.registries.vision_families import VISION_FAMILIES
+    from backend.estimate import estimate
+    from gpu_summary import VLM_PRESETS, main
+    from gpu_vlm_models import PRESETS, VLMS, cap_size, real_config
+    from tests import model_configs, vision_models
+
+    script = (BENCH / "gpu_check.sh").read_text()
+    runs = re.findall(r"^  vlm_preset (\w+) (\S+\.yaml) (\w+) \d+$", script, re.M)
+    assert {(preset, model) for _, preset, model in runs} == {(preset, name) for name, (_, _, preset) in VLMS.items()}
+    assert {f"{name}.json" for name, _, _ in runs} == {file for _, file in VLM_PRESETS}
+    for family, fixture, preset in VLMS.values():
+        assert load_preset(PRESETS / preset).hub_id.replace("/", "--") == fixture
+        tokenizer = vision_models.tiny_tokenizer(family)
+        config = real_config(family, fixture, tokenizer)
+        with torch.device("meta"):
+            built = AutoModelForImageTextToText.from_config(config)
+        assert model_configs.parameter_count(built) == model_configs.parameter_count(
+            model_configs.meta_model(fixture, text_only=False))
+        # the rows' image costs what the preset's Cost line counts: one image at the cap, its worst aspect
+        run = RunConfig.load(PRESETS / preset)
+        width, height = cap_size(family, PRESETS / preset, config)
+        counted = estimate(model_configs.CONFIGS_DIR / fixture, run, device="cuda", images_per_row=1)
+        assert VISION_FAMILIES[family].tokens_per_image(model_configs.load(fixture), width, height,
+                                                        run.vision.max_pixels) == \
+            counted.details["vision"]["image_tokens_per_row"]
+        key = next(k for k in vision_models.FAMILY_TOKENS[family] if k.startswith("image_token"))
+        token = tokenizer.convert_tokens_to_ids(vision_models.FAMILY_TOKENS[family][key])
+        assert getattr(config, key) == token != model_configs.load(fixture)[key]
+    table = main(tmp_path)  # no outputs: every VLM row says it did not run
+    assert all(f"| {label} | did not run |" in table for label, _ in VLM_PRESETS)

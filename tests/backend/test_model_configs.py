@@ -30,6 +30,7 @@ PUBLISHED = {
     "Qwen--Qwen2.5-VL-7B-Instruct": 8.29e9,             # hub: 8.29B params (ViT 675M + Qwen2.5-7B)
     "Qwen--Qwen3-VL-4B-Instruct": 4.44e9,               # hub: 4.44B params
     "llava-hf--llava-1.5-7b-hf": 7.06e9,                # hub: 7.06B params
+    "HuggingFaceTB--SmolVLM-256M-Instruct": 256e6,      # Hugging Face's blog: "256M parameters", tower included
 }
 
 

@@ -18,6 +18,7 @@ ASKED = {  # the issue's list: model, method, card
     ("Qwen/Qwen2.5-1.5B-Instruct", "lora", "12 GB"), ("meta-llama/Llama-3.1-8B-Instruct", "qlora", "16 GB"),
     ("meta-llama/Llama-3.1-8B-Instruct", "qlora", "24 GB"), ("Qwen/Qwen3-8B", "qlora", "24 GB"),
     ("google/gemma-3-4b-it", "lora", "24 GB"), ("meta-llama/Llama-3.3-70B-Instruct", "qlora", "2x80 GB"),
+    ("Qwen/Qwen2.5-VL-7B-Instruct", "qlora", "16 GB"), ("HuggingFaceTB/SmolVLM-256M-Instruct", "lora", "8 GB"),
     # Asked as QLoRA on 48 GB; bitsandbytes leaves transformers 5's fused experts unquantized (the file says why).
     ("Qwen/Qwen3-30B-A3B", "lora", "80 GB"),
 }
