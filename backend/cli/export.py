@@ -17,7 +17,8 @@ import time
 from typing import Any, TextIO
 
 from backend.cli.checks import open_run_folder, output_folder, refuse_unfinished, refuse_vision_format
-from backend.core.registries.export_formats import DTYPES, FORMATS, export_format, format_names, vision_formats
+from backend.core.registries.export_formats import (DTYPES, FORMATS, GGUF_VISION, export_format, format_names,
+                                                    vision_formats)
 from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
 
 
@@ -31,7 +32,8 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
                     f"export_report.json. Exit status 0 when no check failed (a check no reader here can run is\n"
                     f"\"not verified\", and the report says which to run elsewhere).\n\nformats:\n{formats}\n\n"
                     f"a vision-language run exports as {', '.join(vision_formats())} (its tower and projector\n"
-                    "16-bit); the other formats are refused in one line",
+                    f"16-bit), and {', '.join(GGUF_VISION)} runs as GGUF too (the language model plus llama.cpp's\n"
+                    "mmproj file); the other formats are refused in one line",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (printed by `train`, listed by `runs list`)")
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")

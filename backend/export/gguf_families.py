@@ -122,6 +122,24 @@ def _qwen_keys(cfg: Any, w: Any) -> None:
     _rope_keys(cfg, w)
 
 
+def _qwen2vl_keys(cfg: Any, w: Any) -> None:
+    """Qwen2VLModel: qwen2's keys plus M-RoPE's sections (time, height, width; padded to four)."""
+    _qwen_keys(cfg, w)
+    sections = list(rope_of(cfg).get("mrope_section") or [])
+    w.add_rope_dimension_sections((sections + [0, 0, 0, 0])[:4])
+
+
+def _qwen3vl_keys(cfg: Any, w: Any) -> None:
+    """Qwen3VLTextModel: qwen3's keys plus M-RoPE's sections (llama.cpp's qwen3vl interleaves them itself)."""
+    _qwen2vl_keys(cfg, w)
+
+
+def _deepstack_keys(config: Any, w: Any) -> None:
+    """The tower blocks whose features are added to the first language-model layers (Qwen3-VL's deepstack)."""
+    vision = getattr(config, "vision_config", None)
+    w.add_num_deepstack_layers(len(getattr(vision, "deepstack_visual_indexes", None) or []))
+
+
 def _swa_pattern(cfg: Any, default_period: int) -> list[bool] | None:
     """Per-layer sliding flags when they differ from the period llama.cpp assumes, else None."""
     types = attr(cfg, "layer_types")
@@ -283,6 +301,7 @@ class Family:
     rope_types: tuple[str, ...] = ("default", "linear", "yarn")
     reader: str | None = None  # None: transformers' GGUF loader reads it; else why it cannot
     forward_keys: tuple[str, ...] = COMMON_KEYS
+    whole_config_keys: Callable[[Any, Any], None] | None = None  # keys read off the whole (image-text) config
     output_required: bool = False  # llama.cpp has no fallback to token_embd for the output head
     no_output: bool = False  # llama.cpp always uses token_embd as the output head
 
@@ -320,6 +339,14 @@ GGUF_FAMILIES: dict[str, Family] = {
                        reader="transformers' GGUF loader has no gptneox architecture", output_required=True),
 }
 GGUF_FAMILIES["gemma3"] = GGUF_FAMILIES["gemma3_text"]  # the text part of the multimodal Gemma 3 (its text_config)
+# The language model of a vision-language run, beside its mmproj file (gguf_mmproj.py): Qwen2.5-VL's is
+# written as llama.cpp's qwen2vl (M-RoPE), Qwen3-VL's as qwen3vl (M-RoPE, deepstack), SmolVLM's / Idefics3's (a
+# Llama text_config) as llama.
+GGUF_FAMILIES["qwen2_5_vl"] = Family("QWEN2VL", _qwen2vl_keys, problems=_qwen2_problems,
+                                     reader="transformers' GGUF loader has no qwen2vl architecture")
+GGUF_FAMILIES["qwen3_vl"] = Family("QWEN3VL", _qwen3vl_keys, whole_config_keys=_deepstack_keys,
+                                   reader="transformers' GGUF loader has no qwen3vl architecture")
+GGUF_FAMILIES["idefics3"] = GGUF_FAMILIES["smolvlm"] = _LLAMA
 assert set(GGUF_FAMILIES) == set(GGUF_ARCHITECTURES), "formats.GGUF_ARCHITECTURES and GGUF_FAMILIES must agree"
 
 

@@ -29,8 +29,11 @@ EXPERT = re.compile(r"^(?P<block>.*\.(?:layers|h)\.(?P<layer>\d+))\.(?:mlp|block
 FUSED = re.compile(r"^(?P<block>.*\.(?:layers|h)\.(?P<layer>\d+))\.(?:mlp|block_sparse_moe)\.experts\."
                    r"(?P<proj>gate_up_proj|down_proj)(?:\.weight)?$")
 PROJECTION = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
-RENAMES = (("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
-SKIPPED = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.")
+RENAMES = (("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+           ("model.text_model.", "model."))
+SKIPPED = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.", "multi_modal_projector.",
+           "model.visual.", "visual.", "model.vision_model.", "model.connector.")
+"""A vision-language model's tower and projector: the mmproj file's (gguf_mmproj.py), not the language model's."""
 BUFFERS = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias")
 HEADS = ("lm_head.weight", "embed_out.weight")
 _EXPS = {"gate": gguf.MODEL_TENSOR.FFN_GATE_EXP, "up": gguf.MODEL_TENSOR.FFN_UP_EXP, "down": gguf.MODEL_TENSOR.FFN_DOWN_EXP}

@@ -100,6 +100,8 @@ class GgufExport:
         writer.add_file_type(int(gguf.LlamaFileType[f"MOSTLY_{GGUF_TYPES[self.fmt]}"]))  # MOSTLY_Q8_0, ...
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         self.family.hparams(self.text_config, writer)
+        if self.family.whole_config_keys is not None:
+            self.family.whole_config_keys(self.config, writer)
         self.meta.write(writer)
 
     def _encode(self, array: np.ndarray, t: TensorPlan) -> np.ndarray:

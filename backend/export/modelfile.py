@@ -96,10 +96,22 @@ def infer_wrappers(tokenizer: Any) -> tuple[ChatWrappers | None, str]:
     return result, ""
 
 
-def modelfile(tokenizer: Any, gguf_name: str = "model.gguf") -> tuple[str, str]:
-    """(Modelfile text, note): note is empty when the chat template was translated."""
+PROJECTOR_NOTE = (
+    "# The second FROM is the vision projector (mmproj): Ollama imports a model and its projector as two FROM lines.",
+    "# Ollama runs Gemma 3, Qwen2.5-VL and Qwen3-VL in its own engine, which reads the vision tower from one merged",
+    "# GGUF and ignores a separate projector (ollama/ollama#9967, #13306): with those the imported model answers text",
+    "# only. llama.cpp takes the pair as it is: llama-mtmd-cli or llama-server -m model.gguf --mmproj mmproj.gguf.",
+)
+"""What the Modelfile says about the projector (docs/export.md gives the sources)."""
+
+
+def modelfile(tokenizer: Any, gguf_name: str = "model.gguf", projector: str | None = None) -> tuple[str, str]:
+    """(Modelfile text, note): note is empty when the chat template was translated. `projector`: a vision-language
+    run's mmproj file, a second FROM line."""
     wrappers, why = infer_wrappers(tokenizer)
     lines = [f"FROM ./{gguf_name}", ""]
+    if projector:
+        lines = [*PROJECTOR_NOTE, f"FROM ./{gguf_name}", f"FROM ./{projector}", ""]
     note = ""
     if wrappers is not None:
         lines += [f'TEMPLATE """{wrappers.go_template()}"""', ""]

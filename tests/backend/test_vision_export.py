@@ -1,6 +1,7 @@
 """Exports of a vision-language run (backend/export): the merged image-text model with its processor, checked on
 the run's image rows and reloaded with AutoModelForImageTextToText; bitsandbytes with the tower kept 16-bit;
-GGUF refused in one line before a worker starts (calibrated formats: test_vision_calibrated.py). Tiny random VLMs (tests/vision_models.py)
+GGUF of a family without an mmproj layout refused in one line before a worker starts (calibrated formats:
+test_vision_calibrated.py; GGUF pairs: test_vision_gguf.py). Tiny random VLMs (tests/vision_models.py)
 trained 2 steps through the CLI on generated images."""
 
 from __future__ import annotations
@@ -111,16 +112,16 @@ def test_a_format_a_vlm_run_cannot_export_is_refused_before_a_worker_starts(tmp_
     from backend.core.runs.run_folder import RunFolder
     from backend.export.merge import TrainedRun
 
-    run = train(tmp_path, "qwen2_5_vl")
+    run = train(tmp_path, "llava")  # no mmproj layout: its GGUF is refused
     monkeypatch.setattr(backend.cli.worker_process, "WorkerProcess",
                         lambda *a, **k: pytest.fail("a worker was started"))
     capsys.readouterr()
-    for fmt, missing in (("gguf-q8_0", "the mmproj half"),):
+    for fmt, missing in (("gguf-q8_0", "the mmproj half"),):  # GGUF of the families it writes: test_vision_gguf.py
         assert main(["export", str(run), "--format", fmt]) == 2
         line = capsys.readouterr().err.strip().splitlines()[-1]
-        assert line.startswith(f"error: {fmt} of a Qwen2.5-VL run is not built yet ({missing}")
+        assert line.startswith(f"error: {fmt} of a LLaVA-1.5 run is not built yet ({missing}")
         assert line.endswith("export --format adapter, merged, bnb-8bit, bnb-4bit, gptq-int4, awq-int4 or w8a8")
-        with pytest.raises(JobError, match=f"{fmt} of a Qwen2.5-VL run is not built yet"):  # the job refuses too
+        with pytest.raises(JobError, match=f"{fmt} of a LLaVA-1.5 run is not built yet"):  # the job refuses too
             TrainedRun.check(run, RunFolder(run).load_config(), fmt)
 
 

@@ -255,7 +255,7 @@ def test_a_vision_language_runs_page_greys_the_formats_it_cannot_export(qtbot, m
     studio = make_studio(fake_command("normal"))
     text = finished_run(studio, "text")
     config = studio.config.config()
-    config.model.path = str(vision_models.build_tiny_vlm("qwen2_5_vl", tmp_path / "vlm"))
+    config.model.path = str(vision_models.build_tiny_vlm("llava", tmp_path / "vlm"))  # no mmproj layout: GGUF greyed
     vlm = RunFolder.create(config.model_copy(update={"name": "vlm"}))
     vlm.append_event({"type": "JobFinished", "v": 1, "run_dir": str(vlm.path), "steps": 10})
     page = studio.pages["export"]
@@ -269,6 +269,6 @@ def test_a_vision_language_runs_page_greys_the_formats_it_cannot_export(qtbot, m
                                                              "awq-int4", "w8a8"]
     assert page.fmt() == "merged"
     tip = page.format_combo.itemData(page.format_combo.findData("gguf-q8_0"), 3)
-    assert tip.startswith("gguf-q8_0 of a Qwen2.5-VL run is not built yet (the mmproj half")
+    assert tip.startswith("gguf-q8_0 of a LLaVA-1.5 run is not built yet (the mmproj half")
     page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(text.path)))
     assert all(model.item(i).isEnabled() for i in range(page.format_combo.count()))

@@ -88,6 +88,7 @@ class ExportFormat:
     method_hints: Mapping[str, str] = field(default_factory=dict, hash=False)  # a failure hint per run method
     vision_gap: str | None = None  # what is missing for a vision-language run (None: it exports one)
     vision_families: tuple[str, ...] | None = None  # the VLM family labels it is proven on (None: every one)
+    vision_limit: str = ""  # the refusal's words for a family outside vision_families ({families}: those it is on)
 
     @property
     def calibrated(self) -> bool:
@@ -173,12 +174,17 @@ register_format(ExportFormat(
                            "the 4-bit base (--format adapter) or export --format bnb-8bit, gguf-q8_0 or gguf-q4_0"}))
 
 
+GGUF_VISION = tuple(f.label for f in VISION_FAMILIES.values() if f.gguf_projector)
+"""The VLM families whose GGUF export writes the mmproj file beside the language model (VisionFamily.gguf_projector)."""
+
+
 def _gguf(name: str, description: str, bounds: Mapping[str | None, Bounds], *, ggml_type: str, ggml_bytes: float,
           order: int) -> None:
     """A GGUF format: the merged tensors handed over in fp32 and rounded once, to its own types."""
     register_format(ExportFormat(name, description, "gguf", GGUF_DOORS, bounds, disk=None, merge_precision="fp32",
-                                 vision_gap="the mmproj half: llama.cpp reads the tower and projector from a second "
-                                            "GGUF file, which is not written",
+                                 vision_families=GGUF_VISION,
+                                 vision_limit="built yet (the mmproj half: llama.cpp reads the tower and projector "
+                                              "from a second GGUF file, written for {families} only)",
                                  read_back_in="16-bit weights with fp32 activations and products", ggml_type=ggml_type, ggml_bytes=ggml_bytes,
                                  served_by=("llama-cpp",), serve_order=order))
 
@@ -208,6 +214,8 @@ def _calibrated(name: str, description: str, bounds: Bounds, *, bits: int, algor
     """A calibrated format: fitted on the run's data over a 16-bit scratch copy, written by compressed-tensors."""
     register_format(ExportFormat(name, description, "calibrated", CALIBRATED_DOORS, {None: bounds},
                                  vision_families=CALIBRATED_VISION,
+                                 vision_limit="proven (its language model's layers, calibrated on image rows, are "
+                                              "proven for {families})",
                                  disk=DiskRule(linear_bytes, scratch=True), bits=bits, activation_bits=activation_bits,
                                  algorithm=algorithm, symmetric=symmetric, served_by=SERVERS, serve_order=order))
 
@@ -248,8 +256,7 @@ def vision_refusal(fmt: str, family: str) -> tuple[str, str] | None:
     if spec.vision_gap is not None:
         return f"{fmt} of a {family} run is not built yet ({spec.vision_gap})", fix
     if spec.vision_families is not None and family not in spec.vision_families:
-        return (f"{fmt} of a {family} run is not proven (its language model's layers, calibrated on image rows, "
-                f"are proven for {', '.join(spec.vision_families)})", fix)
+        return f"{fmt} of a {family} run is not {spec.vision_limit.format(families=', '.join(spec.vision_families))}", fix
     return None
 
 
@@ -302,6 +309,7 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
     "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3",
     "phi3": "phi3", "gpt2": "gpt2", "gpt_neox": "gptneox",
+    "qwen2_5_vl": "qwen2vl", "qwen3_vl": "qwen3vl", "idefics3": "llama", "smolvlm": "llama",
 }
 """Hugging Face model_type -> llama.cpp architecture written (backend/export/gguf_families.py has the
 details); anything else is refused. SmolLM, TinyLlama and Llama 2/3 are model_type llama."""

@@ -53,6 +53,9 @@ class VisionFamily:
     """Where the language model's decoder layers sit in the model AutoModelForImageTextToText builds: the
     layers a calibrated export (gptq-int4, awq-int4, w8a8) quantizes, its tower and projector kept 16-bit;
     None: those exports are not proven for the family and are refused (backend/export/calibrated/)."""
+    gguf_projector: str | None = None
+    """llama.cpp's `clip.projector_type` when the GGUF export writes this family's mmproj file (its layout:
+    backend/export/mmproj_layouts.py); None: GGUF formats refuse the family's runs."""
 
     def image_token_id(self, config: Config) -> int | None:
         value = config.get(self.image_token_id_key)
@@ -292,17 +295,17 @@ _LANGUAGE_LAYERS = "model.language_model.layers"
 VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
     VisionFamily("qwen2_5_vl", "Qwen2.5-VL", ("qwen2_5_vl",), ("model.visual.",), ("model.visual.merger.",),
                  "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE,
-                 calibrated_layers=_LANGUAGE_LAYERS),
+                 calibrated_layers=_LANGUAGE_LAYERS, gguf_projector="qwen2.5vl_merger"),
     VisionFamily("qwen3_vl", "Qwen3-VL", ("qwen3_vl",), ("model.visual.",),
                  ("model.visual.merger.", "model.visual.deepstack_merger_list."),
                  "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens, notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE,
-                 calibrated_layers=_LANGUAGE_LAYERS),
+                 calibrated_layers=_LANGUAGE_LAYERS, gguf_projector="qwen3vl_merger"),
     VisionFamily("qwen3_5", "Qwen3.5 (with its vision tower)", ("qwen3_5",), ("model.visual.",),
                  ("model.visual.merger.",), "<|image_pad|>", "image_token_id", "max_pixels", _qwen_tokens,
                  notes=(_QWEN_NOTE,), prompt_image=_QWEN_IMAGE),
     VisionFamily("gemma3", "Gemma 3 (4B and up)", ("gemma3",), ("model.vision_tower.",),
                  ("model.multi_modal_projector.",), "<image_soft_token>", "image_token_index", "image_size",
-                 _gemma3_tokens, text_door=True, calibrated_layers=_LANGUAGE_LAYERS,
+                 _gemma3_tokens, text_door=True, calibrated_layers=_LANGUAGE_LAYERS, gguf_projector="gemma3",
                  notes=("every image is resized to the tower's square and pooled to "
                         "mm_tokens_per_image tokens (pan-and-scan crops not counted)",)),
     VisionFamily("gemma4", "Gemma 4", ("gemma4",), ("model.vision_tower.",), ("model.embed_vision.",),
@@ -311,7 +314,7 @@ VISION_FAMILIES: dict[str, VisionFamily] = {f.key: f for f in (
                  notes=("the aspect is kept; max_soft_tokens (70 to 1120) is the budget",)),
     VisionFamily("idefics3", "SmolVLM / Idefics3", ("idefics3", "smolvlm"), ("model.vision_model.",),
                  ("model.connector.",), "<image>", "image_token_id", "longest_edge", _idefics3_tokens,
-                 calibrated_layers="model.text_model.layers",
+                 calibrated_layers="model.text_model.layers", gguf_projector="idefics3",
                  notes=("an image larger than one tile is cut into tiles plus a shrunk whole; each is "
                         "image_seq_len tokens",)),
     VisionFamily("llava", "LLaVA-1.5", ("llava",), ("model.vision_tower.",), ("model.multi_modal_projector.",),
