@@ -17,13 +17,14 @@ import time
 from typing import Any, TextIO
 
 from backend.cli.checks import open_run_folder, output_folder, refuse_unfinished, refuse_vision_format
-from backend.core.registries.export_formats import (DTYPES, FORMATS, GGUF_VISION, export_format, format_names,
-                                                    vision_formats)
+from backend.core.registries.export_formats import (CALIBRATED_VISION, DTYPES, EXPORT_FORMATS, FORMATS, GGUF_VISION,
+                                                    export_format, format_names)
 from backend.core.runs.export_report import FAILED, NOT_VERIFIED, PASSED, REPORT, check_outcome, report_outcome
 
 
 def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
     formats = "\n".join(f"  {name:10} {what}" for name, what in FORMATS.items())
+    every_family = [f.name for f in EXPORT_FORMATS.values() if f.vision_gap is None and f.vision_families is None]
     parser = subparsers.add_parser(
         "export", help=f"export a finished run ({format_names()}) and verify it",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -31,9 +32,10 @@ def add_export_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "format, check it against the trained model, and only then put it in place with its\n"
                     f"export_report.json. Exit status 0 when no check failed (a check no reader here can run is\n"
                     f"\"not verified\", and the report says which to run elsewhere).\n\nformats:\n{formats}\n\n"
-                    f"a vision-language run exports as {', '.join(vision_formats())} (its tower and projector\n"
-                    f"16-bit), and {', '.join(GGUF_VISION)} runs as GGUF too (the language model plus llama.cpp's\n"
-                    "mmproj file); the other formats are refused in one line",
+                    f"a vision-language run exports as {', '.join(every_family)} (its tower and projector\n"
+                    f"16-bit); GGUF for {', '.join(GGUF_VISION)} (the language model plus llama.cpp's\n"
+                    f"mmproj file), gptq/awq/w8a8 for {', '.join(CALIBRATED_VISION)};\n"
+                    "another family's run is refused in one line",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (printed by `train`, listed by `runs list`)")
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
