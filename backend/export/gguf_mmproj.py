@@ -24,7 +24,6 @@ from backend.export.mmproj_layouts import MMPROJ_LAYOUTS, MmprojLayout
 from backend.export.tensor_source import TensorSource
 
 Q = gguf.GGMLQuantizationType
-FILE = "mmproj.gguf"
 MIN_BLOCKS = 8
 POSITIONS = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.V_ENC_EMBD_POS]
 

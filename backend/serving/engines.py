@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.core.registries.export_formats import export_format
+from backend.core.registries.export_formats import MMPROJ_FILE, export_format
 from backend.runtime.processes import module_command, worker_env
 from backend.serving import Card, estimate_serving
 from backend.serving.source import ServeSource, max_positions
@@ -225,5 +225,11 @@ def llama_cpp_launch(source: ServeSource, port: int, token: str, context: int | 
             "--port", str(port), "--interrupt_requests", "false"]
     if context:
         argv += ["--n_ctx", str(context)]
+    notes = list(source.notes)
+    mmproj = Path(source.serve_path).with_name(MMPROJ_FILE)
+    if mmproj.is_file():  # a vision-language export: mtmd reads the pair and the GGUF's own chat template
+        argv += ["--chat_format", "mtmd", "--clip_model_path", str(mmproj)]
+        notes.append(f"images through llama.cpp's mtmd with {MMPROJ_FILE} (OpenAI image_url parts: a URL or a "
+                     "data: URI)")
     return ServeLaunch("llama-cpp", argv, _env({"API_KEY": token}), source.serve_path, port,
-                       _shown(argv, token) + f"  (token required: API_KEY={HIDDEN})", list(source.notes))
+                       _shown(argv, token) + f"  (token required: API_KEY={HIDDEN})", notes)

@@ -99,6 +99,12 @@ def test_gguf_goes_to_llama_cpp_or_says_why_not(tmp_path, monkeypatch):
     assert _flag(launch.argv, "--host") == "127.0.0.1" and _flag(launch.argv, "--n_ctx") == "2048"
     assert _flag(launch.argv, "--interrupt_requests") == "false"  # concurrent clients are not cut off
     assert TOKEN not in " ".join(launch.argv) and TOKEN not in launch.shown and HIDDEN in launch.shown
+    assert "--clip_model_path" not in launch.argv  # a text export: no projector
+    (tmp_path / "mmproj.gguf").write_bytes(b"GGUF")  # a vision-language export's pair
+    launch = llama_cpp_launch(source, 8125, TOKEN)
+    assert _flag(launch.argv, "--chat_format") == "mtmd"
+    assert _flag(launch.argv, "--clip_model_path") == str(tmp_path / "mmproj.gguf")
+    assert any("mtmd" in note for note in launch.notes)
 
 
 def test_a_run_without_its_merged_export_names_the_export_to_make(tmp_path):

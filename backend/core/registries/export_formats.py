@@ -353,6 +353,8 @@ def calibration_samples(value: object) -> int:
 
 
 EXPORT_REPORT = "export_report.json"
+MMPROJ_FILE = "mmproj.gguf"
+"""A vision-language run's GGUF export: the tower and projector beside model.gguf (llama.cpp's mtmd reads it)."""
 """Every export folder holds it (backend/core/runs/export_report.py); it is how an earlier export is recognised."""
 
 

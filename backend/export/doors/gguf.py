@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from backend.core.errors import JobError
+from backend.core.registries.export_formats import MMPROJ_FILE as MMPROJ
 from backend.core.vision_folder import VisionFolder
 from backend.export import gguf_check
 from backend.export.doors.work import ExportWork
 
 __all__ = ["Writer", "checks", "not_verified", "read_back", "refuse"]
 FILE = "model.gguf"
-MMPROJ = "mmproj.gguf"
 HELD = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
