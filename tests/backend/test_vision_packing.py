@@ -173,3 +173,37 @@ def test_the_plan_packs_qwen_rows_and_says_why_not_for_gemma3(folders, tmp_path)
     refused = plan(run_config(gemma, data))
     assert not refused.shortcuts.applied
     assert f"packed_image_rows: {IMAGE_PACKING_REFUSED['gemma3']}" in refused.summary()
+
+
+def train_through_cli(folder: Path, data: Path, name: str, tmp_path: Path) -> list[dict]:
+    """`finetune-studio train` with packing on (the default); the run's events."""
+    from backend.cli.app import main
+    from backend.core.paths import runs_dir
+
+    yaml = tmp_path / f"{name}.yaml"
+    yaml.write_text(f"""schema_version: 1
+name: {name}
+model: {{path: {folder}}}
+data: {{path: {data}, validation_split: 0}}
+technique: {{method: lora, lora_rank: 4, lora_alpha: 8, lora_dropout: 0.0, packing: true}}
+train: {{max_steps: 1, micro_batch_size: 4, learning_rate: 0.01, warmup_steps: 0, seq_len: 1024, save_steps: 100,
+        logging_steps: 1, seed: 1}}
+""")
+    assert main(["train", str(yaml)]) == 0
+    run = next(runs_dir().glob(f"*-{name}-*"))
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def phase(events: list[dict], name: str) -> str:
+    return " | ".join(e["detail"] for e in events if e["type"] == "PhaseChanged" and e["phase"] == name)
+
+
+def test_a_gemma3_run_says_why_its_image_rows_train_padded(folders, tmp_path):
+    """The Qwen2.5-VL run through the CLI packs (test_vision_training.py's, with packing on by default)."""
+    _, data = folders
+    gemma = vision_models.build_tiny_vlm("gemma3", tmp_path / "gemma3")
+    events = train_through_cli(gemma, data, "padded", tmp_path)
+    why = IMAGE_PACKING_REFUSED["gemma3"]
+    assert f"packed_image_rows: {why}" in phase(events, "plan")
+    assert f"packing is off for image rows ({why})" in phase(events, "data_warning")
+    assert [e["image_rows_seen"] for e in events if e["type"] == "MetricsLogged"] == [3]
