@@ -129,7 +129,7 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
                     image_rows: bool = False) -> TechniquePlan:
     """Decide everything that depends on the machine and the model's class (read from its config.json,
     no weights); raise JobError for what cannot run here. `image_rows`: the run trains through the vision
-    door (backend/training/vision/door.takes_door), which has shortcuts of its own."""
+    door (`takes_door` in backend/training/vision/door.py), which has shortcuts of its own."""
     t = config.technique
     device = "cuda" if caps.cuda else "cpu"
     if facts is None:
