@@ -207,3 +207,25 @@ def test_a_gemma3_run_says_why_its_image_rows_train_padded(folders, tmp_path):
     assert f"packed_image_rows: {why}" in phase(events, "plan")
     assert f"packing is off for image rows ({why})" in phase(events, "data_warning")
     assert [e["image_rows_seen"] for e in events if e["type"] == "MetricsLogged"] == [3]
+
+
+def test_the_estimate_packs_image_rows_where_the_job_does():
+    """Every row of a micro-batch brings its images, packed or not; a packed Qwen2.5-VL micro-batch is one
+    row of micro-batch x seq_len tokens, a Gemma 3 one (padded: its reason above) micro-batch rows."""
+    from backend.estimate import estimate
+    from tests import model_configs
+
+    def config(batch: int, packing: bool = True) -> RunConfig:
+        return RunConfig.model_validate({
+            "model": {"path": "x"}, "data": {"path": "x.jsonl"},
+            "technique": {"method": "lora", "packing": packing, "gradient_checkpointing": True},
+            "train": {"seq_len": 1024, "micro_batch_size": batch}, "vision": {"max_pixels": 301056}})
+
+    qwen = model_configs.CONFIGS_DIR / "Qwen--Qwen2.5-VL-7B-Instruct"
+    one, four = (estimate(qwen, config(b), device="cuda", images_per_row=1) for b in (1, 4))
+    assert four.pixel_values == 4 * one.pixel_values
+    padded = estimate(qwen, config(4, packing=False), device="cuda", images_per_row=1)
+    assert padded.pixel_values == four.pixel_values and padded.total_bytes != four.total_bytes
+    gemma = model_configs.CONFIGS_DIR / "google--gemma-3-4b-it"
+    assert (estimate(gemma, config(4), device="cuda", images_per_row=1).total_bytes
+            == estimate(gemma, config(4, packing=False), device="cuda", images_per_row=1).total_bytes)
