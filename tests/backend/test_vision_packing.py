@@ -118,6 +118,11 @@ def test_packed_image_rows_give_the_padded_loss_and_gradients(family, folders):
     assert worst < 1e-5, (family, worst)
     for part in ("visual", "language_model"):  # gradients reach both sides, so both were compared
         assert any(plain_grads[n].abs().max() > 0 for n in grads if part in n and "lora_B" in n), part
+    text_only = [f for f in features if not rows.images[f["row"]]] * 2  # no image in the batch at all
+    with torch.no_grad():
+        plain_loss = model(**run.collator(rows)(text_only)).loss
+        loss = model(**run.collator(rows, model)(text_only)).loss
+    assert abs(loss - plain_loss) < 1e-5, (family, "text rows only", loss, plain_loss)
 
 
 def test_rows_that_attend_across_each_other_would_not_pass(folders):
