@@ -60,6 +60,18 @@ def plan(config: RunConfig):
                            image_rows=True)
 
 
+@pytest.fixture
+def cuts(monkeypatch):
+    """The row bounds sdpa_packed reads per forward (packed_attention._example_bounds, cached per forward)."""
+    from backend.training.shortcuts import packed_attention
+
+    seen: list = []
+    read = packed_attention._read_bounds
+    monkeypatch.setattr(packed_attention, "_read_bounds", lambda *a: seen.append(read(*a)) or seen[-1])
+    packed_attention.register()
+    return seen
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlm_packing")
@@ -97,10 +109,13 @@ def loss_and_grads(model, batch):
     return loss.detach(), grads
 
 
+@pytest.mark.parametrize("attention", ["sdpa_packed", "sdpa"])
 @pytest.mark.parametrize("family", sorted(PACKED_IMAGE_FAMILIES))
-def test_packed_image_rows_give_the_padded_loss_and_gradients(family, folders):
+def test_packed_image_rows_give_the_padded_loss_and_gradients(family, attention, folders, cuts):
+    """sdpa_packed (what the job loads on SDPA: one causal SDPA per row) and plain SDPA (transformers'
+    block-diagonal mask from the restarting positions)."""
     built, data = folders
-    model, run, features, rows = model_and_rows(built[family], data)
+    model, run, features, rows = model_and_rows(built[family], data, attention)
     model.eval()  # dropout off (the tiny configs have none; LoRA's is 0)
     padded = run.collator(rows)(features)
     packed = run.collator(rows, model)(features)
@@ -111,7 +126,11 @@ def test_packed_image_rows_give_the_padded_loss_and_gradients(family, folders):
     assert torch.equal(packed["pixel_values"], padded["pixel_values"])
     assert packed["image_grid_thw"].shape[0] == 4  # four images, in row order
     plain_loss, plain_grads = loss_and_grads(model, padded)
+    cuts.clear()
     loss, grads = loss_and_grads(model, packed)
+    bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    per_row = [c for c in cuts if c is not None]  # the text layers' cuts (the tower's chunks find none)
+    assert per_row == ([bounds] if attention == "sdpa_packed" else []), per_row
     assert abs(loss - plain_loss) < 1e-5, (family, loss, plain_loss)
     assert plain_grads.keys() == grads.keys()
     worst = max((grads[n] - plain_grads[n]).abs().max().item() for n in grads)
@@ -161,7 +180,8 @@ def test_flash_attention_gets_each_rows_bounds_from_the_positions(folders, flash
 
 def test_the_registry_names_every_proven_vision_family():
     shortcut = BY_NAME["packed_image_rows"]
-    assert shortcut.rows == "image" and shortcut.families == PACKED_IMAGE_FAMILIES
+    assert shortcut.rows == {"image"} and shortcut.families == PACKED_IMAGE_FAMILIES
+    assert PACKED_IMAGE_FAMILIES <= BY_NAME["sdpa_packed"].families and "image" in BY_NAME["sdpa_packed"].rows
     types = {t for family in VISION_FAMILIES.values() for t in family.model_types}
     assert types == PACKED_IMAGE_FAMILIES | IMAGE_PACKING_REFUSED.keys()
     assert not PACKED_IMAGE_FAMILIES & IMAGE_PACKING_REFUSED.keys()
@@ -170,10 +190,14 @@ def test_the_registry_names_every_proven_vision_family():
 def test_the_plan_packs_qwen_rows_and_says_why_not_for_gemma3(folders, tmp_path):
     built, data = folders
     qwen = plan(run_config(built["qwen2_5_vl"], data))
-    assert qwen.shortcuts.applied == ("packed_image_rows",)
-    assert "image rows: shortcuts packed_image_rows" in qwen.summary()
+    assert qwen.shortcuts.applied == ("packed_image_rows", "sdpa_packed")
+    assert "image rows: shortcuts packed_image_rows, sdpa_packed" in qwen.summary()
+    from backend.training.shortcuts.installer import attention_implementation
+
+    assert attention_implementation(qwen) == "sdpa_packed"  # what load_vision_model asks for
     off = plan(run_config(built["qwen2_5_vl"], data, packing=False))
     assert not off.shortcuts.applied and "packed_image_rows: packing off" in off.summary()
+    assert "sdpa_packed: image rows not packed" in off.summary()
     gemma = vision_models.build_tiny_vlm("gemma3", tmp_path / "gemma3")
     refused = plan(run_config(gemma, data))
     assert not refused.shortcuts.applied

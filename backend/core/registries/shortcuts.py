@@ -116,8 +116,8 @@ class Shortcut:
     condition: Callable[[Situation, tuple[str, ...]], str | None]  # None: applies; else why not
     exact: bool = True
     tolerance: str = "loss and gradients within 1e-5 of the plain model"
-    rows: str = "text"
-    """The rows it acts on: "text" (the text door's) or "image" (the vision door's); a run meets only its own."""
+    rows: frozenset[str] = frozenset({"text"})
+    """The rows it acts on: "text" (the text door's), "image" (the vision door's); a run meets only its own."""
 
 
 def _loss_positions(s: Situation, applied: tuple[str, ...]) -> str | None:
@@ -163,8 +163,11 @@ def _activation_offload(s: Situation, applied: tuple[str, ...]) -> str | None:
 
 
 def _sdpa_packed(s: Situation, applied: tuple[str, ...]) -> str | None:
-    if s.attention != "sdpa":
+    # A VLM's class is not read before loading (facts unknown): its default attention is transformers' SDPA
+    if s.attention != "sdpa" and not (s.image_rows and s.attention == ""):
         return f"attention {s.attention or 'default'}"
+    if s.image_rows and "packed_image_rows" not in applied:
+        return "image rows not packed"
     if not s.facts.supports_sdpa:
         return f"{s.facts.name} refuses SDPA"
     if not s.packing:
@@ -224,9 +227,16 @@ SHORTCUTS: tuple[Shortcut, ...] = (
     # Copies of each layer's input, exact for every family with checkpointed decoder layers.
     Shortcut("activation_offload", "each checkpointed layer input in pinned host memory until backward "
              "(activation_offload.py)", ALL, frozenset({"cuda"}), _activation_offload),
-    # Gemma 2 refuses SDPA (soft-capped attention logits); sliding windows keep SDPA's mask.
+    # Image rows: each row's pixels and 3-D positions go with it; attention per row from the restarting
+    # text positions (sdpa_packed below on SDPA, a block-diagonal mask on eager, varlen bounds on FlashAttention-2).
+    Shortcut("packed_image_rows", "image rows packed into one row, pixels and 3-D positions per row "
+             "(vision/packed_collator.py)", PACKED_IMAGE_FAMILIES, frozenset({"cpu", "cuda"}), _packed_image_rows,
+             rows=frozenset({"image"})),
+    # Gemma 2 refuses SDPA (soft-capped attention logits); sliding windows keep SDPA's mask. On packed image
+    # rows the text layers cut per row and the vision tower's attention passes through unchanged.
     Shortcut("sdpa_packed", "one causal SDPA per packed example, no block mask (packed_attention.py)",
-             ALL - {"gemma2"}, frozenset({"cpu", "cuda"}), _sdpa_packed),
+             (ALL - {"gemma2"}) | PACKED_IMAGE_FAMILIES, frozenset({"cpu", "cuda"}), _sdpa_packed,
+             rows=frozenset({"text", "image"})),
     # GPT-2's Conv1D bases are not nn.Linear.
     Shortcut("rank_first_lora", "LoRA's products with the rank as the rows (lora_matmul.py)",
              ALL - {"gpt2"}, frozenset({"cpu"}), _rank_first_lora),
@@ -236,11 +246,6 @@ SHORTCUTS: tuple[Shortcut, ...] = (
     Shortcut("thread_choice", "the CPU thread count measured on one training pass (thread_choice.py)",
              ALL, frozenset({"cpu"}), _thread_choice,
              tolerance="the losses of a run pinned to the chosen count (tests/backend/test_thread_choice.py)"),
-    # Image rows: each row's pixels and 3-D positions go with it; attention per row from the restarting
-    # text positions (transformers' block-diagonal mask on SDPA/eager, varlen bounds on FlashAttention-2).
-    Shortcut("packed_image_rows", "image rows packed into one row, pixels and 3-D positions per row "
-             "(vision/packed_collator.py)", PACKED_IMAGE_FAMILIES, frozenset({"cpu", "cuda"}), _packed_image_rows,
-             rows="image"),
 )
 BY_NAME = {s.name: s for s in SHORTCUTS}
 
@@ -295,7 +300,7 @@ def choose(situation: Situation, mode: str = "auto", disabled: tuple[str, ...] |
     applied: list[str] = []
     skipped: list[tuple[str, str]] = []
     for shortcut in SHORTCUTS:
-        if situation.device not in shortcut.devices or shortcut.rows != rows:
+        if situation.device not in shortcut.devices or rows not in shortcut.rows:
             continue  # not a shortcut of this device or these rows at all: the plan line need not mention it
         why = shortcut.condition(situation, tuple(applied))
         if why is None and family not in shortcut.families:
