@@ -6,7 +6,8 @@ no change: Qwen-VL's are the images' patches in row order with one `image_grid_t
 model scatters image features into the image tokens in that same order. Positions are what the model
 computes for each padded row (`get_rope_index`, M-RoPE's temporal/height/width ids), concatenated, with the
 text positions restarting at 0 in front as a fourth line: transformers' Qwen-VL text model reads that line
-as packed input and attends per example (a block-diagonal mask on SDPA and eager, varlen bounds from the
+as packed input and hands it to every attention call, so each row attends to itself only (`sdpa_packed`'s
+one causal SDPA per row, which the plan loads on SDPA; a block-diagonal mask on eager; varlen bounds from the
 positions on FlashAttention-2). No `cu_seq_lens_*` go in: the model would hand them to its vision tower,
 which keeps its own per-image bounds. `use_cache=False` goes with the batch: transformers reads packed
 positions only when no cache is built, and a VLM's text config can ask for one when the outer config does
