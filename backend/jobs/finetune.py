@@ -331,7 +331,8 @@ def _vision_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, m
     model = add_vision_adapters(load_vision_model(model_path, config, plan, run.family), config, plan, run.family)
     packed = plan.shortcuts.has("packed_image_rows")  # the registry's word: this family's image rows pack exactly
     collator = run.collator(rows, model if packed else None)
-    log.info("image rows %s", "packed (packed_image_rows)" if packed else "in padded batches")
+    log.info("image rows %s; attention %s", "packed (packed_image_rows)" if packed else "in padded batches",
+             getattr(model.config, "_attn_implementation", None))
     callback = ReportingCallback(reporter, stop, plan.device)
     callback.peak_flops = peak
     kwargs = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None, schedule=schedule)
