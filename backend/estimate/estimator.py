@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -20,6 +20,7 @@ from backend.estimate.parts import (  # noqa: F401 (dora_transient: backend.esti
 )
 from backend.estimate.setup import Setup, resolve_setup
 from backend.estimate.shortcut_memory import offload_activations
+from backend.core.registries.shortcuts import PACKED_IMAGE_FAMILIES
 from backend.core.registries.vision_families import takes_image_door
 from backend.estimate.towers import vision_family
 from backend.estimate.vision_rows import VisionRows, vision_rows
@@ -101,13 +102,20 @@ def estimate(
         raise ValueError("zero_stage must be 0, 1, 2 or 3")
     raw = load_model_config(model_config)
     arch, dims, warnings = read_dims(raw)
+    packed_images = False
     if vision_family(raw) is not None and takes_image_door(raw, run.vision.tower, run.vision.projector,
                                                            images_per_row):
-        # The vision door (backend/training/vision) runs without the speed shortcuts: logits at every position
-        run = run.model_copy(update={"technique": run.technique.model_copy(update={"shortcuts": "off"})})
+        # The vision door (backend/training/vision) runs without the text rows' shortcuts: logits at every
+        # position; its rows pack only where packed_image_rows is proven (else padded batches, as the job does)
+        packed_images = (run.technique.packing and run.technique.shortcuts == "auto"
+                         and str(raw.get("model_type")) in PACKED_IMAGE_FAMILIES)
+        door = {"shortcuts": "off", "packing": packed_images}
+        run = run.model_copy(update={"technique": run.technique.model_copy(update=door)})
         target_tokens = None
     deepspeed = device == "cuda" and (zero_stage > 0 or run.technique.offload != "none")
     setup, more = resolve_setup(arch, dims, run, device, bf16_supported, autocast, deepspeed)
+    if packed_images and setup.attention == "sdpa" and not run.technique.torch_compile:
+        setup = replace(setup, example_len=run.train.seq_len)  # sdpa_packed: one causal SDPA per packed row
     warnings += more
     step = StepInputs(arch, dims, setup, count_params(arch, dims), run, device)
 

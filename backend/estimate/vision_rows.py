@@ -84,7 +84,9 @@ def vision_rows(raw: dict[str, Any], run: RunConfig, setup: Setup, images_per_ro
     shape = tower_shape(raw, family)
     assert shape is not None  # vision_family names transcribed families only
     per_row = images_per_row if images_per_row is not None else DEFAULT_IMAGES_PER_ROW
-    images = per_row * setup.batch  # 0 for text-only data: the tower and projector are loaded, never run
+    # every row of a micro-batch brings its images, packed into one row or not (0 for text-only data: the
+    # tower and projector are loaded, never run)
+    images = per_row * run.train.micro_batch_size
     cap = run.vision.max_pixels if family.startswith("qwen") else None
     side = image_side_bytes(raw, family, cap, compute_bytes=setup.compute_bytes, images=images,
                             checkpointing=setup.checkpointing, processor=folder_processor(raw))

@@ -159,7 +159,9 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     model_path = check_model_folder(config)
     start_adapter_folder(config)  # a start adapter that cannot fit is refused before anything loads
     facts = ModelFacts.read(model_path, config.model.trust_remote_code)  # config.json only, no weights
-    plan = plan_techniques(config, capabilities, facts, world_size())  # refuses what cannot run here, before any loading
+    image_door = takes_door(model_path, config)  # a proven VLM: image rows, its processor, its parts (training/vision)
+    # refuses what cannot run here, before any loading
+    plan = plan_techniques(config, capabilities, facts, world_size(), image_rows=image_door)
     reporter.emit(PhaseChanged(phase="plan", detail=plan.summary()))
     # The peak of the precision the products run in (the frozen base's, where they are bf16 on the CPU).
     peak_dtype = plan.load_dtype if plan.precision != "fp32" else (torch.bfloat16 if plan.bf16_base else torch.float32)
@@ -168,7 +170,7 @@ def _finetune(config: RunConfig, run_dir: Path, reporter: Reporter, stop: StopLi
     reporter.emit(PhaseChanged(phase="load_model", detail=config.model.path))
     tokenizer = load_tokenizer(model_path, config)
 
-    if takes_door(model_path, config):  # a proven VLM: image rows, its processor, its parts (backend/training/vision)
+    if image_door:
         if config.technique.objective != "sft":
             raise bad_input(f"technique.objective {config.technique.objective}: a vision-language model trains "
                             "with sft only for now", "set technique.objective: sft")
@@ -310,12 +312,12 @@ def _objective_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan
 def _vision_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, model_path: Path, reporter: Reporter,
                    stop: StopListener, ledger: MemoryLedger, peak: float, capabilities: Capabilities):
     """A proven VLM's SFT through the vision door (backend/training/vision/door.py), step for step as
-    _sft_trainer; the speed shortcuts (the plan skips them for these families) and the validation samples
-    (they would generate without the rows' images) stay off. -> (model, trainer, callback, validation rows)."""
+    _sft_trainer; of the speed shortcuts only the image rows' own (packed_image_rows) run, and the validation
+    samples (they would generate without the rows' images) stay off. -> (model, trainer, callback, validation rows)."""
     run = VisionRun.open(model_path, config)
     reporter.emit(PhaseChanged(phase="load_data", detail=config.data.path))
     train_set, eval_set, stats, rows = run.build_datasets(config)
-    for note in stats.notes:
+    for note in stats.notes + padded_note(config, plan):
         reporter.emit(PhaseChanged(phase="data_warning", detail=note))
     images = sum(len(i) for i in rows.images)
     reporter.emit(PhaseChanged(phase="tokenize", detail=(
@@ -327,11 +329,15 @@ def _vision_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, m
     torch.manual_seed(config.train.seed)
     ledger.start(plan.device, capabilities)
     model = add_vision_adapters(load_vision_model(model_path, config, plan, run.family), config, plan, run.family)
-    collator = run.collator(rows)
+    packed = plan.shortcuts.has("packed_image_rows")  # the registry's word: this family's image rows pack exactly
+    collator = run.collator(rows, model if packed else None)
+    log.info("image rows %s; attention %s", "packed (packed_image_rows)" if packed else "in padded batches",
+             getattr(model.config, "_attn_implementation", None))
     callback = ReportingCallback(reporter, stop, plan.device)
     callback.peak_flops = peak
     kwargs = training_kwargs(config, folder.checkpoints_dir, plan, has_eval=eval_set is not None, schedule=schedule)
-    kwargs["train_sampling_strategy"] = "group_by_length"  # padded batches: packing is off for image rows
+    if not packed:  # padded batches waste less on padding when their rows are of similar length
+        kwargs["train_sampling_strategy"] = "group_by_length"
     trainer = make_trainer(model, TrainingArguments(**kwargs), train_set, eval_set, collator,
                            [callback, PhaseCallback()], run.image_token_id)
     callback.trainer = trainer
@@ -340,6 +346,14 @@ def _vision_trainer(config: RunConfig, folder: RunFolder, plan: TechniquePlan, m
     trainer.remove_callback(PrinterCallback)
     trainer.vision_run = run  # saved beside the adapter in place of a bare tokenizer
     return model, trainer, callback, stats.eval_examples
+
+
+def padded_note(config: RunConfig, plan: TechniquePlan) -> tuple[str, ...]:
+    """The one line that says why image rows train padded although technique.packing is on."""
+    if not config.technique.packing or plan.shortcuts.has("packed_image_rows"):
+        return ()
+    why = dict(plan.shortcuts.skipped).get("packed_image_rows") or "technique.shortcuts off"
+    return (f"packing is off for image rows ({why}): they train in padded batches",)
 
 
 def save_atomically(model, tokenizer, target: Path) -> Path:

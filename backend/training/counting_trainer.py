@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import Trainer, TrainerCallback
 
 from backend.training.tokenized import IGNORE  # one definition of the ignored label
@@ -21,6 +22,15 @@ from backend.training.phase import set_phase
 class PhaseCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         set_phase("optimizer step")
+
+
+def image_rows(images: torch.Tensor, position_ids: torch.Tensor | None) -> int:
+    """Rows holding an image token; in a packed row of image rows (4-line position ids, the first the text
+    positions restarting at 0 per row: vision/packed_collator.py) each packed row counts on its own."""
+    if position_ids is None or position_ids.dim() != 3 or position_ids.shape[0] != 4:
+        return int(images.any(dim=-1).sum())
+    row = (position_ids[0] == 0).cumsum(-1)  # which packed row each token belongs to
+    return int(torch.unique(row[images]).numel())
 
 
 class SupervisedCountingTrainer(Trainer):
@@ -46,7 +56,7 @@ class SupervisedCountingTrainer(Trainer):
             self.trained_tokens += targets
         if self.image_token_id is not None:
             images = inputs["input_ids"] == self.image_token_id
-            self.image_rows += int(images.any(dim=-1).sum())
+            self.image_rows += image_rows(images, inputs.get("position_ids"))
             self.image_tokens += int(images.sum())
         mask = inputs.get("attention_mask")
         computed = int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())

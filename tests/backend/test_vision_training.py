@@ -218,6 +218,8 @@ train: {{max_steps: 6, micro_batch_size: 4, learning_rate: 0.01, warmup_steps: 0
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     metrics = [e for e in events if e["type"] == "MetricsLogged"]
     assert len(metrics) == 6 and metrics[-1]["loss"] < metrics[0]["loss"]
+    plan = next(e["detail"] for e in events if e["type"] == "PhaseChanged" and e["phase"] == "plan")
+    assert "image rows: shortcuts packed_image_rows" in plan  # technique.packing is on by default
     vision = VisionFolder.read(folder)
     per_step = sum(vision.tokens_per_image(w, h) for w, h in SIZES)
     assert [m["image_rows_seen"] for m in metrics] == [3 * k for k in range(1, 7)]

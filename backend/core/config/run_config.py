@@ -83,8 +83,9 @@ class TechniqueSection(_Section):
     """Number format for the forward and backward pass: bf16/fp16 halve weights and activations (an fp32 master copy keeps full tuning accurate), fp32 costs twice the memory; auto is bf16 on a GPU that has it, else fp32, except that LoRA on a CPU that multiplies bf16 natively (AVX512-BF16/AMX) holds the frozen base in bf16 and runs its products in bf16 (~1.2x a step; adapters, activations and loss stay fp32); fp32 keeps everything fp32."""
     packing: bool = True
     """Padding-free packing: a batch is one row of whole examples with position ids restarting per
-    example, so no compute goes to padding and no example attends to another; off pads each batch
-    to its longest example and groups examples of similar length instead."""
+    example, so no compute goes to padding and no example attends to another (image rows too, where the
+    model's family is proven for it: Qwen2.5-VL, Qwen3-VL); off pads each batch to its longest example and
+    groups examples of similar length instead."""
     neftune_alpha: float | None = Field(default=None, gt=0)
     """Add uniform noise of this scale to the input embeddings while training (NEFTune; 5 is typical): often better chat answers from small datasets at no memory or speed cost, can blur exact recall; None turns it off."""
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit"] = "adamw"
@@ -98,7 +99,7 @@ class TechniqueSection(_Section):
     activation_offload: bool = False
     """With gradient checkpointing on a GPU: keep each layer's checkpointed input (batch x seq x hidden per layer) in pinned CPU memory until the backward pass needs it, so longer rows fit; costs a copy each way per layer and step, so turn it on only where memory is short (it runs as one of the speed shortcuts)."""
     shortcuts: Literal["auto", "off"] = "auto"
-    """auto: the worker's speed shortcuts (logits only where the loss looks, the last layer on those rows, per-example attention for packed rows, on a GPU the loss a chunk of rows at a time (and activation offload where asked), and on the CPU rank-first LoRA products, bf16 base products and a measured thread count) where a test proved them exact for the model's family; off: the plain transformers + peft computation (slower, for comparison or a suspected shortcut bug)."""
+    """auto: the worker's speed shortcuts (logits only where the loss looks, the last layer on those rows, per-example attention for packed rows, image rows packed for Qwen2.5-VL and Qwen3-VL, on a GPU the loss a chunk of rows at a time (and activation offload where asked), and on the CPU rank-first LoRA products, bf16 base products and a measured thread count) where a test proved them exact for the model's family; off: the plain transformers + peft computation (slower, for comparison or a suspected shortcut bug)."""
     dpo_beta: float = Field(default=0.1, gt=0)
     """DPO only: how far the tuned model may move from the reference; smaller lets it drift further from the base for a larger preference margin (0.1 is typical)."""
     dpo_loss: Literal["sigmoid", "ipo", "hinge", "robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "aot",

@@ -43,6 +43,28 @@ log = logging.getLogger(__name__)
 DISABLE_ENV = "FINETUNE_STUDIO_SHORTCUTS_DISABLE"
 """Comma-separated shortcut names to leave out (the benchmark's per-shortcut switch; not a user setting)."""
 
+PACKED_IMAGE_FAMILIES = frozenset({"qwen2_5_vl", "qwen3_vl"})
+"""Vision families whose packed image rows tests/backend/test_vision_packing.py proves exact: flat patch lists
+with a grid per image, and 3-D position ids that the text layers read per example."""
+
+IMAGE_PACKING_REFUSED: dict[str, str] = {
+    "gemma3": "Gemma 3's image tokens attend to each other both ways (token_type_ids), a mask not proven on "
+              "packed rows",
+    "gemma4": "Gemma 4's image tokens attend to each other both ways, a mask not proven on packed rows",
+    "qwen3_5": "Qwen3.5's linear-attention layers take the rows' bounds as cu_seq_lens, which would reach its "
+               "vision tower too; not proven",
+    "idefics3": "SmolVLM / Idefics3 batches its image tiles per row (pixel_attention_mask), not as one list a "
+                "packed row can hold",
+    "smolvlm": "SmolVLM / Idefics3 batches its image tiles per row (pixel_attention_mask), not as one list a "
+               "packed row can hold",
+    "llava": "LLaVA-1.5's packed rows are not proven yet (its image features are per image, so it could be)",
+    "llava_next": "LLaVA-NeXT batches its anyres patches per row (image_sizes), not as one list a packed row can "
+                  "hold",
+    "mllama": "Llama 3.2 Vision's images reach the text through cross-attention with a per-row mask "
+              "(cross_attention_mask)",
+}
+"""Why each other proven vision family trains its image rows padded with packing on (the plan line says it)."""
+
 DENSE = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt_neox"})
 MOE = frozenset({"qwen2_moe", "qwen3_moe", "mixtral"})
 ALL = DENSE | MOE | {"gpt2"}
@@ -82,6 +104,7 @@ class Situation:
     aux_loss: bool = False  # a MoE router's load-balancing loss is part of the training loss
     checkpointing: bool = False  # technique.gradient_checkpointing
     activation_offload: bool = False  # technique.activation_offload: asked for where memory is short
+    image_rows: bool = False  # the run trains through the vision door (backend/training/vision): image rows
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,8 @@ class Shortcut:
     condition: Callable[[Situation, tuple[str, ...]], str | None]  # None: applies; else why not
     exact: bool = True
     tolerance: str = "loss and gradients within 1e-5 of the plain model"
+    rows: frozenset[str] = frozenset({"text"})
+    """The rows it acts on: "text" (the text door's), "image" (the vision door's); a run meets only its own."""
 
 
 def _loss_positions(s: Situation, applied: tuple[str, ...]) -> str | None:
@@ -138,8 +163,11 @@ def _activation_offload(s: Situation, applied: tuple[str, ...]) -> str | None:
 
 
 def _sdpa_packed(s: Situation, applied: tuple[str, ...]) -> str | None:
-    if s.attention != "sdpa":
+    # A VLM's class is not read before loading (facts unknown): its default attention is transformers' SDPA
+    if s.attention != "sdpa" and not (s.image_rows and s.attention == ""):
         return f"attention {s.attention or 'default'}"
+    if s.image_rows and "packed_image_rows" not in applied:
+        return "image rows not packed"
     if not s.facts.supports_sdpa:
         return f"{s.facts.name} refuses SDPA"
     if not s.packing:
@@ -148,6 +176,14 @@ def _sdpa_packed(s: Situation, applied: tuple[str, ...]) -> str | None:
         return "under torch.compile per-example cuts would recompile"
     if s.facts.sliding_window:
         return "sliding-window layers need SDPA's mask"
+    return None
+
+
+def _packed_image_rows(s: Situation, applied: tuple[str, ...]) -> str | None:
+    if s.facts.model_type in IMAGE_PACKING_REFUSED:
+        return IMAGE_PACKING_REFUSED[s.facts.model_type]
+    if not s.packing:
+        return "packing off"
     return None
 
 
@@ -191,9 +227,16 @@ SHORTCUTS: tuple[Shortcut, ...] = (
     # Copies of each layer's input, exact for every family with checkpointed decoder layers.
     Shortcut("activation_offload", "each checkpointed layer input in pinned host memory until backward "
              "(activation_offload.py)", ALL, frozenset({"cuda"}), _activation_offload),
-    # Gemma 2 refuses SDPA (soft-capped attention logits); sliding windows keep SDPA's mask.
+    # Image rows: each row's pixels and 3-D positions go with it; attention per row from the restarting
+    # text positions (sdpa_packed below on SDPA, a block-diagonal mask on eager, varlen bounds on FlashAttention-2).
+    Shortcut("packed_image_rows", "image rows packed into one row, pixels and 3-D positions per row "
+             "(vision/packed_collator.py)", PACKED_IMAGE_FAMILIES, frozenset({"cpu", "cuda"}), _packed_image_rows,
+             rows=frozenset({"image"})),
+    # Gemma 2 refuses SDPA (soft-capped attention logits); sliding windows keep SDPA's mask. On packed image
+    # rows the text layers cut per row and the vision tower's attention passes through unchanged.
     Shortcut("sdpa_packed", "one causal SDPA per packed example, no block mask (packed_attention.py)",
-             ALL - {"gemma2"}, frozenset({"cpu", "cuda"}), _sdpa_packed),
+             (ALL - {"gemma2"}) | PACKED_IMAGE_FAMILIES, frozenset({"cpu", "cuda"}), _sdpa_packed,
+             rows=frozenset({"text", "image"})),
     # GPT-2's Conv1D bases are not nn.Linear.
     Shortcut("rank_first_lora", "LoRA's products with the rank as the rows (lora_matmul.py)",
              ALL - {"gpt2"}, frozenset({"cpu"}), _rank_first_lora),
@@ -215,6 +258,7 @@ class ShortcutChoice:
     skipped: tuple[tuple[str, str], ...] = ()  # (name, why), for shortcuts that exist on this device
     proven: bool = True  # the family is one the exactness tests cover
     disabled: tuple[str, ...] = ()  # left out through DISABLE_ENV
+    rows: str = "text"  # the door's rows: "image" for a run through the vision door
 
     def has(self, name: str) -> bool:
         return name in self.applied
@@ -228,6 +272,8 @@ class ShortcutChoice:
         text = "shortcuts " + (", ".join(self.applied) if self.applied else "none")
         if self.skipped:
             text += " (not used: " + ", ".join(f"{name}: {why}" for name, why in self.skipped) + ")"
+        if self.rows == "image":  # the text door's shortcuts were proven on text rows only
+            text = "image rows: " + text + "; the text rows' shortcuts are not proven on image rows"
         return text
 
 
@@ -243,16 +289,19 @@ def disabled_by_env(environ: dict[str, str] | None = None) -> tuple[str, ...]:
 def choose(situation: Situation, mode: str = "auto", disabled: tuple[str, ...] | None = None) -> ShortcutChoice:
     """Which shortcuts run in this situation; in order, since one may need another (last_layer_rows)."""
     family = situation.facts.model_type
+    rows = "image" if situation.image_rows else "text"
     if mode == "off":
-        return ShortcutChoice("off", family)
-    if not situation.facts.known or family not in ALL:
+        return ShortcutChoice("off", family, rows=rows)
+    # A vision run's folder is a proven vision family already (backend/core/vision_folder.py), and its
+    # shortcuts name their families one by one; a text run needs a family the text exactness tests cover.
+    if rows == "text" and (not situation.facts.known or family not in ALL):
         return ShortcutChoice(mode, family, proven=False)
     disabled = disabled_by_env() if disabled is None else disabled
     applied: list[str] = []
     skipped: list[tuple[str, str]] = []
     for shortcut in SHORTCUTS:
-        if situation.device not in shortcut.devices:
-            continue  # not a shortcut of this device at all: the plan line need not mention it
+        if situation.device not in shortcut.devices or rows not in shortcut.rows:
+            continue  # not a shortcut of this device or these rows at all: the plan line need not mention it
         why = shortcut.condition(situation, tuple(applied))
         if why is None and family not in shortcut.families:
             why = f"not proven for {family}"
@@ -262,4 +311,4 @@ def choose(situation: Situation, mode: str = "auto", disabled: tuple[str, ...] |
             applied.append(shortcut.name)
         else:
             skipped.append((shortcut.name, why))
-    return ShortcutChoice(mode, family, tuple(applied), tuple(skipped), True, tuple(disabled))
+    return ShortcutChoice(mode, family, tuple(applied), tuple(skipped), True, tuple(disabled), rows)

@@ -125,9 +125,11 @@ def _model_config(config: RunConfig) -> dict | None:
 
 
 def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | None = None,
-                    world_size: int | None = None, threads: int | None = None) -> TechniquePlan:
+                    world_size: int | None = None, threads: int | None = None,
+                    image_rows: bool = False) -> TechniquePlan:
     """Decide everything that depends on the machine and the model's class (read from its config.json,
-    no weights); raise JobError for what cannot run here."""
+    no weights); raise JobError for what cannot run here. `image_rows`: the run trains through the vision
+    door (`takes_door` in backend/training/vision/door.py), which has shortcuts of its own."""
     t = config.technique
     device = "cuda" if caps.cuda else "cpu"
     if facts is None:
@@ -168,7 +170,7 @@ def plan_techniques(config: RunConfig, caps: Capabilities, facts: ModelFacts | N
         cpu_threads=config.train.cpu_threads, threads=torch.get_num_threads() if threads is None else threads,
         bf16_base=cpu_bf16_base(config, device, device == "cpu" and native_bf16()), facts=facts, aux_loss=aux_loss,
         native_bf16=device == "cpu" and native_bf16(), checkpointing=t.gradient_checkpointing,
-        activation_offload=t.activation_offload)
+        activation_offload=t.activation_offload, image_rows=image_rows)
     # The shortcuts were proven exact for the supervised loss only; DPO and KTO run TRL's plain computation.
     choice = choose(situation, t.shortcuts if t.objective == "sft" else "off")
     if t.objective != "sft":

@@ -25,6 +25,7 @@ from backend.training.model.vision_processor import WITH_VIDEO, load_vision_proc
 from backend.training.shortcuts.installer import attention_implementation
 from backend.training.vision import parts
 from backend.training.vision.collator import VisionCollator
+from backend.training.vision.packed_collator import PackedVisionCollator, rope_index_of
 from backend.training.vision.rows import ImageRows, build_image_datasets
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,11 @@ class VisionRun:
         """-> (train, validation or None, DataStats, ImageRows)."""
         return build_image_datasets(config, self.processor, self.family, self.config, {})
 
-    def collator(self, rows: ImageRows) -> VisionCollator:
-        return VisionCollator(self.processor, rows)
+    def collator(self, rows: ImageRows, packed_for: Any = None) -> VisionCollator | PackedVisionCollator:
+        """Padded batches; packed ones (the `packed_image_rows` shortcut) given the model whose M-RoPE
+        positions each row takes."""
+        padded = VisionCollator(self.processor, rows)
+        return padded if packed_for is None else PackedVisionCollator(padded, rope_index_of(packed_for))
 
     def save_pretrained(self, folder: Path | str, **kwargs: Any) -> None:
         """The processor beside the adapter or model, as the folder had it: a processor built without its
@@ -119,7 +123,8 @@ def load_vision_model(path: Path, config: RunConfig, plan: TechniquePlan, family
         path, dtype=plan.load_dtype, trust_remote_code=config.model.trust_remote_code,
         use_safetensors=not config.model.allow_pickle, attn_implementation=attention_implementation(plan),
         **LOAD_KWARGS, **kwargs)
-    model.config.use_cache = False
+    for section in (model.config, model.config.get_text_config()):  # the text model reads its own section's
+        section.use_cache = False
     return model if plan.quantization else model.to(rank_device(plan.device))
 
 
@@ -170,11 +175,13 @@ def make_trainer(model: Any, args: Any, train_set: Any, eval_set: Any, collator:
 
 def one_step(config: RunConfig, plan: TechniquePlan) -> tuple[Any, dict[str, torch.Tensor]]:
     """The model a VLM run trains (adapters on, parts frozen as configured) and its first batch of
-    micro_batch_size rows, on the plan's device: what a memory measurement runs forward and backward."""
+    micro_batch_size rows (packed where the plan packs image rows), on the plan's device: what a memory
+    measurement runs forward and backward."""
     folder = check_model_folder(config)
     run = VisionRun.open(folder, config)
     train, _, _, rows = run.build_datasets(config)
     model = add_vision_adapters(load_vision_model(folder, config, plan, run.family), config, plan, run.family)
-    batch = run.collator(rows)([train[i] for i in range(min(len(train), config.train.micro_batch_size))])
+    collator = run.collator(rows, model if plan.shortcuts.has("packed_image_rows") else None)
+    batch = collator([train[i] for i in range(min(len(train), config.train.micro_batch_size))])
     device = next(model.parameters()).device
     return model, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -113,9 +113,6 @@ def build_image_datasets(config: RunConfig, processor: Any, family: VisionFamily
         notes.append(f"{side.image_cut} of {reader.total} rows dropped: train.seq_len {config.train.seq_len} "
                      "ends inside an image's tokens, and an image cannot be cut; raise train.seq_len or lower "
                      "vision.max_pixels")
-    if config.technique.packing:
-        notes.append("packing is off for image rows: each image's tokens must stay with its own row and "
-                     "pixels, so image rows train in padded batches")
     stats.skipped, stats.notes = reader.skipped, tuple(notes)
     for note in stats.notes:
         log.warning("%s", note)
