@@ -88,6 +88,10 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         v_e = linear(saved, setup, lins["v"], "n1", n1_e, input_grad)
         q_key, k_key, v_key = "q_out", "k_out", "v_out"
         q_numel, k_numel, v_numel = T * dims.q_dim, T * dims.kv_dim, T * dims.kv_dim
+    if arch.attn_output_gate and q_e == 4:
+        # Qwen3.5: q_norm reads a strided view of q_proj's output (query and gate side by side), which
+        # keeps the whole 2 x q_dim storage alive (a bf16 output is upcast: a fresh q_dim-wide copy)
+        saved.put(q_key, T * 2 * dims.q_dim * q_e)
     if arch.qk_norm:
         q_e = norm(saved, arch.norm, setup, "q_norm", q_key, q_e, q_grad, dims.head_dim, T * dims.heads)
         k_e = norm(saved, arch.norm, setup, "k_norm", k_key, k_e, k_grad, dims.head_dim, T * dims.kv_heads)
@@ -195,6 +199,12 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
             # sdpa_packed joins several examples' outputs with one cat: o_proj reads that copy
             per_example_cat = bool(setup.example_len) and rows > 1
             o_in = "sdpa_out" if arch.query_layout_bshd and not per_example_cat else "attn_out"
+    if arch.attn_output_gate:
+        # attn_output * sigmoid(gate): the product saves both factors (the attention output as a
+        # contiguous copy in (B, S, heads x dim)) and o_proj reads the product
+        saved.put("attn_out", T * dims.q_dim * o_e)
+        saved.put("gate_sigmoid", T * dims.q_dim * q_e)
+        o_in, o_e = "attn_gated", max(o_e, q_e)
     o_out_e = linear(saved, setup, lins["o"], o_in, o_e, True)
     out_grad = input_grad or setup.full or bool(setup.targets & {"q", "k", "v", "qkv", "o"})
     dropout(saved, setup, "attn_resid_dropout", dims.resid_dropout, T * dims.hidden, o_out_e, out_grad)
