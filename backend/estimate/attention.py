@@ -105,6 +105,10 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         q_src = (q_key, q_numel) if B == 1 else ("q_copy", T * dims.q_dim)
         k_src = (k_key, k_numel) if B == 1 else ("k_copy", T * dims.kv_dim)
     groups = max(1, dims.heads // dims.kv_heads)
+    # transformers' repeat_kv is expand + reshape: with one KV head the reshape is a view (stride 0
+    # over the heads), so eager attention keeps the rotated k and v, not copies per head (measured on
+    # the tiny Qwen3.5, one KV head of four)
+    copies = groups if dims.kv_heads > 1 else 1
     kernel = attention_kernel(dims, setup)
     masked = kernel != "eager" and sdpa_mask(dims, setup, layer_type)
     scores_grad = q_grad or k_grad
@@ -139,7 +143,7 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         if k_grad:
             fed(q_src[0], qr_e, q_src[1], T * dims.q_dim, "q_c")
         if q_grad:
-            if groups > 1:
+            if copies > 1:
                 fed("k_rep", kr_e, T * dims.q_dim)
             else:
                 fed(k_src[0], kr_e, k_src[1], T * dims.kv_dim, "k_c")
@@ -161,7 +165,7 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         if v_grad:
             fed(p_key, probs_e, probs)
         if scores_grad:
-            if groups > 1:
+            if copies > 1:
                 fed("v_rep", v_e, T * dims.q_dim)
             elif arch.fused_qkv and B > 1:
                 # bmm needs (B*heads, S, dim): a strided view of the fused output is copied

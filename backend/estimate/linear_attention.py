@@ -28,13 +28,16 @@ def linear_attention_saved(saved: Saved, dims: Dims, setup: Setup, lins: dict[st
 
     - the four input projections (saved.linear), the conv's input (q, k, v projected: T x conv_dim) and
       SiLU's input, the conv output with its kernel - 1 extra positions;
-    - beta = sigmoid(b) (its output) and g = -exp(A_log) * softplus(a + dt_bias) (softplus' input and
-      output): T x nv each;
+    - beta = sigmoid(b) (its output) and g = -exp(A_log) * softplus(a + dt_bias) (softplus' input, and
+      its output when A_log trains): T x nv each;
     - in fp32: the q and k copies l2norm saves with their rsqrt; then, padded, q, k, v, beta, k * beta,
       the solved values and decayed keys, the decayed q and k (6 dk + 2 dv + 1 per token and head),
       five C-wide intra-chunk matrices (the pairwise decay, k_beta k^T and q k^T products, the UT
       system, the masked attention), three exp(cumulative decay) vectors, and per chunk the corrected
-      values (dv per token and head) and the recurrent state (nv x dk x dv);
+      values (dv per token and head) and the recurrent state (nv x dk x dv); when the length is a
+      multiple of C (two chunks or more), four more dk-wide copies the matmuls make (measured at batch 1;
+      at batch 2 and 3 there were fewer: the layer is then over by up to 1.8%); one chunk of
+      exactly C tokens saves less than counted here (3.7% of the layer at the tiny widths);
     - the gated RMSNorm over each value head: its fp32 input and rsqrt, SiLU's input z, both factors of
       the gating product (and the normalized input when its weight trains), then out_proj's input.
     """
@@ -59,6 +62,10 @@ def linear_attention_saved(saved: Saved, dims: Dims, setup: Setup, lins: dict[st
     saved.put("l2norm_rsqrt", 2 * T * nv * 4)
     saved.put("chunk_qkv", P * nv * (6 * dk + 2 * dv + 1) * 4)
     saved.put("chunk_square", 5 * P * nv * CHUNK * 4)
+    if S % CHUNK == 0 and S > CHUNK:
+        # no padding: F.pad hands back its input, and the two intra-chunk matmuls save contiguous
+        # copies of k_beta and q and of k^T (twice) instead of views (measured at 128 and 192 tokens)
+        saved.put("chunk_matmul_copies", 4 * P * nv * dk * 4)
     saved.put("chunk_decays", 3 * P * nv * 4 + chunks * nv * 4 + CHUNK * CHUNK)
     saved.put("chunk_v_new", P * nv * dv * 4)
     saved.put("chunk_states", chunks * nv * dk * dv * 4)
