@@ -105,10 +105,10 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         q_src = (q_key, q_numel) if B == 1 else ("q_copy", T * dims.q_dim)
         k_src = (k_key, k_numel) if B == 1 else ("k_copy", T * dims.kv_dim)
     groups = max(1, dims.heads // dims.kv_heads)
-    # transformers' repeat_kv is expand + reshape: with one KV head the reshape is a view (stride 0
-    # over the heads), so eager attention keeps the rotated k and v, not copies per head (measured on
-    # the tiny Qwen3.5, one KV head of four)
-    copies = groups if dims.kv_heads > 1 else 1
+    # transformers' repeat_kv is expand + reshape: with one KV head and one row the reshape and the
+    # matmul's batch folding stay views (stride 0 over the heads), so eager attention keeps the rotated
+    # k and v, not copies per head (measured on the tiny Qwen3.5, one KV head of four; two rows copy)
+    copies = groups if dims.kv_heads > 1 or B > 1 else 1
     kernel = attention_kernel(dims, setup)
     masked = kernel != "eager" and sdpa_mask(dims, setup, layer_type)
     scores_grad = q_grad or k_grad

@@ -49,12 +49,12 @@ def test_qwen3_5_layer_types_from_the_interval():
         read_dims({**raw, "layer_types": ["linear_attention", "sliding_attention", "x", "y"]})
 
 
-def _measured(model, index: int, seq: int) -> int:
+def _measured(model, index: int, seq: int, batch: int = 1) -> int:
     """Bytes one decoder layer saves (its input, the parameters and the model-wide rotary cos/sin left out)."""
     layer = model.model.layers[index]
-    x = torch.randn(1, seq, TINY["hidden_size"], requires_grad=True)
-    pos = torch.arange(seq)[None]
-    cos, sin = model.model.rotary_emb(x, pos[None].expand(3, 1, seq))
+    x = torch.randn(batch, seq, TINY["hidden_size"], requires_grad=True)
+    pos = torch.arange(seq)[None].expand(batch, -1)
+    cos, sin = model.model.rotary_emb(x, pos[None].expand(3, batch, seq))
     known = {_storage_key(t) for t in [*model.parameters(), *model.buffers(), x, cos, sin]}
     with _SavedTensorMeter() as meter:
         out = layer(x, position_embeddings=(cos, sin), attention_mask=None, position_ids=pos)
@@ -65,7 +65,8 @@ def _measured(model, index: int, seq: int) -> int:
 
 @pytest.mark.parametrize("mode", ["lora", "full"])
 def test_qwen3_5_layers_save_what_the_estimate_counts(mode):
-    """Sequences of 100 and 300 tokens (padded to 128 and 320 by the chunked rule), fp32, sdpa."""
+    """Sequences of 100 and 300 tokens (padded to 128 and 320 by the chunked rule) and of 128 (no padding:
+    the matmuls copy), fp32, sdpa."""
     peft = pytest.importorskip("peft")
     torch.manual_seed(0)
     model = transformers.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY)).float()
@@ -76,7 +77,7 @@ def test_qwen3_5_layers_save_what_the_estimate_counts(mode):
     roles = lora_roles(arch, dims, "all-linear")[0] if mode == "lora" else set()
     plan = _layer_plan(arch, dims)
     assert [t for _, t in plan] == ["linear_attention"] * 3 + ["full_attention"]
-    for seq in (100, 300):
+    for seq in (100, 300, 128):
         setup = Setup(method=mode, compute_bytes=4, dtype="fp32", adapter_bytes=4, full=mode == "full", quant=None,
                       rank=4, dropout=False, targets=frozenset(roles), attention="sdpa", checkpointing=False,
                       batch=1, seq=seq, device="cpu", weight_bytes=4, residual_bytes=4)
@@ -85,3 +86,20 @@ def test_qwen3_5_layers_save_what_the_estimate_counts(mode):
             estimated = _layer_saved(arch, dims, setup, kind, True, layer_type).total(without={"x_in"})
             measured = _measured(model, index, seq)
             assert abs(estimated / measured - 1) < 0.005, (mode, seq, layer_type, estimated, measured)
+
+
+def test_eager_attention_with_one_kv_head_keeps_k_and_v_as_views_for_one_row():
+    """repeat_kv's expand + reshape costs nothing for one KV head and one row; two rows copy (GQA as usual)."""
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY)).float()
+    model.config._attn_implementation = "eager"
+    model.requires_grad_(False)
+    arch, dims, _ = read_dims(model.config.to_dict())
+    kind, layer_type = _layer_plan(arch, dims)[3]
+    for batch in (1, 2):
+        setup = Setup(method="lora", compute_bytes=4, dtype="fp32", adapter_bytes=4, full=False, quant=None, rank=4,
+                      dropout=False, targets=frozenset(), attention="eager", checkpointing=False, batch=batch, seq=60,
+                      device="cpu", weight_bytes=4, residual_bytes=4)
+        estimated = _layer_saved(arch, dims, setup, kind, True, layer_type).total(without={"x_in"})
+        measured = _measured(model, 3, 60, batch)
+        assert abs(estimated / measured - 1) < 0.005, (batch, estimated, measured)
