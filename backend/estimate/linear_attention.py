@@ -3,10 +3,12 @@ fallback of transformers 5.25 runs it (modeling_qwen3_5.py: causal_conv1d_fn, to
 Qwen3_5RMSNormGated), which is what runs without the causal-conv1d and flash-linear-attention kernels:
 on every CPU, and on CUDA where those packages are not installed.
 
-With flash-linear-attention on CUDA the chunked rule is one fused autograd Function that saves its own
-set (q, k, v, g, beta and per-chunk states, recomputing the rest in backward) and causal-conv1d's kernel
-saves the conv input only; neither was measured here, so a CUDA estimate counts the fallback's saves,
-an upper bound of what the kernels keep (their s x chunk terms are not saved).
+With flash-linear-attention on CUDA the chunked rule is one autograd Function (ChunkGatedDeltaRuleFunction,
+fla-org/flash-linear-attention fla/ops/gated_delta_rule/chunk.py as read at 92396f2), which saves only the
+l2-normalized q and k with their rstd, v, the cumulative gate g, beta and the solved 64-wide chunk matrix A
+(k's dtype), and recomputes the recurrent states in backward; causal-conv1d's kernel has its own autograd
+Function (not read here). Neither was measured, so a CUDA estimate counts the fallback's saves, more than
+the kernels keep (chiefly the five fp32 C-wide matrices against fla's one A).
 """
 
 from __future__ import annotations
