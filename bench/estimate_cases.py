@@ -84,6 +84,27 @@ TINY_PHI3 = {
 }
 """A small Phi-3: fused qkv_proj and gate_up_proj."""
 
+TINY_QWEN3_5 = {
+    "model_type": "qwen3_5_text",
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "num_hidden_layers": 4,
+    "full_attention_interval": 2,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "vocab_size": 4096,
+    "max_position_embeddings": 1024,
+    "pad_token_id": 0,
+}
+"""A small Qwen3.5 text decoder: two Gated DeltaNet layers (the chunked rule's PyTorch fallback on the
+CPU) and two gated attention layers."""
+
 ARCH_CONFIGS = {
     "gpt_neox": TINY_NEOX,
     "gpt_neox_seq": {**TINY_NEOX, "use_parallel_residual": False},
@@ -92,6 +113,7 @@ ARCH_CONFIGS = {
     "mistral_window": {**TINY_FAMILIES["mistral"], "sliding_window": 64},
     "phi3_window": {**TINY_PHI3, "sliding_window": 100},
     "phi3_dropout": {**TINY_PHI3, "resid_pdrop": 0.1, "embd_pdrop": 0.1},
+    "qwen3_5_text": TINY_QWEN3_5,
 }
 """The bench's own configs; the _window ones put every layer in a sliding window the rows reach
 (Mistral v0.1's 4096, Phi-3-mini's 2047 at real size), which gives SDPA a 4-D mask."""
@@ -278,6 +300,9 @@ FAMILY_MATRIX: list[Case] = [
              ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", False, "sdpa", 128, 1, "fp32", False),
              ("lora", True, "sdpa", 128, 1, "bf16", True), ("qlora", False, "sdpa", 128, 1, "bf16", True),
              ("lora8", False, "eager", 128, 1, "bf16", True), ("full", True, "sdpa", 128, 2, "fp32", False)),
+    *_family("qwen3_5_text",
+             ("lora", False, "sdpa", 128, 2, "fp32", False), ("full", False, "sdpa", 100, 1, "fp32", False),
+             ("lora", True, "sdpa", 200, 1, "fp32", False), ("full", True, "eager", 128, 1, "fp32", False)),
     # LoRA on the fused experts, when lora_targets names them (all-linear leaves them out):
     Case("qwen3_moe", "lora", False, "sdpa", 128, 2, lora_targets=EXPERTS_TOO),
     Case("qwen3_moe", "lora", True, "sdpa", 128, 1, precision="bf16", autocast=True, lora_targets=EXPERTS_TOO),

@@ -7,6 +7,7 @@ from typing import Any
 
 from backend.estimate.architectures import Arch, Dims, LayerKind, Linear, layer_kinds
 from backend.estimate.attention import attention_kernel, attention_saved, sdpa_mask
+from backend.estimate.linear_attention import linear_attention_saved
 from backend.estimate.mlp import dense_mlp_saved, moe_saved
 from backend.estimate.saved import Saved, dropout, linear, norm
 from backend.estimate.setup import Setup
@@ -29,7 +30,10 @@ def _layer_saved(arch: Arch, dims: Dims, setup: Setup, kind: LayerKind, input_gr
     lins = {lin.role: lin for lin in kind.linears}
     x_e = setup.residual_bytes
     n1_e = norm(saved, arch.norm, setup, "norm1", "x_in", x_e, input_grad, dims.hidden)
-    o_e, attn_grad = attention_saved(saved, arch, dims, setup, lins, n1_e, input_grad, layer_type)
+    if kind.mixer == "linear_attention":
+        o_e, attn_grad = linear_attention_saved(saved, dims, setup, lins, n1_e, input_grad)
+    else:
+        o_e, attn_grad = attention_saved(saved, arch, dims, setup, lins, n1_e, input_grad, layer_type)
     if arch.sandwich_norms:
         o_e = norm(saved, arch.norm, setup, "post_attn_norm", "attn_o", o_e, attn_grad, dims.hidden)
     if dims.parallel_residual:
@@ -49,11 +53,13 @@ def _layer_saved(arch: Arch, dims: Dims, setup: Setup, kind: LayerKind, input_gr
 
 def _layer_plan(arch: Arch, dims: Dims) -> list[tuple[LayerKind, str]]:
     """(kind, attention type) of every decoder layer, in order."""
-    kinds = {k.moe: k for k in layer_kinds(arch, dims)}
+    kinds = {(k.moe, k.mixer): k for k in layer_kinds(arch, dims)}
     plan = []
     for i in range(dims.layers):
         moe = bool(dims.sparse_layers[i]) if dims.sparse_layers else False
-        plan.append((kinds[moe], dims.layer_types[i] if dims.layer_types else "full_attention"))
+        layer_type = dims.layer_types[i] if dims.layer_types else "full_attention"
+        mixer = "linear_attention" if layer_type == "linear_attention" else "attention"
+        plan.append((kinds[(moe, mixer)], layer_type))
     return plan
 
 
@@ -84,7 +90,7 @@ def _checkpoint_kwargs(arch: Arch, dims: Dims, setup: Setup, plan: list[tuple[La
     position ids, and the 4-D masks (eager: one float mask per attention type, in the hidden
     states' dtype; SDPA: the bool masks of windowed layers)."""
     extra = setup.tokens * 8
-    types = sorted({t for _, t in plan})
+    types = sorted({t for _, t in plan if t != "linear_attention"})  # Gated DeltaNet takes no 4-D mask
     if setup.attention == "eager" or not arch.sdpa:
         extra += len(types) * setup.batch * setup.seq * setup.seq * setup.residual_bytes
     else:

@@ -52,6 +52,9 @@ class Arch:
     these model types (its v4 -> v5 conversion table covers mixtral and qwen3_moe, not qwen2_moe)."""
     expert_names: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """LoRA target names that peft maps onto the fused experts / router (v4 module names)."""
+    attn_output_gate: bool = False
+    """Qwen3.5: q_proj is twice as wide (query and a gate per head) and the attention output is
+    multiplied by sigmoid(gate) before o_proj."""
 
 
 LLAMA = Arch(
@@ -120,6 +123,9 @@ QWEN2_MOE = replace(QWEN2, family="qwen2_moe", moe="qwen2_moe", shared_expert=Tr
 QWEN3_MOE = replace(QWEN3, family="qwen3_moe", moe="qwen3_moe", lora_expert_params=True,
                     expert_names={"router": ("gate",), "experts_gate_up": ("gate_proj", "up_proj"),
                                   "experts_down": ("down_proj",)})
+QWEN3_5 = replace(QWEN3, family="qwen3_5_text", norm="rms_gemma", attn_output_gate=True)
+"""Qwen3.5's decoder: Qwen3's attention (gated, Gemma-style (1 + w) norms) on every
+full_attention_interval-th layer, Gated DeltaNet linear attention on the others (linear_attention.py)."""
 MIXTRAL = replace(LLAMA, family="mixtral", moe="mixtral", router_weights_fp32=True, lora_expert_params=True,
                   expert_names={"router": ("gate",), "experts_gate_up": ("w1", "w3"), "experts_down": ("w2",)})
 
@@ -172,6 +178,22 @@ class Dims:
     """Of those, the weights of nn.Linear modules (peft's all-linear adapts them as well)."""
     extra_linears: tuple[tuple[int, int, int], ...] = ()
     """(in, out, count) of those linears, for their adapters."""
+    linear_k_heads: int = 0
+    """Qwen3.5's Gated DeltaNet layers (layer_types "linear_attention"): key heads (0: none)."""
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    conv_kernel: int = 0
+    """The depthwise causal convolution's width over q, k and v (linear_conv_kernel_dim)."""
+
+    @property
+    def linear_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == "linear_attention")
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the linear-attention convolution: q and k (key width each) and v."""
+        return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
 
     @property
     def q_dim(self) -> int:
@@ -202,10 +224,15 @@ class LayerKind:
     moe: bool
     count: int
     linears: tuple[Linear, ...]
+    mixer: str = "attention"
+    """"attention", or "linear_attention" for Qwen3.5's Gated DeltaNet layers."""
 
 
 def _attention_linears(arch: Arch, dims: Dims) -> list[Linear]:
     n = arch.names
+    if arch.attn_output_gate:
+        return [Linear("q", n["q"], dims.hidden, 2 * dims.q_dim, dims.qkv_bias), Linear("k", n["k"], dims.hidden, dims.kv_dim, dims.qkv_bias),
+                Linear("v", n["v"], dims.hidden, dims.kv_dim, dims.qkv_bias), Linear("o", n["o"], dims.q_dim, dims.hidden, dims.o_bias)]
     if arch.fused_qkv:
         out = [Linear("qkv", n["qkv"], dims.hidden, dims.q_dim + 2 * dims.kv_dim, dims.qkv_bias)]
     else:
@@ -226,12 +253,26 @@ def _mlp_linears(arch: Arch, dims: Dims, inter: int, prefix: str = "") -> list[L
     return first + [Linear(prefix + "down", n["down"], inter, dims.hidden, dims.mlp_bias)]
 
 
+def _linear_attention_linears(dims: Dims) -> list[Linear]:
+    """Qwen3.5's Gated DeltaNet projections (transformers 5.25 names): q, k and v together (into the
+    convolution), the output gate z, beta's b and the decay's a (one per value head), and out_proj."""
+    kd, vd, nv = dims.linear_k_heads * dims.linear_k_dim, dims.linear_v_heads * dims.linear_v_dim, dims.linear_v_heads
+    return [Linear("lin_qkv", "in_proj_qkv", dims.hidden, 2 * kd + vd, False), Linear("lin_z", "in_proj_z", dims.hidden, vd, False),
+            Linear("lin_b", "in_proj_b", dims.hidden, nv, False), Linear("lin_a", "in_proj_a", dims.hidden, nv, False),
+            Linear("lin_out", "out_proj", vd, dims.hidden, False)]
+
+
 def layer_kinds(arch: Arch, dims: Dims) -> list[LayerKind]:
     """The decoder's layer kinds: dense layers, and the mixture-of-experts ones (whose nn.Linear
-    modules are attention and, in Qwen2-MoE, the shared expert and its one-output gate)."""
+    modules are attention and, in Qwen2-MoE, the shared expert and its one-output gate); Qwen3.5's
+    linear-attention layers are a kind of their own (dense, listed after its attention layers)."""
     attention = _attention_linears(arch, dims)
     kinds = []
-    dense = dims.layers - dims.moe_layers
+    dense = dims.layers - dims.moe_layers - dims.linear_layers
+    if dims.linear_layers:
+        mlp = _mlp_linears(arch, dims, dims.intermediate)
+        out = [LayerKind(False, dense, tuple(attention + mlp))] if dense else []
+        return out + [LayerKind(False, dims.linear_layers, tuple(_linear_attention_linears(dims) + mlp), "linear_attention")]
     if dense:
         kinds.append(LayerKind(False, dense, tuple(attention + _mlp_linears(arch, dims, dims.intermediate))))
     if dims.moe_layers:
@@ -261,6 +302,7 @@ class ParamCounts:
     """Decoder linears' weight matrices (what bitsandbytes quantizes)."""
     linear_biases: int
     norms: int
+    """With Qwen3.5's linear-attention layers' conv1d, dt_bias and A_log (layer_tensor_sizes)."""
     embedding: int
     lm_head: int
     """Zero when tied to the embedding."""
@@ -298,6 +340,19 @@ def norm_sizes(arch: Arch, dims: Dims) -> list[int]:
     return sizes
 
 
+def layer_tensor_sizes(arch: Arch, dims: Dims) -> list[int]:
+    """Element counts of every decoder layer's tensors that are not nn.Linear or experts: the norms
+    and, in Qwen3.5's linear-attention layers, the depthwise conv1d's weight (no bias), dt_bias, A_log
+    and the gated RMSNorm over a value head."""
+    if not dims.linear_layers:
+        return norm_sizes(arch, dims) * dims.layers
+    shared = [dims.hidden, dims.hidden]
+    full = (shared + [dims.head_dim, dims.head_dim]) * (dims.layers - dims.linear_layers)
+    nv = dims.linear_v_heads
+    linear = (shared + [dims.conv_dim * dims.conv_kernel, nv, nv, dims.linear_v_dim]) * dims.linear_layers
+    return full + linear
+
+
 def expert_sizes(arch: Arch, dims: Dims) -> list[int]:
     """Element counts of one MoE layer's non-Linear tensors: fused experts and the router."""
     gate_up = dims.experts * (2 if arch.gated_mlp else 1) * dims.expert_intermediate * dims.hidden
@@ -313,14 +368,14 @@ def count_params(arch: Arch, dims: Dims) -> ParamCounts:
         lw += lin.inp * lin.out * count
         lb += (lin.out if lin.bias else 0) * count
         lin_tensors += (2 if lin.bias else 1) * count
-    layer_norms = norm_sizes(arch, dims)
+    layer_tensors = layer_tensor_sizes(arch, dims)
     final = [dims.hidden] * (2 if arch.norm == "layer" else 1)
-    norms = sum(layer_norms) * dims.layers + sum(final)
+    norms = sum(layer_tensors) + sum(final)
     experts = router = 0
     if dims.moe_layers:
         gate_up, down, rt = expert_sizes(arch, dims)
         experts, router = (gate_up + down) * dims.moe_layers, rt * dims.moe_layers
-    other = (len(layer_norms) * dims.layers + len(final) + 1 + (0 if dims.tied else 1) + (1 if dims.positions else 0)
+    other = (len(layer_tensors) + len(final) + 1 + (0 if dims.tied else 1) + (1 if dims.positions else 0)
              + 3 * dims.moe_layers)
     return ParamCounts(
         linear_weights=lw,

@@ -88,6 +88,10 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         v_e = linear(saved, setup, lins["v"], "n1", n1_e, input_grad)
         q_key, k_key, v_key = "q_out", "k_out", "v_out"
         q_numel, k_numel, v_numel = T * dims.q_dim, T * dims.kv_dim, T * dims.kv_dim
+    if arch.attn_output_gate and q_e == 4:
+        # Qwen3.5: q_norm reads a strided view of q_proj's output (query and gate side by side), which
+        # keeps the whole 2 x q_dim storage alive (a bf16 output is upcast: a fresh q_dim-wide copy)
+        saved.put(q_key, T * 2 * dims.q_dim * q_e)
     if arch.qk_norm:
         q_e = norm(saved, arch.norm, setup, "q_norm", q_key, q_e, q_grad, dims.head_dim, T * dims.heads)
         k_e = norm(saved, arch.norm, setup, "k_norm", k_key, k_e, k_grad, dims.head_dim, T * dims.kv_heads)
@@ -101,6 +105,10 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         q_src = (q_key, q_numel) if B == 1 else ("q_copy", T * dims.q_dim)
         k_src = (k_key, k_numel) if B == 1 else ("k_copy", T * dims.kv_dim)
     groups = max(1, dims.heads // dims.kv_heads)
+    # transformers' repeat_kv is expand + reshape: with one KV head and one row the reshape and the
+    # matmul's batch folding stay views (stride 0 over the heads), so eager attention keeps the rotated
+    # k and v, not copies per head (measured on the tiny Qwen3.5, one KV head of four; two rows copy)
+    copies = groups if dims.kv_heads > 1 or B > 1 else 1
     kernel = attention_kernel(dims, setup)
     masked = kernel != "eager" and sdpa_mask(dims, setup, layer_type)
     scores_grad = q_grad or k_grad
@@ -135,7 +143,7 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         if k_grad:
             fed(q_src[0], qr_e, q_src[1], T * dims.q_dim, "q_c")
         if q_grad:
-            if groups > 1:
+            if copies > 1:
                 fed("k_rep", kr_e, T * dims.q_dim)
             else:
                 fed(k_src[0], kr_e, k_src[1], T * dims.kv_dim, "k_c")
@@ -157,7 +165,7 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
         if v_grad:
             fed(p_key, probs_e, probs)
         if scores_grad:
-            if groups > 1:
+            if copies > 1:
                 fed("v_rep", v_e, T * dims.q_dim)
             elif arch.fused_qkv and B > 1:
                 # bmm needs (B*heads, S, dim): a strided view of the fused output is copied
@@ -195,6 +203,12 @@ def attention_saved(saved: Saved, arch: Arch, dims: Dims, setup: Setup, lins: di
             # sdpa_packed joins several examples' outputs with one cat: o_proj reads that copy
             per_example_cat = bool(setup.example_len) and rows > 1
             o_in = "sdpa_out" if arch.query_layout_bshd and not per_example_cat else "attn_out"
+    if arch.attn_output_gate:
+        # attn_output * sigmoid(gate): the product saves both factors (the attention output as a
+        # contiguous copy in (B, S, heads x dim)) and o_proj reads the product
+        saved.put("attn_out", T * dims.q_dim * o_e)
+        saved.put("gate_sigmoid", T * dims.q_dim * q_e)
+        o_in, o_e = "attn_gated", max(o_e, q_e)
     o_out_e = linear(saved, setup, lins["o"], o_in, o_e, True)
     out_grad = input_grad or setup.full or bool(setup.targets & {"q", "k", "v", "qkv", "o"})
     dropout(saved, setup, "attn_resid_dropout", dims.resid_dropout, T * dims.hidden, o_out_e, out_grad)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.estimate.architectures import (
-    GEMMA2, GEMMA3, GPT2, GPT_NEOX, LLAMA, MIXTRAL, PHI3, QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE, Arch, Dims,
+    GEMMA2, GEMMA3, GPT2, GPT_NEOX, LLAMA, MIXTRAL, PHI3, QWEN2, QWEN2_MOE, QWEN3, QWEN3_5, QWEN3_MOE, Arch, Dims,
 )
 from backend.core.paths import not_downloaded, resolve_resource
 
@@ -44,16 +44,20 @@ ESTIMATE_FAMILIES: dict[str, tuple[Arch, dict[str, Any]]] = {
                               "num_experts": 128, "num_experts_per_tok": 8}),
     "mixtral": (MIXTRAL, {**_COMMON, "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
                           "output_router_logits": False, "router_jitter_noise": 0.0}),
+    "qwen3_5_text": (QWEN3_5, {**_COMMON, "intermediate_size": 12288, "head_dim": 256, "partial_rotary_factor": 0.25,
+                               "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                               "linear_num_key_heads": 16, "linear_num_value_heads": 32, "full_attention_interval": 4}),
 }
 """config.json's model_type -> (Arch, the config class's defaults for keys config.json may leave out).
-Mistral, SmolLM and TinyLlama are Llama-style (SmolLM and TinyLlama say model_type llama)."""
+Mistral, SmolLM and TinyLlama are Llama-style (SmolLM and TinyLlama say model_type llama). Qwen3.5's
+MoE decoder (qwen3_5_moe_text) is not here: it is estimated as a Llama-style decoder, with a warning."""
 
 _DIMENSIONS = ("vocab_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
 for _type, _values in {
     "llama": (32000, 32, 32, 2048), "mistral": (32000, 32, 8, 131072), "qwen2": (151936, 32, 32, 32768),
     "qwen3": (151936, 32, 32, 32768), "gemma2": (256000, 8, 4, 8192), "gemma3_text": (262208, 8, 4, 131072),
     "phi3": (32064, 32, 32, 4096), "gpt_neox": (50432, 64, None, 2048), "qwen2_moe": (151936, 16, 16, 32768),
-    "qwen3_moe": (151936, 32, 4, 32768), "mixtral": (32000, 32, 8, 131072),
+    "qwen3_moe": (151936, 32, 4, 32768), "mixtral": (32000, 32, 8, 131072), "qwen3_5_text": (248320, 16, 4, 32768),
 }.items():
     # Heads and vocabulary too: a published config.json may leave them to the class (gemma-3-4b-it's
     # names neither). hidden_size and num_hidden_layers have no default here: a file without them is
@@ -273,6 +277,8 @@ def read_dims(raw: dict[str, Any]) -> tuple[Arch, Dims, list[str]]:
     dims.update(_windows(arch, str(model_type), r, layers))
     if arch.moe:
         dims.update(_moe_dims(arch, r, layers))
+    if arch.family == "qwen3_5_text":
+        dims.update(_linear_attention_dims(r, layers))
     if outer is not None:
         from backend.estimate.towers import tower_params
 
@@ -320,6 +326,21 @@ def _windows(arch: Arch, model_type: str, r: _Reader, layers: int) -> dict[str, 
     else:
         kinds = ["sliding_attention"] * layers
     return {"sliding_window": window, "layer_types": tuple(kinds)}
+
+
+def _linear_attention_dims(r: _Reader, layers: int) -> dict[str, Any]:
+    """Qwen3.5's layer pattern (layer_types, else every full_attention_interval-th layer full, as
+    Qwen3_5TextConfig builds it) and its Gated DeltaNet widths."""
+    types = r.get("layer_types")
+    if types is None:
+        interval = r.positive("full_attention_interval", size=False)
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if (not isinstance(types, list) or len(types) != layers
+            or not all(t in ("linear_attention", "full_attention") for t in types)):
+        raise r._bad("layer_types", types, f"a list of {layers} 'linear_attention' / 'full_attention'")
+    return dict(layer_types=tuple(types), linear_k_heads=r.positive("linear_num_key_heads"),
+                linear_v_heads=r.positive("linear_num_value_heads"), linear_k_dim=r.positive("linear_key_head_dim"),
+                linear_v_dim=r.positive("linear_value_head_dim"), conv_kernel=r.positive("linear_conv_kernel_dim"))
 
 
 def _moe_dims(arch: Arch, r: _Reader, layers: int) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from backend.estimate.architectures import Arch, Dims, ParamCounts, all_linears, expert_sizes, norm_sizes
+from backend.estimate.architectures import Arch, Dims, ParamCounts, all_linears, expert_sizes, layer_tensor_sizes
 from backend.estimate.breakdown import GIB
 from backend.estimate.quantization import ADAM8_BLOCK, ADAM8_MIN_SIZE, nf4_bytes
 from backend.estimate.setup import Setup
@@ -96,7 +96,7 @@ def trained_tensor_sizes(arch: Arch, dims: Dims, setup: Setup, counts: ParamCoun
     sizes: list[int] = []
     for lin, count in all_linears(arch, dims):
         sizes += ([lin.inp * lin.out] + ([lin.out] if lin.bias else [])) * count
-    sizes += norm_sizes(arch, dims) * dims.layers + [dims.hidden] * (2 if arch.norm == "layer" else 1)
+    sizes += layer_tensor_sizes(arch, dims) + [dims.hidden] * (2 if arch.norm == "layer" else 1)
     if dims.moe_layers:
         sizes += expert_sizes(arch, dims) * dims.moe_layers
     sizes.append(counts.embedding)
