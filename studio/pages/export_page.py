@@ -41,11 +41,13 @@ from backend.core.registries.export_formats import (
     EXPORT_FORMATS,
     EXPORT_REPORT,
     FORMATS,
+    export_format,
     overwrite_refusal,
     vision_refusal,
 )
 from backend.core.config.run_config import ConfigError
 from backend.core.runs.run_folder import RunFolder
+from backend.core.registries.vision_families import VisionFamily
 from backend.core.vision_folder import VisionFolder
 from backend.core.protocol import MetricsLogged, PhaseChanged
 from studio.job_controller import JobController, JobOutcome, failure_text
@@ -76,6 +78,7 @@ class ExportPage(QWidget):
         """Opens a folder in the file manager; tests replace it."""
         self._out_edited = False
         self._out: Path | None = None
+        self._family: VisionFamily | None = None  # the chosen run's vision-language family (None: a text run)
         header = PageHeaderWidget("Export and evaluate", "Write a finished run in the format the program you "
                                   "serve it with loads; every export is loaded back and checked against the "
                                   "trained model. Evaluate compares the base and the tuned model.")
@@ -227,6 +230,7 @@ class ExportPage(QWidget):
             family = VisionFolder.read(RunFolder(Path(path)).load_config().resolved_model_path()).family if path else None
         except (OSError, ConfigError, ValueError):
             family = None  # an unreadable run: the job says why when it starts
+        self._family = family
         model = self.format_combo.model()
         for index in range(self.format_combo.count()):
             name = self.format_combo.itemData(index)
@@ -235,15 +239,22 @@ class ExportPage(QWidget):
             self.format_combo.setItemData(index, f"{refusal[0]}; {refusal[1]}" if refusal else FORMATS[name], 3)
         if family is not None and vision_refusal(self.fmt(), family.label):
             self.set_format("merged")
+        self._show_format_help()
 
     def _on_format_combo_current_index_changed(self, _index: int) -> None:
         if not self.jobs.is_running():  # the last export's verdict was about another format
             self._forget_export()
-        self.format_help.setText(f"{self.fmt()}: {FORMATS.get(self.fmt(), '')}")
+        self._show_format_help()
         self.dtype_combo.setEnabled(self.fmt() in DTYPE_FORMATS)
         self.export_form.setRowVisible(self.samples_label, self.fmt() in CALIBRATED)
         if not self._out_edited:
             self.out_edit.setText(self.default_out())
+
+    def _show_format_help(self) -> None:
+        """The format's description; for a vision-language run, also what the export holds of its image side."""
+        writes = export_format(self.fmt()).vision_writes if self._family is not None else ""
+        self.format_help.setText(f"{self.fmt()}: {FORMATS.get(self.fmt(), '')}"
+                                 + (f". Of this {self._family.label} run: {writes}" if writes else ""))
 
     def _on_out_edit_text_edited(self, text: str) -> None:
         self._out_edited = bool(text.strip())

@@ -270,5 +270,8 @@ def test_a_vision_language_runs_page_greys_the_formats_it_cannot_export(qtbot, m
     assert page.fmt() == "merged"
     tip = page.format_combo.itemData(page.format_combo.findData("gguf-q8_0"), 3)
     assert tip.startswith("gguf-q8_0 of a LLaVA-1.5 run is not built yet (the mmproj half")
+    page.set_format("gptq-int4")  # the help says what the export holds of the image side
+    assert "Of this LLaVA-1.5 run: the language model's layers calibrated" in page.format_help.text()
     page.picker.combo.setCurrentIndex(page.picker.combo.findData(str(text.path)))
     assert all(model.item(i).isEnabled() for i in range(page.format_combo.count()))
+    assert "Of this" not in page.format_help.text()  # a text run: the format's description alone

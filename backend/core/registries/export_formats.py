@@ -89,6 +89,7 @@ class ExportFormat:
     vision_gap: str | None = None  # what is missing for a vision-language run (None: it exports one)
     vision_families: tuple[str, ...] | None = None  # the VLM family labels it is proven on (None: every one)
     vision_limit: str = ""  # the refusal's words for a family outside vision_families ({families}: those it is on)
+    vision_writes: str = ""  # what a vision-language run's export holds of its image side (the Export page's help)
 
     @property
     def calibrated(self) -> bool:
@@ -158,17 +159,20 @@ register_format(ExportFormat(
                     "bf16 keeps 8 significant bits, so an adapter change below half a bf16 step of its weight is "
                     "rounded away; fp16 keeps 11 (8x finer) and the adapter keeps everything"),
      "fp16": Bounds(0.01, 0.99, (("merged", "bf16"), ("adapter", None)), FP16_RANGE)},
-    disk=DiskRule(2.0), offers_dtype=True, served_by=SERVERS, serve_order=0))
+    disk=DiskRule(2.0), offers_dtype=True, served_by=SERVERS, serve_order=0,
+    vision_writes="the vision tower and projector 16-bit beside the language model, and the processor"))
+BNB_VISION = "the language model quantized; the vision tower, projector and head kept 16-bit (llm_int8_skip_modules)"
+
 register_format(ExportFormat(
     "bnb-8bit", "merged model quantized with bitsandbytes LLM.int8; transformers loads it 8-bit", "bnb", BNB_DOORS,
     {None: Bounds(0.05, 0.95, (("merged", None), ("gguf-q8_0", None)))},
     disk=DiskRule(1.0, scratch=True), offers_dtype=True, bits=8, served_by=SERVERS, serve_order=4,
-    vllm_quantization="bitsandbytes"))
+    vllm_quantization="bitsandbytes", vision_writes=BNB_VISION))
 register_format(ExportFormat(
     "bnb-4bit", "merged model quantized with bitsandbytes NF4; transformers loads it 4-bit", "bnb", BNB_DOORS,
     {None: Bounds(0.25, 0.85, (("bnb-8bit", None), ("gguf-q8_0", None), ("adapter", None)))},
     disk=DiskRule(0.53, scratch=True), offers_dtype=True, bits=4, served_by=SERVERS, serve_order=5,
-    vllm_quantization="bitsandbytes",
+    vllm_quantization="bitsandbytes", vision_writes=BNB_VISION,
     method_hints={"qlora": "a QLoRA adapter's changes are finer than the NF4 grid its base was trained on, so "
                            "quantizing the merged model to NF4 again rounds most of them away; serve the adapter on "
                            "the 4-bit base (--format adapter) or export --format bnb-8bit, gguf-q8_0 or gguf-q4_0"}))
@@ -185,6 +189,9 @@ def _gguf(name: str, description: str, bounds: Mapping[str | None, Bounds], *, g
                                  vision_families=GGUF_VISION,
                                  vision_limit="built yet (the mmproj half: llama.cpp reads the tower and projector "
                                               "from a second GGUF file, written for {families} only)",
+                                 vision_writes="model.gguf holds the language model; mmproj.gguf beside it the vision "
+                                               "tower and projector in F16, for llama.cpp's mtmd (the Modelfile "
+                                               "names both)",
                                  read_back_in="16-bit weights with fp32 activations and products", ggml_type=ggml_type, ggml_bytes=ggml_bytes,
                                  served_by=("llama-cpp",), serve_order=order))
 
@@ -216,6 +223,8 @@ def _calibrated(name: str, description: str, bounds: Bounds, *, bits: int, algor
                                  vision_families=CALIBRATED_VISION,
                                  vision_limit="proven (its language model's layers, calibrated on image rows, are "
                                               "proven for {families})",
+                                 vision_writes="the language model's layers calibrated on the run's image rows; the "
+                                               "vision tower, projector and head 16-bit (the ignore list vLLM reads)",
                                  disk=DiskRule(linear_bytes, scratch=True), bits=bits, activation_bits=activation_bits,
                                  algorithm=algorithm, symmetric=symmetric, served_by=SERVERS, serve_order=order))
 
