@@ -36,6 +36,10 @@ GEMMA4_TOKENS = {"boi_token_id": "<|image>", "eoi_token_id": "<image|>", "image_
 IDEFICS3_TOKENS = {"image_token_id": "<image>"}
 IDEFICS3_EXTRA = ["<fake_token_around_image>", "<global-img>", "<end_of_utterance>"] + [
     f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+MERGES: dict[str, list[tuple[str, str]]] = {"idefics3": [("\u010a", "\u010a")]}
+"""BPE merges a family's real vocabulary has and the bundled one lacks, appended (ids from 4096 up, before the
+image tokens). SmolVLM's GPT-2-style vocabulary holds "\\n\\n" as one token ("\u010a\u010a" beside "\u010a" for
+"\\n"), and llama.cpp's idefics3 image template looks both up as single tokens (mtmd.cpp lookup_token)."""
 LLAVA_TOKENS = {"image_token_index": "<image>"}
 MLLAMA_TOKENS = {"image_token_index": "<|image|>"}
 
@@ -176,14 +180,34 @@ CONFIGS = {f.__name__: f for f in (qwen2_5_vl, qwen3_vl, qwen3_5, gemma3, gemma4
 """Family key (as in backend/core/registries/vision_families.py) -> its tiny config.json."""
 
 
+def _bundled_with_merges(merges: list[tuple[str, str]], folder: Path) -> Path:
+    """A copy of the bundled tokenizer in `folder` whose BPE vocabulary ends with the merged tokens."""
+    import json
+    import shutil
+
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(BUNDLED / name, folder / name)
+    data = json.loads((BUNDLED / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+        data["model"]["merges"].append([left, right])
+    (folder / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+    return folder
+
+
 def tiny_tokenizer(family: str):
-    """The bundled tokenizer with the family's image tokens added (ids from 4096 up)."""
+    """The bundled tokenizer with the family's MERGES and image tokens added (ids from 4096 up)."""
+    import tempfile
+
     from transformers import AutoTokenizer
 
     tokens = list(dict.fromkeys(FAMILY_TOKENS[family].values()))
     if family == "idefics3":
         tokens += IDEFICS3_EXTRA
-    tokenizer = AutoTokenizer.from_pretrained(BUNDLED, extra_special_tokens=TOKENIZER_ATTRIBUTES.get(family, {}))
+    with tempfile.TemporaryDirectory() as scratch:
+        source = _bundled_with_merges(MERGES[family], Path(scratch)) if family in MERGES else BUNDLED
+        tokenizer = AutoTokenizer.from_pretrained(source, extra_special_tokens=TOKENIZER_ATTRIBUTES.get(family, {}))
     tokenizer.add_special_tokens({"additional_special_tokens": tokens}, replace_extra_special_tokens=False)
     return tokenizer
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import io
-import json
 import os
 import sys
 
@@ -29,14 +28,12 @@ CASES = {  # family: an image's width and height that neither llama.cpp nor tran
     "qwen2_5_vl": (112, 84),  # 4 x 3 merged 28-pixel patches
     "qwen3_vl": (128, 96),  # 4 x 3 merged 32-pixel patches
     "gemma3": (896, 896),  # the tower's square
-    "idefics3": (512, 512),  # one tile, with the processor's longest edge set to it (SINGLE_TILE)
+    "idefics3": (1024, 512),  # two 512-pixel tiles at the processor's longest edge (1024) and the shrunk whole
 }
-NOT_HERE = {"idefics3": "llama.cpp's idefics3 template looks up \"\\n\\n\" and \"\\n\" as single tokens (mtmd.cpp lookup_token), "
-                        "which SmolVLM's vocabulary has and the tiny test vocabulary does not: llama_decode returns -1"}
-"""Families whose run fails here for a reason outside the export, and why (docs/export.md): strict xfail."""
-SINGLE_TILE = {"idefics3": 512}
-"""SmolVLM's processor resizes an image to size.longest_edge, then cuts 512-pixel tiles and a shrunk whole; each
-side resizes with its own filter, so the test sets longest_edge to one tile, which neither side then resizes."""
+"""SmolVLM: llama.cpp's mtmd always cuts an idefics3 image into tiles plus the shrunk whole, where transformers
+keeps an image of at most one tile whole (a 512 x 512 image at longest edge 512: 128 image tokens against 64), so
+the image is two tiles wide at the processor's longest edge: neither side resizes it, both crop the same tiles, and
+both shrink the whole to one tile with Pillow's Lanczos filter (clip.cpp ports Pillow's resampling)."""
 AROUND = {"gemma3": ("\n\n", "\n\n")}
 """Text transformers' processor puts around an image and llama.cpp's mtmd does not (Gemma3Processor's
 full_image_sequence), given to llama.cpp in the prompt so both read the same tokens."""
@@ -111,8 +108,7 @@ def transformers_answers(run, family: str, images: list, steps: int) -> list:
     return out
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.xfail(reason=NOT_HERE[f], strict=True))
-                                    if f in NOT_HERE else f for f in CASES])
+@pytest.mark.parametrize("family", list(CASES))
 def test_llama_cpp_answers_on_the_image_as_transformers_does(family, tmp_path, capsys):
     pytest.importorskip("llama_cpp.mtmd_cpp", reason="llama-cpp-python with mtmd is not importable (set LLAMA_SITE)")
     import numpy as np
@@ -120,12 +116,6 @@ def test_llama_cpp_answers_on_the_image_as_transformers_does(family, tmp_path, c
     from backend.cli.app import main
 
     run = train(tmp_path, family, projector="full")
-    if family in SINGLE_TILE:
-        for path in (run / "adapter" / "processor_config.json", tmp_path / family / "processor_config.json"):
-            if path.is_file():
-                saved = json.loads(path.read_text())
-                saved["image_processor"]["size"] = {"longest_edge": SINGLE_TILE[family]}
-                path.write_text(json.dumps(saved))
     assert main(["export", str(run), "--format", "gguf-f16"]) == 0
     out = run / "exports" / "gguf-f16"
     image, other = (vision_models.image(*CASES[family], seed=seed) for seed in (3, 4))
