@@ -5,7 +5,7 @@ one (Qwen2.5-VL-7B, Qwen3-VL-4B, LLaVA-1.5-7b, Gemma 3 4B, SmolVLM-256M), else t
 widths, layers and vision depth shrunk but the family's own keys kept: M-RoPE sections and head_dim,
 window and full-attention blocks, deepstack layers, soft-capping and sliding windows, patch, merge and
 image sizes (so an image costs as many tokens as on the real model), cross-attention layers, tiles.
-The tokenizer is the bundled one (resources/tiny) with the family's image tokens added, and the folder
+The tokenizer is the bundled one (resources/tiny) with the family's image tokens added (and MERGES), and the folder
 holds the family's processor with its PIL image processor (no torchvision), saved by `save_pretrained`.
 Nothing is downloaded. Tests import this module; it imports torch and transformers only when building.
 """
