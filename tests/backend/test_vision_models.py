@@ -20,6 +20,15 @@ def test_every_proven_family_has_a_tiny_model():
     assert set(vision_models.CONFIGS) == set(VISION_FAMILIES) == set(FAMILIES)
 
 
+def test_the_tiny_smolvlm_holds_the_newlines_llama_cpps_idefics3_template_looks_up():
+    # mtmd.cpp's lookup_token wants "\n\n" and "\n" as single tokens, as SmolVLM's vocabulary has them
+    tokenizer = vision_models.tiny_tokenizer("idefics3")
+    for text in ("\n\n", "\n"):
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        assert len(ids) == 1 and tokenizer.decode(ids) == text
+    assert tokenizer.convert_tokens_to_ids("<image>") == vision_models.tiny_config("idefics3", tokenizer).image_token_id
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiny_vlm_loads_and_runs_one_forward_with_images(family, tmp_path):
     import torch
