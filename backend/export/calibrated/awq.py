@@ -24,6 +24,7 @@ from torch import nn
 
 from backend.export.calibrated import layers
 from backend.export.calibrated.grid import fake_quantize, weight_qparams
+from backend.export.memory import trim_heap
 from backend.export.verify import cpu_products_in_fp32
 
 GRID = 20
@@ -127,6 +128,7 @@ def search_scale(parent: nn.Module, calls: list[tuple[tuple, dict]], linears: li
             error = total / max(count, 1)
             if error < best_error:
                 best, best_error = scales.clone(), error
+            trim_heap()  # the candidate's bands and the parent's outputs: freed blocks the heap would keep
     finally:
         for linear, original in zip(linears, originals):
             linear.weight.data = original
@@ -145,8 +147,11 @@ def best_clip(weight: torch.Tensor, x: torch.Tensor, args: Any, scale_dtype: tor
     x = x[::max(1, x.shape[0] // CLIP_TOKENS)].float().reshape(-1, columns // group, group)  # tokens, groups, group
     step = max(1, CLIP_CHUNK // (x.shape[0] * x.shape[1]))
     if args.group_size and rows > step:  # each row's groups are searched alone: the same result a chunk at a time
-        return torch.cat([best_clip(weight[i:i + step], x.reshape(x.shape[0], -1), args, scale_dtype)
-                          for i in range(0, rows, step)])
+        limits = []
+        for i in range(0, rows, step):
+            limits.append(best_clip(weight[i:i + step], x.reshape(x.shape[0], -1), args, scale_dtype))
+            trim_heap()  # a chunk's 16 MB products come from glibc's heap, which otherwise grows chunk by chunk
+        return torch.cat(limits)
     w = weight.float().reshape(rows, columns // group, group)
     original_max = w.abs().amax(dim=-1, keepdim=True)  # rows, groups, 1
     best_max = original_max.clone()
