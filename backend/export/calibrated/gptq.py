@@ -17,6 +17,7 @@ import torch
 
 from backend.export.calibrated.grid import bounds, fake_quantize, weight_qparams
 from backend.export.calibrated.layers import rewrite
+from backend.export.memory import trim_heap
 
 DAMPING = 0.01
 """Added to H's diagonal as a share of its mean, so its Cholesky factor exists (the paper's value)."""
@@ -218,6 +219,7 @@ class GptqUnit:
             rewrite(linear, "weight", rounded)
             del rounded
             self.qparams[linear] = (scale, zero)
+            trim_heap()  # the spread's products (up to 23 MB each) come from glibc's heap, which keeps them
 
 
 def shared_inputs(layers: dict[str, torch.nn.Linear]) -> list[list[torch.nn.Linear]]:
