@@ -201,15 +201,16 @@ def _device_of(model: Any) -> torch.device:
 
 
 def fp32_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A 16-bit Linear with its product in fp32, rows of the weight widened a slice at a time."""
-    weight = self.weight
-    rows = max(1, (1 << 24) // max(weight.shape[1], 1))  # ~64 MB of fp32 weight at a time
-    x32 = x.float()
-    parts = [torch.nn.functional.linear(x32, weight[i:i + rows].float()) for i in range(0, weight.shape[0], rows)]
-    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    if self.bias is not None:
-        out += self.bias.float()
-    return out.to(x.dtype)
+    """A 16-bit Linear's fp32 product, a slice of weight rows at a time, each rounded into the 16-bit output."""
+    weight, x32 = self.weight, x.float()
+    rows = max(1, (1 << 24) // max(weight.shape[1], 1))  # ~64 MB of fp32 weight; no whole fp32 output (memory)
+    out = torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
+    for i in range(0, weight.shape[0], rows):
+        part = torch.nn.functional.linear(x32, weight[i:i + rows].float())
+        if self.bias is not None:
+            part += self.bias[i:i + rows].float()
+        out[..., i:i + rows] = part
+    return out
 
 
 @contextlib.contextmanager

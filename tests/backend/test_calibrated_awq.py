@@ -8,6 +8,7 @@ observers, progress bars) taken out; they quantize with compressed-tensors' calc
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -326,3 +327,27 @@ def test_mappings_of_other_families_fold_without_changing_the_model(family):
             f.mapping.fold(torch.rand(f.mapping.linears[0].in_features) * 2 + 0.5)
         after = model(ids).logits
     torch.testing.assert_close(before, after, atol=1e-3, rtol=1e-3)
+
+
+def test_row_wise_steps_made_a_band_at_a_time_equal_the_whole_weights(monkeypatch):
+    """layers.BAND bounds the fp32 scratch of the candidates, the clipping, the duo means and the folds; bands of
+    a few rows give the values one band over the whole weight gives."""
+    torch.manual_seed(6)
+    args = _args()
+    norm = torch.nn.LayerNorm(128)
+    norm.weight.data = torch.rand(128) + 0.5
+    linears = [torch.nn.Linear(128, rows, bias=False).to(torch.bfloat16) for rows in (40, 13)]
+    scales, x = torch.rand(128) + 0.5, torch.randn(300, 128)
+
+    def steps() -> list[torch.Tensor]:
+        clipped, mapping = copy.deepcopy(linears[0]), layers.Mapping("m", copy.deepcopy(norm), copy.deepcopy(linears))
+        awq.clip(clipped, x, args, torch.bfloat16)
+        mapping.fold(scales)
+        return [awq.weight_means(linears, args.group_size), awq.quantized_scaled(linears[1].weight, scales, args,
+                torch.bfloat16), clipped.weight, mapping.feeder.weight, *[lin.weight for lin in mapping.linears]]
+
+    whole = steps()
+    monkeypatch.setattr(layers, "BAND", 3 * 128)
+    assert layers.row_bands(linears[0].weight)[:2] == [(0, 3), (3, 6)]
+    for got, want in zip(steps(), whole):
+        assert torch.equal(got, want)

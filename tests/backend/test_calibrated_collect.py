@@ -102,3 +102,47 @@ def test_a_unit_outside_the_decoder_layers_is_refused():
     model = _model("llama")
     with pytest.raises(ValueError, match="outside the decoder layers"):
         collect.calibrate(model, ROWS, [Inputs(model.lm_head)], budget=1 << 30)
+
+
+def test_the_thread_count_is_measured_on_a_layer_told_and_restored(monkeypatch):
+    """With more than one thread the calibration times decoder layer 0 at each count it tries (thread_choice),
+    says what it chose, and leaves torch at the count it found; with one it measures nothing."""
+    from backend.training.shortcuts import thread_choice
+
+    chosen = []
+
+    def choose(step, start, **kwargs):
+        step()  # the measured pass runs a real layer on a real batch
+        chosen.append(start)
+        torch.set_num_threads(1)
+        return thread_choice.ThreadChoice(1, {start: 0.2, 1: 0.1})
+
+    monkeypatch.setattr(thread_choice, "choose_threads", choose)
+    model = _model("llama")
+    _, stack = layers.decoder_layers(model)
+    told: list[str] = []
+    torch.set_num_threads(2)
+    try:
+        collect.calibrate(model, ROWS, [Inputs(stack[0].mlp.down_proj)], budget=1 << 30, name="gptq", tell=told.append)
+        assert torch.get_num_threads() == 2 and chosen == [2]
+        assert told[0].startswith("gptq: 1 CPU thread (one decoder layer on one batch measured: 2 threads 200 ms")
+    finally:
+        torch.set_num_threads(1)
+    told.clear()
+    collect.calibrate(model, ROWS, [Inputs(stack[0].mlp.down_proj)], budget=1 << 30, name="gptq", tell=told.append)
+    assert chosen == [2] and told == ["gptq: layer 1/2, 0 s left"]
+
+
+def test_fp32_products_rounded_a_slice_at_a_time_equal_the_whole_fp32_output():
+    """verify.fp32_linear writes each slice of output rows into the 16-bit result as it makes it (no whole fp32
+    output): the values of the fp32 product concatenated, biased and rounded once."""
+    from backend.export.verify import fp32_linear
+
+    torch.manual_seed(7)
+    linear = torch.nn.Linear(4096, 4100).to(torch.bfloat16)  # 4096 rows a slice: two slices
+    x = torch.randn(2, 3, 4096).to(torch.bfloat16)
+    x32, weight = x.float(), linear.weight
+    whole = torch.cat([torch.nn.functional.linear(x32, weight[i:i + 4096].float()) for i in (0, 4096)], dim=-1)
+    expected = (whole + linear.bias.float()).to(torch.bfloat16)
+    got = fp32_linear(linear, x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)

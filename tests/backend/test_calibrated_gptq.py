@@ -212,6 +212,45 @@ def test_gptq_matches_a_transcription_of_the_reference_implementation(fmt, group
     assert torch.allclose(codes, codes.round(), atol=1e-4)  # every column on its own group's grid: no g_idx
 
 
+def test_the_inverse_factor_is_made_in_hs_own_memory_and_equals_the_copying_calls():
+    """One H-sized matrix for the whole factorisation (the permutation and the three steps write over H), with
+    the values the copying calls give, on an H whose accumulated rounding left it not quite symmetric."""
+    torch.manual_seed(5)
+    x = _inputs(500, 300, outliers=3)
+    x[:, 11] = 0.0
+    for act_order in (True, False):
+        running = gptq.Hessian(300, x.device)
+        for chunk in x.split(100):
+            running.add(chunk)
+        running.matrix += torch.randn(300, 300) * 1e-6
+        hessian = running.matrix.clone()
+        storage = running.matrix.data_ptr()
+        solve = gptq.inverse_factor(running, act_order)
+        assert solve.inverse.data_ptr() == storage
+        dead = torch.diag(hessian) == 0
+        hessian[dead, dead] = 1.0
+        if act_order:
+            hessian = hessian[solve.order][:, solve.order]
+        hessian.diagonal().add_(gptq.DAMPING * torch.mean(torch.diag(hessian)))
+        expected = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hessian)), upper=True)
+        assert torch.equal(solve.inverse, expected)
+
+
+def test_errors_spread_a_band_of_columns_at_a_time_round_as_the_reference(monkeypatch):
+    """SPREAD narrower than the weight: the later columns get each block's errors in several products."""
+    monkeypatch.setattr(gptq, "SPREAD", 48)
+    args = grid.scheme("gptq-int4", 32).weights
+    torch.manual_seed(4)
+    weight = torch.randn(24, 256) * 0.05
+    x = _inputs(400, 256, outliers=4)
+    hessian = gptq.Hessian(256, x.device)
+    for chunk in x.split(100):
+        hessian.add(chunk)
+    rounded, _, _ = gptq.quantize(weight, gptq.inverse_factor(hessian, True), args, torch.float32)
+    expected = _reference(weight, x, args.num_bits, 32, True)
+    assert torch.allclose(rounded, expected, atol=1e-6), (rounded - expected).abs().max()
+
+
 def test_activation_order_rounds_columns_in_a_different_order_from_the_stored_one():
     """The two orders give different weights (else the test above could not tell them apart)."""
     args = grid.scheme("gptq-int4", 32).weights

@@ -24,6 +24,7 @@ from torch import nn
 
 from backend.export.calibrated import layers
 from backend.export.calibrated.grid import fake_quantize, weight_qparams
+from backend.export.memory import trim_heap
 from backend.export.verify import cpu_products_in_fp32
 
 GRID = 20
@@ -63,16 +64,21 @@ def grid_points(n_grid: int = GRID) -> list[tuple[float, bool]]:
 
 
 def weight_means(linears: list[nn.Linear], group: int | None) -> torch.Tensor:
-    """Mean over all output rows of |W| / max|W| of its group (or row), per input channel (duo scaling's w_mean)."""
+    """Mean over all output rows of |W| / max|W| of its group (or row), per input channel (duo scaling's w_mean).
+    The normalised rows are made a band at a time into one fp32 buffer, which is then summed whole: the same
+    sum as over one weight-sized expression, with one fp32 copy of the weight where that held three."""
     total, rows = None, 0
     for linear in linears:
-        w = linear.weight.detach().float()
-        chunk = group or w.shape[1]
-        normed = w.reshape(-1, chunk).abs()
-        normed = (normed / (normed.amax(dim=1, keepdim=True) + 1e-6)).reshape(w.shape)
+        weight = linear.weight.detach()
+        chunk = group or weight.shape[1]
+        normed = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        for begin, end in layers.row_bands(weight):
+            band = weight[begin:end].float().reshape(-1, chunk).abs()
+            normed[begin:end] = (band / (band.amax(dim=1, keepdim=True) + 1e-6)).reshape(end - begin, -1)
         sums = normed.sum(0, dtype=torch.float64)
+        del normed
         total = sums if total is None else total + sums
-        rows += w.shape[0]
+        rows += weight.shape[0]
     return (total / rows).float()
 
 
@@ -89,10 +95,14 @@ def candidate(x_mean: torch.Tensor, w_mean: torch.Tensor | None, ratio: float, d
 
 
 def quantized_scaled(weight: torch.Tensor, scales: torch.Tensor, args: Any, scale_dtype: torch.dtype) -> torch.Tensor:
-    """Q(W s) / s in the weight's dtype: W s rounded to that dtype first, as llmcompressor writes it into the layer."""
-    scaled = (weight.float() * scales[None, :]).to(weight.dtype)
-    scale, zero = weight_qparams(scaled, args, scale_dtype)
-    return (fake_quantize(scaled, scale, args, zero) / scales[None, :]).to(weight.dtype)
+    """Q(W s) / s in the weight's dtype: W s rounded to that dtype first, as llmcompressor writes it into the layer.
+    A band of rows at a time (each row's groups are its own), into one buffer of the weight's dtype."""
+    out = torch.empty_like(weight)
+    for begin, end in layers.row_bands(weight):
+        scaled = (weight[begin:end].float() * scales[None, :]).to(weight.dtype)
+        scale, zero = weight_qparams(scaled, args, scale_dtype)
+        out[begin:end] = (fake_quantize(scaled, scale, args, zero) / scales[None, :]).to(weight.dtype)
+    return out
 
 
 @torch.no_grad()
@@ -118,6 +128,7 @@ def search_scale(parent: nn.Module, calls: list[tuple[tuple, dict]], linears: li
             error = total / max(count, 1)
             if error < best_error:
                 best, best_error = scales.clone(), error
+            trim_heap()  # the candidate's bands and the parent's outputs: freed blocks the heap would keep
     finally:
         for linear, original in zip(linears, originals):
             linear.weight.data = original
@@ -136,8 +147,11 @@ def best_clip(weight: torch.Tensor, x: torch.Tensor, args: Any, scale_dtype: tor
     x = x[::max(1, x.shape[0] // CLIP_TOKENS)].float().reshape(-1, columns // group, group)  # tokens, groups, group
     step = max(1, CLIP_CHUNK // (x.shape[0] * x.shape[1]))
     if args.group_size and rows > step:  # each row's groups are searched alone: the same result a chunk at a time
-        return torch.cat([best_clip(weight[i:i + step], x.reshape(x.shape[0], -1), args, scale_dtype)
-                          for i in range(0, rows, step)])
+        limits = []
+        for i in range(0, rows, step):
+            limits.append(best_clip(weight[i:i + step], x.reshape(x.shape[0], -1), args, scale_dtype))
+            trim_heap()  # a chunk's 16 MB products come from glibc's heap, which otherwise grows chunk by chunk
+        return torch.cat(limits)
     w = weight.float().reshape(rows, columns // group, group)
     original_max = w.abs().amax(dim=-1, keepdim=True)  # rows, groups, 1
     best_max = original_max.clone()
@@ -156,12 +170,15 @@ def best_clip(weight: torch.Tensor, x: torch.Tensor, args: Any, scale_dtype: tor
 
 
 def clip(linear: nn.Linear, x: torch.Tensor, args: Any, scale_dtype: torch.dtype) -> None:
-    """AutoAWQ's apply_clip: the weight clamped to each (row, group)'s searched [-m, m]."""
+    """AutoAWQ's apply_clip: the weight clamped to each (row, group)'s searched [-m, m] (a band of rows at a time)."""
     weight = linear.weight.detach()
     group = args.group_size or weight.shape[1]
     limit = best_clip(weight, x, args, scale_dtype)[:, :, None]
-    w = weight.float().reshape(weight.shape[0], -1, group)
-    layers.rewrite(linear, "weight", torch.clamp(w, -limit, limit).reshape(weight.shape))
+    clamped = torch.empty_like(weight)
+    for begin, end in layers.row_bands(weight):
+        w = weight[begin:end].float().reshape(end - begin, -1, group)
+        clamped[begin:end] = torch.clamp(w, -limit[begin:end], limit[begin:end]).reshape(end - begin, -1)
+    layers.rewrite(linear, "weight", clamped)
 
 
 def _products_in_fp32(parent: nn.Module) -> contextlib.AbstractContextManager:

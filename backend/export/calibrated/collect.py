@@ -102,24 +102,55 @@ def calibrate(model: Any, rows: list[list[int]], units: list[Unit], budget: int,
         return 0
     last = max(index for index, found in enumerate(by_layer) if found)
     progress = Progress(len(stack), last, name, tell)
-    runs = 0
+    threads = torch.get_num_threads()
     with cpu_products_in_fp32(model):
         batches = capture(model, stack, rows, should_stop)
-        for index in range(last + 1):
-            layer = stack[index]
-            for group in layer_groups(by_layer[index], budget):
-                gather(layer, index, group, batches, should_stop)
-                runs += 1
-                trim_heap()  # the run's activations: the heap keeps them, and each finish's larger blocks are fresh maps
-                for unit in group:
-                    unit.finish()
-                    trim_heap()
-            if index < last:
-                for batch in batches:
-                    _check(should_stop)
-                    batch.hidden = batch.run(layer, index)
-            progress.finished(index)
-    return runs
+        _choose_threads(stack, batches, name, tell)
+        try:
+            _layers(stack, by_layer, batches, last, budget, should_stop, progress)
+        finally:
+            torch.set_num_threads(threads)
+    return sum(len(layer_groups(found, budget)) for found in by_layer[:last + 1])
+
+
+def _layers(stack: torch.nn.ModuleList, by_layer: list[list[Unit]], batches: list[Batch], last: int, budget: int,
+            should_stop: Callable[[], bool] | None, progress: Progress) -> None:
+    """Each decoder layer's units gathered and finished, then the layer's outputs propagated to the next."""
+    for index in range(last + 1):
+        layer = stack[index]
+        for group in layer_groups(by_layer[index], budget):
+            gather(layer, index, group, batches, should_stop)
+            trim_heap()  # the run's activations: the heap keeps them, and each finish's larger blocks are fresh maps
+            for unit in group:
+                unit.finish()
+                trim_heap()
+        if index < last:
+            for batch in batches:
+                _check(should_stop)
+                batch.hidden = batch.run(layer, index)
+        progress.finished(index)
+
+
+def _choose_threads(stack: torch.nn.ModuleList, batches: list[Batch], name: str,
+                    tell: Callable[[str], None] | None) -> None:
+    """On a CPU, the calibration's thread count measured on its own work (thread_choice.py, as training does):
+    decoder layer 0 run on the first batch at torch's count, then at half while that is faster. On busy
+    cores every parallel region waits for a thread another process holds: the bundled model's GPTQ write took
+    58.5 s on 2 threads and 3.7 s on 1 with 2 cores at load 9-11 (docs/benchmarks.md). The thread count is
+    left to the caller to restore; results differ from another count's only in the products' last bits."""
+    if not batches or batches[0].hidden.device.type != "cpu" or torch.get_num_threads() <= 1:
+        return
+    from backend.training.shortcuts.thread_choice import choose_threads
+
+    first = batches[0]
+    choice = choose_threads(lambda: first.run(stack[0], 0), torch.get_num_threads(), budget_s=THREAD_BUDGET_S)
+    if tell:
+        tell(f"{name}: {choice.summary().replace('one training pass', 'one decoder layer on one batch')}")
+
+
+THREAD_BUDGET_S = 5.0
+"""No measuring where one decoder layer on one batch takes longer than this at torch's count: a layer that
+large keeps its threads busy, and 5 passes of it would cost more than they could save."""
 
 
 def layer_groups(units: list[Unit], budget: int) -> list[list[Unit]]:
