@@ -67,14 +67,14 @@ def inverse_factor(running: Hessian, act_order: bool = True) -> Solve:
     mirror_lower_(hessian)
     # Symmetric now, so its transpose is the same matrix in column-major order: the layout LAPACK factors in
     # place, which torch then does without a copy (the values, order and results of the copying calls).
-    # On one thread, as the column loop: MKL's threads wait on each other at every step of its blocked
-    # factorisations, and on busy cores each wait is a time slice (a 3000-wide H: 5 s on one, 35 s on two).
+    # At the calibration's measured thread count (collect._choose_threads): on busy cores MKL's threads wait on
+    # each other at every step of its blocked factorisations (a 3000-wide H: 5 s on one thread, 35 s on two),
+    # while on idle cores a 14336-wide H (an 8 B model's down_proj, about 4e12 flops) needs all of them.
     work = hessian.mT
     try:
-        with one_thread():
-            torch.linalg.cholesky(work, out=work)
-            torch.cholesky_inverse(work, out=work)
-            torch.linalg.cholesky(work, upper=True, out=work)
+        torch.linalg.cholesky(work, out=work)
+        torch.cholesky_inverse(work, out=work)
+        torch.linalg.cholesky(work, upper=True, out=work)
     except torch.linalg.LinAlgError:
         return Solve(None, dead, order)
     return Solve(work if bool(torch.isfinite(work).all()) else None, dead, order)
