@@ -22,19 +22,19 @@ def calibration_rows(config: RunConfig, tokenizer: Any, samples: int) -> tuple[l
 
     try:
         train, _, _ = build_datasets(config, tokenizer)
-        rows = [train[i]["input_ids"] for i in _spread(len(train), samples)]
+        rows = [train[i]["input_ids"] for i in spread(len(train), samples)]
         source = "the run's training data"
     except Exception as exc:  # the data file moved or changed since the run
         log.warning("run data unusable for calibration (%s); using the bundled demo_eval set", exc)
         from backend.export.verify import perplexity_rows
 
         candidates, source = perplexity_rows(config, tokenizer)
-        rows = [candidates[i]["input_ids"] for i in _spread(len(candidates), samples)]
+        rows = [candidates[i]["input_ids"] for i in spread(len(candidates), samples)]
     rows = [list(r)[:MAX_TOKENS] for r in rows if len(r) > 1]
     return rows, f"{len(rows)} rows of {source} (at most {MAX_TOKENS} tokens each)"
 
 
-def _spread(total: int, wanted: int) -> list[int]:
+def spread(total: int, wanted: int) -> list[int]:
     if total <= wanted:
         return list(range(total))
     return [round(i * (total - 1) / max(wanted - 1, 1)) for i in range(wanted)]

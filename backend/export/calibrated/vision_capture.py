@@ -43,7 +43,7 @@ def image_calibration_rows(config: RunConfig, samples: int, dtype: torch.dtype) 
     """(rows, where they came from in words): `samples` rows spread evenly over the run's training data, built
     as training built them (backend/training/vision: rows.py, collator.py), images and all, never cut."""
     from backend.core.errors import JobError
-    from backend.export.calibrated.samples import _spread
+    from backend.export.calibrated.samples import spread
     from backend.training.vision.door import VisionRun
 
     try:
@@ -54,7 +54,7 @@ def image_calibration_rows(config: RunConfig, samples: int, dtype: torch.dtype) 
                        "restore the run's data file, or export merged or bnb-8bit instead") from None
     collator = vision.collator(side)
     rows, images = [], 0
-    for i in _spread(len(train), samples):
+    for i in spread(len(train), samples):
         feature = train[i]
         images += vision.image_token_id in feature["input_ids"]
         batch = collator([feature])
