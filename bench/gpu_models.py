@@ -46,6 +46,19 @@ def model_config(name: str, dry: bool) -> dict:
     return shrunk(config) if dry else config
 
 
+def built_where_it_trains(auto_class, config, dry: bool):
+    """(the random-weight model, its device): built on the GPU in bf16 (no fp32 copy), seeded; on the CPU when dry."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not dry else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = auto_class.from_config(config, dtype=torch.bfloat16)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return model, device
+
+
 def build(name: str, out: Path, dry: bool) -> dict:
     """Build, save and drop one model; -> what was built and how long it took."""
     import torch
@@ -54,13 +67,8 @@ def build(name: str, out: Path, dry: bool) -> dict:
     raw = model_config(name, dry)
     config = AutoConfig.for_model(raw.pop("model_type"), **{k: v for k, v in raw.items()
                                                             if k not in ("architectures", "transformers_version")})
-    device = "cuda" if torch.cuda.is_available() and not dry else "cpu"
     start = time.monotonic()
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    model, device = built_where_it_trains(AutoModelForCausalLM, config, dry)
     built = time.monotonic() - start
     folder = out / name
     model.save_pretrained(folder)

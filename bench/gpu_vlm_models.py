@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 import hub_kernels  # noqa: E402
+from gpu_models import built_where_it_trains  # noqa: E402
 
 hub_kernels.switch_off()  # before transformers
 
@@ -81,13 +82,8 @@ def build(name: str, out: Path, dry: bool) -> dict:
     family, fixture, _ = VLMS[name]
     tokenizer = vision_models.tiny_tokenizer(family)
     config = vision_models.tiny_config(family, tokenizer) if dry else real_config(family, fixture, tokenizer)
-    device = "cuda" if torch.cuda.is_available() and not dry else "cpu"
     start = time.monotonic()
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    model, device = built_where_it_trains(AutoModelForImageTextToText, config, dry)
     built = time.monotonic() - start
     folder = out / name
     model.save_pretrained(folder)
