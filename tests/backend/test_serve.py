@@ -175,9 +175,12 @@ def test_the_server_process_never_fetches_a_flash_attention_kernel(monkeypatch):
 
 def start_cli(model: Path | str, *more: str) -> dict:
     """`finetune-studio serve MODEL --port 0 --device cpu [MORE]`, read until it says ready."""
+    # Ctrl-C as a terminal sends it: a suite started in the background (`&` without job control) ignores
+    # SIGINT, which its children inherit, and Python then installs no KeyboardInterrupt for it.
     process = subprocess.Popen([*module_command("backend.cli"), "serve", str(model), "--port", "0",
                                 "--device", "cpu", *more], env=worker_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     ready = threading.Event()
 
