@@ -80,14 +80,15 @@ def test_a_page_in_view_follows_a_run_that_just_finished_training(qtbot, make_st
 
 
 def test_a_label_says_name_method_steps_status_and_the_time_to_the_second():
-    now = time.mktime((2026, 12, 7, 16, 42, 7, 0, 0, -1))
+    today = time.localtime()  # the label drops the date of a run made today: today's, whatever day the suite runs
+    now = time.mktime((today.tm_year, today.tm_mon, today.tm_mday, 16, 42, 7, 0, 0, -1))
     summary = RunSummary("r", "/r", "tiny-lora", now, "finished", 60, 0.5, 100.0, "m", "lora")
     assert run_label(summary) == "tiny-lora · lora · 60 steps · finished · 16:42:07"
     assert run_label(dataclasses.replace(summary, created=now + 1)) != run_label(summary)  # one second apart
     interrupted = RunSummary("r", "/r", "tiny-lora", now, "incomplete", 7, None, None, "m", "lora")
     assert run_label(interrupted, "resumed") == "tiny-lora · lora · 7 steps · interrupted · 16:42:07 · resumed"
     yesterday = RunSummary("r", "/r", "old", now - 86_400, "finished", 1, None, None, "m", "lora")
-    assert "2026-12-06 16:42:07" in run_label(yesterday)
+    assert time.strftime("%Y-%m-%d 16:42:07", time.localtime(now - 86_400)) in run_label(yesterday)
 
 
 def test_a_continued_and_a_resumed_run_are_marked(qtbot, make_studio):
